@@ -1,0 +1,38 @@
+"""Preallocated key/value cache with per-row lengths and rollback."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import ModelConfig
+
+
+class KVCache:
+    """Keys and values of every layer, preallocated for ``max_len`` slots per row.
+
+    Shapes are static (``[n_layers, batch, n_kv_heads, max_len, head_dim]``): nothing is
+    reallocated while decoding. The cache keeps no lengths of its own: the caller decides
+    where each row writes (its ``slots``). Rolling back is just writing at a lower slot
+    next time: stale slots beyond a row's length are never attended to (the default mask
+    only lets a query see slots up to its own) and are overwritten by the next write.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        batch_size: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (config.n_layers, batch_size, config.n_kv_heads, max_len, config.head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.batch_size = batch_size
+
+    def write(self, layer: int, rows: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store ``k``/``v`` (``[B, H, T, D]``) of ``layer`` at ``slots`` (``[B, T]``)."""
+        # Advanced indices around a slice put the indexed dims first: target is [B, T, H, D].
+        self.k[layer][rows, :, slots] = k.transpose(1, 2)
+        self.v[layer][rows, :, slots] = v.transpose(1, 2)

@@ -1,0 +1,150 @@
+"""Engine-facing model handles: one sequence, a KV cache, ``extend`` and ``crop``.
+
+The decode loop only needs these three operations, so any backend that offers them can
+be a target or a draft: the native runtime (default) or any ``transformers`` causal LM.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from .config import ModelConfig, UnsupportedModelError
+from .loading import CheckpointError, load_native, read_hf_config, resolve_model_dir, safetensors_files
+from .transformer import Transformer
+
+
+class CausalLM(Protocol):
+    """A language model decoding one sequence with a rollback-able KV cache."""
+
+    backend: str
+    vocab_size: int
+    context_length: int
+    length: int  # tokens currently in the cache
+    eos_token_ids: list[int]
+
+    def reset(self, max_len: int | None = None) -> None:
+        """Start a new sequence with room for ``max_len`` tokens."""
+
+    def extend(self, tokens: torch.Tensor, logits: str = "all") -> torch.Tensor:
+        """Append ``tokens`` (``[T]``) to the cache; return logits ``[T, V]`` (or ``[1, V]`` for "last")."""
+
+    def crop(self, length: int) -> None:
+        """Roll the cache back to its first ``length`` tokens."""
+
+
+class NativeLM:
+    """The native transformer driving a single sequence (batch of one)."""
+
+    backend = "native"
+
+    def __init__(self, model: Transformer, model_dir: Path | None = None) -> None:
+        self.model = model
+        self.config: ModelConfig = model.config
+        self.model_dir = model_dir
+        self.vocab_size = self.config.vocab_size
+        self.context_length = self.config.max_position_embeddings
+        self.eos_token_ids = list(self.config.eos_token_ids)
+        self.length = 0
+        self.cache = None
+        self._positions = torch.arange(self.context_length)[None]
+
+    def reset(self, max_len: int | None = None) -> None:
+        max_len = min(max_len or self.context_length, self.context_length)
+        if self.cache is None or self.cache.max_len < max_len:
+            self.cache = self.model.new_cache(1, max_len)
+        self.length = 0
+
+    @torch.inference_mode()
+    def extend(self, tokens: torch.Tensor, logits: str = "all") -> torch.Tensor:
+        if self.cache is None:
+            self.reset()
+        end = self.length + tokens.shape[-1]
+        positions = self._positions[:, self.length : end]
+        out = self.model(tokens.view(1, -1), positions, self.cache, logits=logits)
+        self.length = end
+        return out.logits[0]
+
+    def crop(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+
+class HFCausalLM:
+    """Any ``transformers`` causal LM, for architectures the native runtime lacks."""
+
+    backend = "hf"
+
+    def __init__(self, model, model_dir: Path | None = None) -> None:
+        self.model = model.eval()
+        self.model_dir = model_dir
+        cfg = model.config
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.context_length = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 2048)
+        eos = getattr(model.generation_config, "eos_token_id", None) or cfg.eos_token_id
+        self.eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        self.length = 0
+        self.past = None
+
+    def reset(self, max_len: int | None = None) -> None:
+        from transformers import DynamicCache
+
+        self.past = DynamicCache()
+        self.length = 0
+
+    @torch.inference_mode()
+    def extend(self, tokens: torch.Tensor, logits: str = "all") -> torch.Tensor:
+        if self.past is None:
+            self.reset()
+        out = self.model(
+            input_ids=tokens.view(1, -1),
+            past_key_values=self.past,
+            use_cache=True,
+            logits_to_keep=1 if logits == "last" else 0,
+        )
+        self.past = out.past_key_values
+        self.length += tokens.shape[-1]
+        return out.logits[0].float()
+
+    def crop(self, length: int) -> None:
+        if length < self.length:
+            self.past.crop(length)
+            self.length = length
+
+
+def load_hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
+    """Load a checkpoint with ``transformers`` (safetensors only, never remote code)."""
+    from transformers import AutoModelForCausalLM
+
+    safetensors_files(model_dir)  # refuses pickle-only checkpoints before transformers sees them
+    return AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=dtype, use_safetensors=True, trust_remote_code=False
+    )
+
+
+def load_model(
+    name_or_path: str | Path, backend: str = "auto", dtype: torch.dtype = torch.float32
+) -> CausalLM:
+    """Load a model for decoding.
+
+    Args:
+        name_or_path: an embedded model name, a local Hugging Face directory or a hub id.
+        backend: ``"native"``, ``"hf"`` or ``"auto"`` (native whenever it supports the
+            checkpoint, transformers otherwise).
+        dtype: compute dtype; keep float32 on CPU.
+    """
+    if backend not in ("auto", "native", "hf"):
+        raise ValueError(f"unknown backend {backend!r}; choose auto, native or hf")
+    model_dir = resolve_model_dir(name_or_path)
+    if backend in ("auto", "native"):
+        try:
+            return NativeLM(load_native(model_dir, dtype), model_dir)
+        except UnsupportedModelError:
+            if backend == "native":
+                raise
+    read_hf_config(model_dir)  # refuses remote-code models with a clear message
+    try:
+        return HFCausalLM(load_hf_model(model_dir, dtype), model_dir)
+    except (OSError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"transformers could not load {model_dir}: {str(exc).splitlines()[0]}") from None

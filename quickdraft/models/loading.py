@@ -1,0 +1,180 @@
+"""Find a checkpoint (embedded name, local directory or hub id) and load it, safetensors only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from .config import ModelConfig
+from .registry import find_embedded
+from .transformer import Transformer, rope_inv_freq
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used; the message says what is wrong and what to do."""
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def resolve_model_dir(name_or_path: str | Path) -> Path:
+    """Turn an embedded model name, a local directory or a hub id into a local directory."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    embedded = find_embedded(str(name_or_path))
+    if embedded is not None:
+        return embedded.path
+    text = str(name_or_path)
+    if path.exists():
+        raise CheckpointError(f"{text} is a file; pass the model directory that holds config.json")
+    if text.count("/") != 1 or text.startswith((".", "/", "~")):
+        raise CheckpointError(
+            f"model {text!r} not found: pass an embedded model name (see `quickdraft models`), "
+            "a local directory with config.json, or a Hugging Face hub id"
+        )
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(
+            text, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "tokenizer*"]
+        )
+    except Exception as exc:  # the hub client raises many kinds; all mean "not available"
+        raise CheckpointError(
+            f"model {text!r} is not a local directory and could not be fetched from the hub "
+            f"({type(exc).__name__}); download it first or pass a local path"
+        ) from None
+    return Path(local)
+
+
+def read_hf_config(model_dir: Path) -> dict:
+    """The checkpoint's ``config.json``, refusing models that need remote code."""
+    config_path = model_dir / "config.json"
+    if not config_path.is_file():
+        raise CheckpointError(f"{model_dir} has no config.json; pass a Hugging Face model directory")
+    try:
+        cfg = json.loads(config_path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{config_path} is not valid JSON ({exc.msg}); re-download the model") from None
+    if "auto_map" in cfg:
+        raise CheckpointError(
+            f"{model_dir} needs trust_remote_code (custom model code); quickdraft never runs remote code"
+        )
+    return cfg
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    """The checkpoint's weight files (single file or sharded index); refuses pickles."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [model_dir / s for s in shards]
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        pickles = [p.name for p in model_dir.iterdir() if p.suffix in PICKLE_SUFFIXES]
+        if pickles:
+            raise CheckpointError(
+                f"{model_dir} only has pickle weights ({', '.join(pickles)}); quickdraft loads "
+                "safetensors only: convert them (e.g. save_pretrained(safe_serialization=True))"
+            )
+        raise CheckpointError(f"{model_dir} has no *.safetensors weights")
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise CheckpointError(f"{model_dir} is missing weight shards: {', '.join(missing)}")
+    return files
+
+
+def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = {}
+    for file in safetensors_files(model_dir):
+        try:
+            state.update(load_file(str(file)))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(
+                f"{file} is not a readable safetensors file ({str(exc).splitlines()[0][:120]}); "
+                "re-download or re-save the checkpoint"
+            ) from None
+    return state
+
+
+def _llama_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    out = {"embed.weight": state["model.embed_tokens.weight"], "norm.weight": state["model.norm.weight"]}
+    if "lm_head.weight" in state and not config.tie_word_embeddings:
+        out["lm_head.weight"] = state["lm_head.weight"]
+    for i in range(config.n_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        attn = src + "self_attn."
+        out[dst + "attn_norm.weight"] = state[src + "input_layernorm.weight"]
+        out[dst + "mlp_norm.weight"] = state[src + "post_attention_layernorm.weight"]
+        for kind in ("weight", "bias"):
+            parts = [state.get(f"{attn}{p}_proj.{kind}") for p in "qkv"]
+            if all(p is not None for p in parts):
+                out[f"{dst}attn.wqkv.{kind}"] = torch.cat(parts)
+            if f"{attn}o_proj.{kind}" in state:
+                out[f"{dst}attn.wo.{kind}"] = state[f"{attn}o_proj.{kind}"]
+            mlp = src + "mlp."
+            if f"{mlp}gate_proj.{kind}" in state:
+                out[f"{dst}mlp.w_in.{kind}"] = torch.cat([state[f"{mlp}gate_proj.{kind}"], state[f"{mlp}up_proj.{kind}"]])
+                out[f"{dst}mlp.w_out.{kind}"] = state[f"{mlp}down_proj.{kind}"]
+    return out
+
+
+def _gpt2_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, torch.Tensor]:
+    # Checkpoints saved from GPT2LMHeadModel prefix keys with "transformer."; the hub's gpt2 does not.
+    state = {k.removeprefix("transformer."): v for k, v in state.items()}
+    out = {
+        "embed.weight": state["wte.weight"],
+        "pos_embed.weight": state["wpe.weight"],
+        "norm.weight": state["ln_f.weight"],
+        "norm.bias": state["ln_f.bias"],
+    }
+    # GPT-2 stores Conv1D weights as [in, out]; nn.Linear wants [out, in].
+    renames = {"ln_1": "attn_norm", "ln_2": "mlp_norm"}
+    convs = {"attn.c_attn": "attn.wqkv", "attn.c_proj": "attn.wo", "mlp.c_fc": "mlp.w_in", "mlp.c_proj": "mlp.w_out"}
+    for i in range(config.n_layers):
+        for src, dst in renames.items():
+            for kind in ("weight", "bias"):
+                out[f"layers.{i}.{dst}.{kind}"] = state[f"h.{i}.{src}.{kind}"]
+        for src, dst in convs.items():
+            out[f"layers.{i}.{dst}.weight"] = state[f"h.{i}.{src}.weight"].t()
+            out[f"layers.{i}.{dst}.bias"] = state[f"h.{i}.{src}.bias"]
+    return out
+
+
+def build_native(
+    config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
+) -> Transformer:
+    """Instantiate the native transformer and load Hugging Face-named weights into it."""
+    convert = _gpt2_weights if config.family == "gpt2" else _llama_weights
+    try:
+        weights = convert(state, config)
+    except KeyError as exc:
+        raise CheckpointError(
+            f"checkpoint lacks weight {exc.args[0]!r} expected for a {config.model_type} model; "
+            "is the checkpoint complete?"
+        ) from None
+    with torch.device("meta"):
+        model = Transformer(config)
+    model = model.to_empty(device="cpu")
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+    missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+        missing = [m for m in missing if m != "lm_head.weight"]
+    if missing:
+        raise CheckpointError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")
+    # Built under the meta device, the RoPE frequencies must be computed again for real.
+    model._inv_freq = rope_inv_freq(config) if config.family == "llama" else None
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def load_native(model_dir: Path, dtype: torch.dtype = torch.float32) -> Transformer:
+    """Load a Hugging Face checkpoint directory into the native runtime."""
+    config = ModelConfig.from_hf(read_hf_config(model_dir))
+    return build_native(config, load_state_dict(model_dir), dtype)

@@ -1,0 +1,277 @@
+"""A compact decoder-only transformer covering the Llama family and GPT-2.
+
+One implementation, gpt-fast style: fused q/k/v and gate/up projections, a preallocated
+KV cache, explicit positions and cache slots, and hooks that later methods need
+(layer ranges for early exit, skipped sub-layers for layer skip, hidden states for heads,
+arbitrary attention masks for token trees, per-row lengths for batches).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def make_norm(config: ModelConfig) -> nn.Module:
+    if config.family == "gpt2":
+        return nn.LayerNorm(config.hidden_size, eps=config.norm_eps)
+    return RMSNorm(config.hidden_size, config.norm_eps)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """RoPE inverse frequencies, with Llama 3 frequency-dependent scaling when configured."""
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = config.rope_scaling
+    if not scaling:
+        return inv_freq
+    factor = scaling["factor"]
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    old_ctx = scaling.get("original_max_position_embeddings", 8192)
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_ctx / low, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE (the Hugging Face Llama layout). x: [B, H, T, D], cos/sin: [B, 1, T, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        qkv_out = (config.n_heads + 2 * config.n_kv_heads) * config.head_dim
+        self.wqkv = nn.Linear(config.hidden_size, qkv_out, bias=config.qkv_bias)
+        self.wo = nn.Linear(config.n_heads * config.head_dim, config.hidden_size, bias=config.o_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: KVCache,
+        layer: int,
+        rows: torch.Tensor,
+        slots: torch.Tensor,
+        mask: torch.Tensor | None,
+        kv_len: int,
+    ) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(bsz, seqlen, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(bsz, seqlen, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = v.view(bsz, seqlen, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        cache.write(layer, rows, slots, k, v)
+        keys, values = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads
+        )
+        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, q_size))
+
+
+class MLP(nn.Module):
+    """Gated SiLU MLP (Llama) or plain GELU MLP (GPT-2); gate and up are one fused matmul."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.gated = config.family == "llama"
+        width = config.intermediate_size
+        self.w_in = nn.Linear(config.hidden_size, 2 * width if self.gated else width, bias=config.mlp_bias)
+        self.w_out = nn.Linear(width, config.hidden_size, bias=config.mlp_bias)
+        act = config.activation
+        if act in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+            self.act = nn.GELU(approximate="tanh")
+        elif act == "gelu":
+            self.act = nn.GELU()
+        elif act in ("silu", "swish"):
+            self.act = nn.SiLU()
+        else:
+            raise ValueError(f"activation {act!r} is not supported by the native runtime")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.w_in(x)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            return self.w_out(self.act(gate) * up)
+        return self.w_out(self.act(h))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = make_norm(config)
+        self.attn = Attention(config)
+        self.mlp_norm = make_norm(config)
+        self.mlp = MLP(config)
+
+
+@dataclass
+class ForwardOutput:
+    """What one forward pass returns.
+
+    ``hidden`` is the residual stream after the last layer run (before the final norm);
+    ``hidden_states[i]`` follows the Hugging Face numbering: 0 is the embedding output and
+    ``i`` the output of block ``i - 1``.
+    """
+
+    logits: torch.Tensor | None
+    hidden: torch.Tensor
+    hidden_states: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+class Transformer(nn.Module):
+    """Decoder-only transformer with an external KV cache.
+
+    ``forward`` appends new tokens at explicit ``positions`` (what RoPE / learned position
+    embeddings see) and cache ``slots`` (where their keys and values are stored; equal to
+    the positions except in token trees). The default attention mask lets each query see
+    every slot up to its own, which is causal attention for contiguous writes and keeps
+    rows of different lengths in a batch apart.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.pos_embed = (
+            nn.Embedding(config.max_position_embeddings, config.hidden_size)
+            if config.family == "gpt2"
+            else None
+        )
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.norm = make_norm(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self._inv_freq = rope_inv_freq(config) if config.family == "llama" else None
+        self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
+        """A zeroed KV cache for ``batch_size`` rows of up to ``max_len`` tokens."""
+        weight = self.embed.weight
+        length = max_len or self.config.max_position_embeddings
+        return KVCache(self.config, batch_size, length, dtype=weight.dtype, device=weight.device)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        needed = int(positions.max()) + 1
+        if self._rope_cache is None or self._rope_cache[0].shape[0] < needed:
+            size = max(needed, 2 * (self._rope_cache[0].shape[0] if self._rope_cache else 1024))
+            freqs = torch.outer(torch.arange(size, dtype=torch.float64), self._inv_freq)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            dtype, device = self.embed.weight.dtype, self.embed.weight.device
+            self._rope_cache = (emb.cos().to(dtype=dtype, device=device), emb.sin().to(dtype=dtype, device=device))
+        cos, sin = self._rope_cache
+        return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
+
+    def embed_tokens(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed(positions)
+        return x
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head: the exit head shared by every layer."""
+        return self.lm_head(self.norm(hidden))
+
+    def forward(
+        self,
+        tokens: torch.Tensor | None,
+        positions: torch.Tensor,
+        cache: KVCache,
+        *,
+        slots: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+        hidden: torch.Tensor | None = None,
+        layers: tuple[int, int] | None = None,
+        skip_attn: Collection[int] = (),
+        skip_mlp: Collection[int] = (),
+        output_hidden_states: Sequence[int] = (),
+        logits: str = "all",
+    ) -> ForwardOutput:
+        """Run layers ``[a, b)`` (all by default) over ``T`` new tokens per row.
+
+        Args:
+            tokens: ``[B, T]`` token ids; ``None`` when resuming from ``hidden``.
+            positions: ``[B, T]`` position ids.
+            cache: the KV cache; new keys/values are written at ``slots``.
+            slots: ``[B, T]`` cache slots (default: ``positions``).
+            mask: boolean ``[B or 1, T, S]`` over cache slots ``0..S-1`` (True = attend).
+                Default: slot ``s`` is visible to a query in slot ``q`` iff ``s <= q``.
+            hidden: ``[B, T, hidden_size]`` residual stream to resume from at layer ``a``.
+            layers: the half-open layer range to run.
+            skip_attn / skip_mlp: layer indices whose attention / MLP sub-layer is skipped
+                (identity on the residual stream; skipped attention writes no KV).
+            output_hidden_states: which hidden states to return (HF numbering).
+            logits: ``"all"``, ``"last"`` (only the last position of each row) or ``"none"``.
+                Logits are the final norm + LM head applied to the last layer run, so a
+                partial range gives early-exit logits.
+        """
+        start, stop = layers if layers is not None else (0, self.config.n_layers)
+        if slots is None:
+            slots = positions
+        bsz, seqlen = positions.shape
+        if hidden is None:
+            if tokens is None:
+                raise ValueError("forward needs tokens or a hidden state to resume from")
+            if start != 0:
+                raise ValueError("starting after layer 0 needs the hidden state to resume from")
+            x = self.embed_tokens(tokens, positions)
+        else:
+            x = hidden
+        if mask is None:
+            kv_len = int(slots.max()) + 1
+            if seqlen > 1 or bsz > 1:
+                visible = torch.arange(kv_len, device=slots.device)
+                mask = (visible[None, None, :] <= slots[:, :, None]).unsqueeze(1)
+        else:
+            kv_len = mask.shape[-1]
+            mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
+        if kv_len > cache.max_len:
+            raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
+        rows = torch.arange(bsz, device=slots.device)[:, None]
+        rope = self._rope(positions) if self._inv_freq is not None else None
+
+        states: dict[int, torch.Tensor] = {}
+        if start in output_hidden_states:
+            states[start] = x
+        for i in range(start, stop):
+            block = self.layers[i]
+            if i not in skip_attn:
+                x = x + block.attn(block.attn_norm(x), rope, cache, i, rows, slots, mask, kv_len)
+            if i not in skip_mlp:
+                x = x + block.mlp(block.mlp_norm(x))
+            if i + 1 in output_hidden_states:
+                states[i + 1] = x
+        out = None
+        if logits == "all":
+            out = self.head(x)
+        elif logits == "last":
+            out = self.head(x[:, -1:])
+        return ForwardOutput(logits=out, hidden=x, hidden_states=states)
