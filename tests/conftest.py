@@ -62,3 +62,76 @@ def tiny_checkpoint(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
     model = save_tiny(request.param, path)
     return request.param, path, model
+
+
+TOKENIZER_TEXT = [
+    "def add(a, b):\n    return a + b\n",
+    "for i in range(10):\n    print(i, i * i)\n",
+    "class Point:\n    def __init__(self, x, y):\n        self.x = x\n        self.y = y\n",
+    "héllo wörld — ünïcode ✓ 你好 🙂\n",
+]
+
+
+def build_tokenizer(path: Path, vocab_size: int = 300):
+    """A small byte-level BPE saved the way transformers' AutoTokenizer loads it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(TOKENIZER_TEXT * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", bos_token="<|endoftext|>")
+    fast.save_pretrained(path)
+    return fast
+
+
+def save_llama(path: Path, vocab_size: int, layers: int, hidden: int, seed: int, eos: int, scale: float = 1.0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        eos_token_id=eos, bos_token_id=eos,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # sharper distributions than the default init: more varied tokens
+        model.lm_head.weight.mul_(scale)
+    model.save_pretrained(path, safe_serialization=True)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_family(tmp_path_factory):
+    """A tokenizer plus a tiny target, an exact copy of it (acceptance 1), a perturbed copy
+    (high acceptance) and an unrelated draft (low acceptance), as Llama directories."""
+    root = tmp_path_factory.mktemp("family")
+    tok = build_tokenizer(root / "tok")
+    vocab = len(tok)
+    eos = tok.eos_token_id
+    dirs = {}
+    for name, seed, layers, hidden in [("target", 0, 2, 64), ("unrelated", 1, 1, 32)]:
+        dirs[name] = root / name
+        save_llama(dirs[name], vocab, layers, hidden, seed, eos, scale=20.0)
+        tok.save_pretrained(dirs[name])
+    import shutil
+
+    from transformers import LlamaForCausalLM
+
+    dirs["copy"] = root / "copy"
+    shutil.copytree(dirs["target"], dirs["copy"])
+    dirs["perturbed"] = root / "perturbed"
+    model = LlamaForCausalLM.from_pretrained(dirs["target"])
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn_like(p))
+    model.save_pretrained(dirs["perturbed"], safe_serialization=True)
+    tok.save_pretrained(dirs["perturbed"])
+    return dirs

@@ -29,7 +29,8 @@ class CausalLM(Protocol):
         """Start a new sequence with room for ``max_len`` tokens."""
 
     def extend(self, tokens: torch.Tensor, logits: str = "all") -> torch.Tensor:
-        """Append ``tokens`` (``[T]``) to the cache; return logits ``[T, V]`` (or ``[1, V]`` for "last")."""
+        """Append ``tokens`` (``[T]``) to the cache and return their logits: ``[T, V]`` for
+        ``"all"``, ``[1, V]`` for ``"last"``, None for ``"none"`` (prefill of a draft)."""
 
     def crop(self, length: int) -> None:
         """Roll the cache back to its first ``length`` tokens."""
@@ -65,7 +66,7 @@ class NativeLM:
         positions = self._positions[:, self.length : end]
         out = self.model(tokens.view(1, -1), positions, self.cache, logits=logits)
         self.length = end
-        return out.logits[0]
+        return None if out.logits is None else out.logits[0]
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
@@ -101,15 +102,16 @@ class HFCausalLM:
             input_ids=tokens.view(1, -1),
             past_key_values=self.past,
             use_cache=True,
-            logits_to_keep=1 if logits == "last" else 0,
+            logits_to_keep=0 if logits == "all" else 1,
         )
         self.past = out.past_key_values
         self.length += tokens.shape[-1]
-        return out.logits[0].float()
+        return None if logits == "none" else out.logits[0].float()
 
     def crop(self, length: int) -> None:
         if length < self.length:
-            self.past.crop(length)
+            # A negative count means "drop this many" in transformers 4.x and 5.x alike.
+            self.past.crop(length - self.length)
             self.length = length
 
 

@@ -1,0 +1,121 @@
+"""The one decode loop. Drafters propose, acceptance rules verify, the target scores.
+
+Plain decoding is this loop with a drafter that proposes nothing; every speculative
+method plugs in a drafter and/or an acceptance rule instead of writing its own loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .drafters.base import EMPTY, Drafter, NoDrafter
+from .models.lm import CausalLM
+from .sampling import SamplingParams, choose
+from .stats import GenerationStats
+from .stopping import StopConditions
+from .verify import AcceptanceRule, acceptance_for
+
+
+class ContextOverflowError(ValueError):
+    """The prompt does not fit in the model's context window."""
+
+
+@dataclass
+class Step:
+    """Tokens emitted by one step. The first ``drafted`` of them were proposed by the drafter
+    and accepted; the rest (at most one) is the target's own token."""
+
+    tokens: list[int]
+    drafted: int
+
+
+def decode(
+    target: CausalLM,
+    prompt: torch.Tensor,
+    stop: StopConditions,
+    drafter: Drafter | None = None,
+    params: SamplingParams = SamplingParams(),
+    num_speculative_tokens: int = 4,
+    acceptance: AcceptanceRule | None = None,
+    stats: GenerationStats | None = None,
+) -> Iterator[Step]:
+    """Generate after ``prompt`` (``[T]`` token ids), yielding each step's tokens.
+
+    ``stats`` (if given) is filled in as generation proceeds; it is complete when the
+    iterator is exhausted.
+    """
+    if num_speculative_tokens < 1:
+        raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+    prompt = prompt.to(torch.long).view(-1)
+    if prompt.numel() == 0:
+        raise ValueError("the prompt is empty; give at least one token")
+    drafter = drafter or NoDrafter()
+    stats = stats if stats is not None else GenerationStats()
+    generator = params.generator()
+    acceptance = acceptance or acceptance_for(params, generator)
+    max_len = min(target.context_length, prompt.numel() + stop.max_new_tokens + num_speculative_tokens + 1)
+    if prompt.numel() >= target.context_length:
+        raise ContextOverflowError(
+            f"the prompt has {prompt.numel()} tokens but the model's context is {target.context_length}; "
+            "shorten it or truncate it"
+        )
+    stats.prompt_tokens = prompt.numel()
+
+    started = time.perf_counter()
+    target.reset(max_len)
+    drafter.start(prompt, params, generator, max_len)
+    first, _ = choose(target.extend(prompt, logits="last")[-1], params, generator)
+    stats.prefill_seconds = stats.time_to_first_token = time.perf_counter() - started
+    decode_started = time.perf_counter()
+
+    # The sequence buffer holds prompt + emitted tokens; the target's cache holds all but
+    # the last of them (which is fed at the start of the next step).
+    sequence = torch.empty(max_len + 1, dtype=torch.long)
+    sequence[: prompt.numel()] = prompt
+    length = prompt.numel()
+    pending = [first]
+    drafted_in_chunk = 0
+    while True:
+        emitted: list[int] = []
+        finish = None
+        for token in pending:
+            if stop.is_eos(token):
+                finish = "stop"
+                break
+            emitted.append(token)
+            finish = stop.check(token)
+            if finish:
+                break
+        sequence[length : length + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
+        length += len(emitted)
+        stats.new_tokens += len(emitted)
+        if emitted:
+            yield Step(emitted, min(drafted_in_chunk, len(emitted)))
+        room = target.context_length - length
+        if finish is None and room <= 0:
+            finish = "length"
+        if finish:
+            stats.finish_reason = finish
+            break
+
+        # Never draft past the token budget or the context: a step yields up to k+1 tokens.
+        k = min(num_speculative_tokens, stop.max_new_tokens - stop.count - 1, room - 1)
+        proposal = drafter.propose(sequence[:length], k) if k > 0 else EMPTY
+        fed = sequence[length - 1 : length]
+        if proposal.tokens.numel():
+            fed = torch.cat([fed, proposal.tokens])
+        target_logits = target.extend(fed)
+        verdict = acceptance(proposal.tokens, proposal.probs, target_logits)
+        drafted = proposal.tokens.numel()
+        stats.record_step(drafted, verdict.accepted)
+        # Keep what the target has now seen and accepted; drop the rest from both caches.
+        target.crop(length + verdict.accepted)
+        drafter.verified(length + verdict.accepted)
+        pending = proposal.tokens[: verdict.accepted].tolist() + [verdict.next_token]
+        drafted_in_chunk = verdict.accepted
+
+    stats.decode_seconds = time.perf_counter() - decode_started

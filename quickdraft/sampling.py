@@ -1,0 +1,80 @@
+"""Logit warping and token choice, shared by every drafter and acceptance rule.
+
+Speculative sampling is only exact when the draft distribution q and the target
+distribution p are warped identically, so there is exactly one warping function.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How tokens are chosen. ``temperature == 0`` means greedy (argmax)."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self) -> torch.Generator:
+        """A CPU generator seeded from ``seed`` (random seed when None)."""
+        gen = torch.Generator()
+        if self.seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(self.seed)
+        return gen
+
+
+def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k, then top-p (the order transformers uses); last dim is vocab."""
+    logits = logits.float()
+    if params.temperature not in (0.0, 1.0):
+        logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # Drop a token when the tokens before it already cover top_p (always keeps the first).
+        drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= params.top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The sampling distribution for ``logits`` under ``params`` (not for greedy)."""
+    return warp_logits(logits, params).softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """Draw one token id from a 1-D probability vector."""
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def choose(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator
+) -> tuple[int, torch.Tensor | None]:
+    """Pick the next token from 1-D ``logits``; also return its distribution when sampling."""
+    if params.greedy:
+        return int(logits.argmax()), None
+    probs = probabilities(logits, params)
+    return sample(probs, generator), probs

@@ -1,0 +1,76 @@
+"""Statistics every generation reports (definitions follow docs/speculative-decoding.md)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    """Counts and timings of one generation.
+
+    ``target_forward_passes`` counts decode-phase verification passes (the prefill, which
+    yields the first token, is not one), so ``mean_accepted_tokens`` = tokens emitted by
+    those passes / passes, 1.0 for plain decoding.
+    """
+
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    target_forward_passes: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    time_to_first_token: float = 0.0
+    finish_reason: str = ""
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        self.target_forward_passes += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        missing = drafted - len(self.drafted_per_position)
+        if missing > 0:
+            self.drafted_per_position.extend([0] * missing)
+            self.accepted_per_position.extend([0] * missing)
+        for i in range(drafted):
+            self.drafted_per_position[i] += 1
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        decoded = max(self.new_tokens - 1, 0)
+        return decoded / self.target_forward_passes if self.target_forward_passes else 1.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(
+            acceptance_rate=self.acceptance_rate,
+            mean_accepted_tokens=self.mean_accepted_tokens,
+            per_position_acceptance=self.per_position_acceptance,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return out
+
+    def summary(self) -> str:
+        """One line for terminals."""
+        return (
+            f"{self.new_tokens} tokens in {self.prefill_seconds + self.decode_seconds:.2f}s "
+            f"({self.tokens_per_second:.1f} tok/s decode, TTFT {self.time_to_first_token * 1000:.0f} ms) | "
+            f"target passes {self.target_forward_passes}, mean accepted {self.mean_accepted_tokens:.2f}, "
+            f"acceptance {self.acceptance_rate:.0%} ({self.accepted_tokens}/{self.drafted_tokens})"
+        )

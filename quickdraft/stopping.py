@@ -1,0 +1,66 @@
+"""Stop conditions, checked token by token so speculative decoding stops exactly where
+plain decoding would, even in the middle of an accepted chunk."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .detokenize import IncrementalDetokenizer
+
+
+class StopConditions:
+    """EOS ids, stop strings and a token budget.
+
+    ``check(token)`` is called for every emitted token in order and returns the finish
+    reason (``"stop"`` or ``"length"``) when generation ends at it, else None. An EOS token
+    is not part of the output; a token that completes a stop string is (its text is cut
+    at the stop string).
+    """
+
+    def __init__(
+        self,
+        max_new_tokens: int,
+        eos_token_ids: Sequence[int] = (),
+        stop_strings: Sequence[str] = (),
+        tokenizer=None,
+    ) -> None:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if stop_strings and tokenizer is None:
+            raise ValueError("stop strings need a tokenizer to see the text")
+        self.max_new_tokens = max_new_tokens
+        self.eos = set(eos_token_ids)
+        self.stop_strings = [s for s in stop_strings if s]
+        self._detok = IncrementalDetokenizer(tokenizer) if self.stop_strings else None
+        self._text = ""
+        self._longest = max((len(s) for s in self.stop_strings), default=0)
+        self.count = 0
+
+    def is_eos(self, token: int) -> bool:
+        return token in self.eos
+
+    def check(self, token: int) -> str | None:
+        """Register an emitted (non-EOS) token; return the finish reason if it ends generation."""
+        self.count += 1
+        if self._detok is not None:
+            delta = self._detok.push([token])
+            if delta:
+                window_start = max(0, len(self._text) - self._longest)
+                self._text += delta
+                window = self._text[window_start:]
+                if any(s in window for s in self.stop_strings):
+                    return "stop"
+        if self.count >= self.max_new_tokens:
+            return "length"
+        return None
+
+
+def cut_at_stop(text: str, stop_strings: Sequence[str]) -> str:
+    """``text`` up to (excluding) the earliest occurrence of any stop string."""
+    cut = len(text)
+    for s in stop_strings:
+        if s:
+            i = text.find(s)
+            if i != -1:
+                cut = min(cut, i)
+    return text[:cut]

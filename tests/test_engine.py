@@ -1,0 +1,138 @@
+"""Greedy speculative decoding must reproduce plain greedy decoding token for token."""
+
+import pytest
+import torch
+
+from quickdraft.drafters import DraftModelDrafter
+from quickdraft.engine import decode
+from quickdraft.generator import SpeculativeGenerator, load_tokenizer
+from quickdraft.models.lm import load_model
+from quickdraft.stats import GenerationStats
+from quickdraft.stopping import StopConditions
+
+PROMPTS = ["def add(a, b):", "class Point:\n    def", "x", "for i in range(10):\n    print(i"]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_family):
+    tok = load_tokenizer(tiny_family["target"])
+    target = load_model(tiny_family["target"])
+    drafts = {name: load_model(tiny_family[name]) for name in ("copy", "perturbed", "unrelated")}
+    return tok, target, drafts
+
+
+def plain(target, tok, prompt, n, eos=()):
+    ids = torch.tensor(tok(prompt)["input_ids"]) if isinstance(prompt, str) else prompt
+    return [t for s in decode(target, ids, StopConditions(n, eos)) for t in s.tokens]
+
+
+def spec(target, draft, tok, prompt, n, k, eos=(), stats=None):
+    ids = torch.tensor(tok(prompt)["input_ids"]) if isinstance(prompt, str) else prompt
+    drafter = DraftModelDrafter(draft, target.vocab_size)
+    steps = decode(target, ids, StopConditions(n, eos), drafter=drafter, num_speculative_tokens=k, stats=stats)
+    return [t for s in steps for t in s.tokens]
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+@pytest.mark.parametrize("draft_name", ["copy", "perturbed", "unrelated"])
+def test_greedy_speculative_equals_plain(models, draft_name, k):
+    tok, target, drafts = models
+    for prompt in PROMPTS:
+        reference = plain(target, tok, prompt, 40)
+        assert spec(target, drafts[draft_name], tok, prompt, 40, k) == reference, (prompt, k)
+
+
+def test_prompt_of_one_token(models):
+    tok, target, drafts = models
+    prompt = torch.tensor([7])
+    reference = plain(target, tok, prompt, 25)
+    for k in (1, 3, 8):
+        assert spec(target, drafts["perturbed"], tok, prompt, 25, k) == reference
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 7, 11])
+def test_max_new_tokens_inside_a_chunk(models, n):
+    tok, target, drafts = models
+    stats = GenerationStats()
+    out = spec(target, drafts["copy"], tok, PROMPTS[0], n, 8, stats=stats)
+    assert out == plain(target, tok, PROMPTS[0], n)
+    assert len(out) == n and stats.new_tokens == n and stats.finish_reason == "length"
+
+
+def test_eos_inside_an_accepted_chunk(models):
+    tok, target, drafts = models
+    reference = plain(target, tok, PROMPTS[1], 30)
+    # Declare the token plain decoding emits at position 6 to be EOS: the copy draft proposes
+    # it in the middle of a fully accepted chunk, and generation must stop right before it.
+    eos = reference[6]
+    expected = reference[: reference.index(eos)]
+    for k in (3, 5, 8):
+        stats = GenerationStats()
+        out = spec(target, drafts["copy"], tok, PROMPTS[1], 30, k, eos=[eos], stats=stats)
+        assert out == expected == plain(target, tok, PROMPTS[1], 30, eos=[eos])
+        assert stats.finish_reason == "stop"
+
+
+def test_stats_are_consistent(models):
+    tok, target, drafts = models
+    stats = GenerationStats()
+    out = spec(target, drafts["copy"], tok, PROMPTS[0], 41, 4, stats=stats)
+    assert stats.new_tokens == len(out) == 41
+    assert stats.acceptance_rate == 1.0  # an exact copy is always right
+    assert stats.target_forward_passes == 8 and stats.mean_accepted_tokens == 5.0  # 40 decoded / (k+1)
+    assert stats.per_position_acceptance == [1.0] * 4
+    plain_stats = GenerationStats()
+    list(decode(target, torch.tensor([3, 4]), StopConditions(20), stats=plain_stats))
+    assert plain_stats.mean_accepted_tokens == 1.0 and plain_stats.target_forward_passes == 19
+    d = stats.to_dict()
+    for key in ("new_tokens", "target_forward_passes", "drafted_tokens", "accepted_tokens", "acceptance_rate",
+                "mean_accepted_tokens", "per_position_acceptance", "prefill_seconds", "decode_seconds",
+                "tokens_per_second", "time_to_first_token"):
+        assert key in d
+
+
+def test_stop_string_inside_a_chunk_matches_plain(tiny_family):
+    ar = SpeculativeGenerator.from_pretrained(tiny_family["target"], method="ar")
+    sd = SpeculativeGenerator.from_pretrained(tiny_family["target"], draft=tiny_family["copy"])
+    full = ar.generate(PROMPTS[0], max_new_tokens=30)
+    stop = full.text[10:13]  # some text plain decoding produces mid-way
+    a = ar.generate(PROMPTS[0], max_new_tokens=30, stop=[stop])
+    b = sd.generate(PROMPTS[0], max_new_tokens=30, stop=[stop], num_speculative_tokens=8)
+    assert a.token_ids == b.token_ids and a.text == b.text
+    assert stop not in a.text and full.text.startswith(a.text)
+    assert a.stats.finish_reason == "stop" and len(a.token_ids) < 30
+    streamed = "".join(c.text for c in sd.stream(PROMPTS[0], max_new_tokens=30, stop=[stop], num_speculative_tokens=8))
+    assert streamed == b.text
+
+
+def test_stream_concatenates_to_generate_and_marks_drafts(tiny_family):
+    sd = SpeculativeGenerator.from_pretrained(tiny_family["target"], draft=tiny_family["copy"])
+    full = sd.generate(PROMPTS[2], max_new_tokens=30, num_speculative_tokens=4)
+    chunks = list(sd.stream(PROMPTS[2], max_new_tokens=30, num_speculative_tokens=4))
+    assert "".join(c.text for c in chunks) == full.text
+    assert any(from_draft for c in chunks for _, from_draft in c.segments)
+    assert len(chunks) < 30  # several tokens per chunk: accepted tokens come out together
+
+
+def test_kv_rollback_gives_fresh_logits(tiny_family):
+    """Extending, cropping and extending again equals computing the final sequence afresh."""
+    lm = load_model(tiny_family["target"])
+    fresh = load_model(tiny_family["target"])
+    lm.reset(64)
+    lm.extend(torch.tensor([1, 2, 3, 4, 5]))
+    lm.extend(torch.tensor([9, 9, 9]))  # rejected proposals
+    lm.crop(5)
+    got = lm.extend(torch.tensor([6, 7]))
+    fresh.reset(64)
+    want = fresh.extend(torch.tensor([1, 2, 3, 4, 5, 6, 7]))[-2:]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_hf_backend_decodes_like_native(tiny_family):
+    tok = load_tokenizer(tiny_family["target"])
+    native, hf = load_model(tiny_family["target"]), load_model(tiny_family["target"], backend="hf")
+    assert hf.backend == "hf" and native.backend == "native"
+    assert plain(hf, tok, PROMPTS[0], 20) == plain(native, tok, PROMPTS[0], 20)
+    # The generic backend also serves as target and draft (cache cropping).
+    hf_draft = load_model(tiny_family["perturbed"], backend="hf")
+    assert spec(hf, hf_draft, tok, PROMPTS[0], 20, 4) == plain(native, tok, PROMPTS[0], 20)
