@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from .detokenize import IncrementalDetokenizer
-from .drafters import DraftModelDrafter, Drafter, NoDrafter
+from .drafters import Drafter, DraftModelDrafter, NoDrafter
 from .engine import ContextOverflowError, decode
 from .models.lm import CausalLM, load_model
 from .models.loading import CheckpointError, resolve_model_dir
@@ -111,8 +111,11 @@ class SpeculativeGenerator:
             drafter = DraftModelDrafter(load_model(draft_dir, backend), target.vocab_size)
         return cls(target, tokenizer, drafter)
 
-    def encode(self, prompt: str | Sequence[int], truncate: bool = False) -> torch.Tensor:
-        """Token ids of ``prompt`` (tokenised as ``AutoTokenizer`` does with default arguments)."""
+    def encode(self, prompt: str | Sequence[int], truncate: bool = False, room: int = 1) -> torch.Tensor:
+        """Token ids of ``prompt`` (tokenised as ``AutoTokenizer`` does with default arguments).
+
+        A prompt that leaves no room in the context is an error, or with ``truncate`` loses
+        its beginning so that ``room`` new tokens fit."""
         ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
         limit = self.target.context_length - 1
         if len(ids) > limit:
@@ -121,7 +124,8 @@ class SpeculativeGenerator:
                     f"the prompt has {len(ids)} tokens but the model's context is "
                     f"{self.target.context_length}; shorten it or pass --truncate-prompt"
                 )
-            ids = ids[-limit:]  # keep the end: it is what the continuation depends on
+            # Keep the end: it is what the continuation depends on.
+            ids = ids[-max(1, self.target.context_length - room) :]
         return torch.tensor(ids, dtype=torch.long)
 
     def steps(
@@ -138,7 +142,7 @@ class SpeculativeGenerator:
         conditions = StopConditions(max_new_tokens, self.eos_token_ids, stop, self.tokenizer)
         return decode(
             self.target,
-            self.encode(prompt, truncate_prompt),
+            self.encode(prompt, truncate_prompt, room=max_new_tokens),
             conditions,
             drafter=self.drafter,
             params=sampling,

@@ -12,7 +12,13 @@ from typing import Protocol
 import torch
 
 from .config import ModelConfig, UnsupportedModelError
-from .loading import CheckpointError, load_native, read_hf_config, resolve_model_dir, safetensors_files
+from .loading import (
+    CheckpointError,
+    load_native,
+    read_hf_config,
+    resolve_model_dir,
+    safetensors_files,
+)
 from .transformer import Transformer
 
 

@@ -176,5 +176,8 @@ def build_native(
 
 def load_native(model_dir: Path, dtype: torch.dtype = torch.float32) -> Transformer:
     """Load a Hugging Face checkpoint directory into the native runtime."""
-    config = ModelConfig.from_hf(read_hf_config(model_dir))
+    try:
+        config = ModelConfig.from_hf(read_hf_config(model_dir))
+    except KeyError as exc:
+        raise CheckpointError(f"{model_dir}/config.json lacks {exc.args[0]!r}; is it a complete HF config?") from None
     return build_native(config, load_state_dict(model_dir), dtype)

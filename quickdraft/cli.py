@@ -1,0 +1,219 @@
+"""The ``quickdraft`` command line: models, generate, train, bench, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+EXIT_USAGE = 2
+GREEN, RESET = "\033[32m", "\033[0m"
+
+
+class CliError(Exception):
+    """Bad input: printed as one line on stderr, exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error as a single line (no usage dump) and exits 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+# argparse names the type in its message; these names read well there.
+positive_int.__name__ = "positive integer"
+non_negative_float.__name__ = "number >= 0"
+probability.__name__ = "number in (0, 1]"
+non_negative_int.__name__ = "integer >= 0"
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .models.registry import list_models
+
+    models = list_models()
+    if args.json:
+        print(json.dumps([m.to_json() for m in models], indent=2))
+        return 0
+    if not models:
+        print("no embedded models installed (train them with `quickdraft train`)")
+        return 0
+    for m in models:
+        tag = " (default)" if m.default else ""
+        pair = f", draft: {m.draft}" if m.draft else ""
+        print(f"{m.name:<22} {m.role:<7} {m.params / 1e6:6.1f}M params{tag}{pair}\n{'':<22} {m.path}")
+    return 0
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file is None:
+        return args.prompt
+    path = Path(args.prompt_file)
+    if not path.is_file():
+        raise CliError(f"prompt file {path} does not exist")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise CliError(f"prompt file {path} is not UTF-8 text") from None
+
+
+def use_color(mode: str) -> bool:
+    if mode == "always":
+        return True
+    if mode == "never" or os.environ.get("NO_COLOR"):
+        return False
+    return sys.stdout.isatty()
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .generator import SpeculativeGenerator
+    from .sampling import SamplingParams
+    from .stats import GenerationStats
+
+    prompt = read_prompt(args)
+    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend)
+    k = args.num_speculative_tokens
+    if args.auto_k and args.method == "draft":
+        from .bench.autok import auto_k
+
+        k = auto_k(gen.target, gen.drafter.model, gen.tokenizer, gen.encode(prompt, args.truncate_prompt))
+        print(f"auto-k: using k={k}", file=sys.stderr)
+    options = dict(
+        max_new_tokens=args.max_new_tokens,
+        sampling=sampling,
+        num_speculative_tokens=k,
+        stop=args.stop or (),
+        truncate_prompt=args.truncate_prompt,
+    )
+    if args.json:
+        out = gen.generate(prompt, **options)
+        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "stats": out.stats.to_dict()}))
+        return 0
+    stats = GenerationStats()
+    color = use_color(args.color)
+    for chunk in gen.stream(prompt, stats=stats, **options):
+        for text, from_draft in chunk.segments:
+            sys.stdout.write(f"{GREEN}{text}{RESET}" if color and from_draft else text)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    legend = f" | {GREEN}green{RESET} = accepted draft tokens" if color and args.method == "draft" else ""
+    print(f"[{args.method}] {stats.summary()}{legend}", file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="quickdraft",
+        description="Lossless speculative decoding: faster generation, identical output.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
+
+    models = sub.add_parser("models", help="list the embedded models", description="List the embedded models.")
+    models.add_argument("--json", action="store_true", help="print a JSON list (name, path, role, params, ...)")
+    models.set_defaults(func=cmd_models)
+
+    gen = sub.add_parser(
+        "generate",
+        help="generate a completion (speculative by default)",
+        description="Generate a completion. Output is identical to plain decoding of the target "
+        "(greedy) or distributed exactly like it (sampling); the draft only makes it faster.",
+    )
+    gen.add_argument("--model", help="target: embedded name, HF directory or hub id (default: embedded default)")
+    gen.add_argument("--draft", help="draft model with the target's tokenizer (default: the target's paired draft)")
+    gen.add_argument("--method", choices=["ar", "draft"], default="draft",
+                     help="ar = plain decoding, draft = speculative with a draft model (default)")
+    source = gen.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="prompt text")
+    source.add_argument("--prompt-file", help="read the prompt from a UTF-8 file")
+    gen.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most (default 128)")
+    gen.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default)")
+    gen.add_argument("--top-k", type=non_negative_int, default=0, help="keep the k most likely tokens (0 = off)")
+    gen.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass in (0, 1] (default 1)")
+    gen.add_argument("--seed", type=int, default=None, help="seed for sampling (default: random)")
+    gen.add_argument("--num-speculative-tokens", "-k", type=positive_int, default=4,
+                     help="draft tokens proposed per step (default 4)")
+    gen.add_argument("--auto-k", action="store_true",
+                     help="pick k with the cost model from a short measurement on this prompt")
+    gen.add_argument("--stop", nargs="+", metavar="STR", help="stop when any of these strings is generated")
+    gen.add_argument("--truncate-prompt", action="store_true",
+                     help="keep the end of a prompt longer than the context instead of failing")
+    gen.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",
+                     help="model runtime: native (default when supported) or transformers")
+    gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    gen.add_argument("--color", choices=["auto", "always", "never"], default="auto",
+                     help="mark accepted draft tokens in green (auto: when stdout is a terminal)")
+    gen.set_defaults(func=cmd_generate)
+
+    demo = sub.add_parser("demo", help="stream a code completion, then compare with plain decoding",
+                          description="The main job on the embedded models: a streamed speculative "
+                          "completion with accepted draft tokens marked, then a quick benchmark.")
+    demo.add_argument("--max-new-tokens", type=positive_int, default=96)
+    demo.set_defaults(func=cmd_demo)
+
+    for module, adder in (("train.cli", "add_train_parser"), ("bench.cli", "add_bench_parser")):
+        try:
+            mod = __import__(f"quickdraft.{module}", fromlist=[adder])
+        except ImportError:
+            continue
+        getattr(mod, adder)(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .engine import ContextOverflowError
+    from .models.config import UnsupportedModelError
+    from .models.loading import CheckpointError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (CliError, CheckpointError, UnsupportedModelError, ContextOverflowError, ValueError) as exc:
+        print(f"quickdraft: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("quickdraft: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

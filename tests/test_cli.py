@@ -1,0 +1,141 @@
+"""The CLI contract: models, generate (text and --json), and one-line errors with exit 2."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from quickdraft.cli import main
+
+
+def run_cli(*args, env=None):
+    proc = subprocess.run([sys.executable, "-m", "quickdraft.cli", *args], capture_output=True, text=True, env=env)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_models_json_lists_embedded_models(capsys):
+    assert main(["models", "--json"]) == 0
+    models = json.loads(capsys.readouterr().out)
+    assert isinstance(models, list)
+    roles = {m["role"] for m in models}
+    assert {"target", "draft"} <= roles
+    for m in models:
+        assert {"name", "path", "role", "params"} <= m.keys()
+
+
+def test_generate_json_matches_plain_decoding(tiny_family, capsys):
+    from transformers import AutoTokenizer
+
+    common = ["generate", "--model", str(tiny_family["target"]), "--prompt", "def add(a, b):",
+              "--max-new-tokens", "20", "--json"]
+    assert main([*common, "--draft", str(tiny_family["perturbed"]), "-k", "3"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert main([*common, "--method", "ar"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert spec["token_ids"] == plain["token_ids"] and spec["text"] == plain["text"]
+    tok = AutoTokenizer.from_pretrained(tiny_family["target"])
+    assert tok.decode(spec["token_ids"]) == spec["text"]
+    for key in ("new_tokens", "target_forward_passes", "drafted_tokens", "accepted_tokens", "acceptance_rate",
+                "mean_accepted_tokens", "per_position_acceptance", "prefill_seconds", "decode_seconds",
+                "tokens_per_second", "time_to_first_token"):
+        assert key in spec["stats"]
+    assert plain["stats"]["mean_accepted_tokens"] == 1.0
+
+
+def test_generate_streams_text_and_stats_line(tiny_family, capsys):
+    args = ["generate", "--model", str(tiny_family["target"]), "--draft", str(tiny_family["copy"]),
+            "--prompt", "x", "--max-new-tokens", "30", "--color", "always"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "\033[32m" in out  # accepted draft tokens are marked
+    assert "mean accepted" in err and len(err.strip().splitlines()) == 1
+
+
+def test_prompt_file_and_sampling_flags(tiny_family, tmp_path, capsys):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("class Point:\n")
+    args = ["generate", "--model", str(tiny_family["target"]), "--draft", str(tiny_family["perturbed"]),
+            "--prompt-file", str(prompt), "--max-new-tokens", "8", "--temperature", "0.8", "--top-k", "20",
+            "--top-p", "0.9", "--seed", "3", "--json"]
+    assert main(args) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == first["token_ids"]  # seeded
+
+
+BAD = [
+    (["--max-new-tokens", "0"], "max-new-tokens"),
+    (["--max-new-tokens", "-3"], "max-new-tokens"),
+    (["--temperature", "-0.5"], "temperature"),
+    (["--top-p", "0"], "top-p"),
+    (["--top-p", "1.5"], "top-p"),
+    (["--num-speculative-tokens", "0"], "num-speculative-tokens"),
+    (["--method", "magic"], "method"),
+]
+
+
+@pytest.mark.parametrize("extra,word", BAD)
+def test_bad_flags_give_one_line_and_exit_2(tiny_family, extra, word):
+    code, out, err = run_cli("generate", "--model", str(tiny_family["target"]), "--prompt", "x", *extra)
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and word in err and "Traceback" not in err
+
+
+def test_bad_inputs_give_one_line_and_exit_2(tiny_family, tmp_path):
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_text((tiny_family["target"] / "config.json").read_text())
+    (corrupt / "model.safetensors").write_bytes(b"\x00" * 64)
+    long_prompt = "x = 1\n" * 400
+    cases = [
+        (["--model", str(tmp_path / "missing"), "--prompt", "x"], "not found"),
+        (["--model", str(tiny_family["target"]), "--prompt-file", str(tmp_path / "nope.txt")], "does not exist"),
+        (["--model", str(corrupt), "--method", "ar", "--prompt", "x"], "safetensors"),
+        (["--model", str(tiny_family["target"]), "--method", "ar", "--prompt", long_prompt], "truncate-prompt"),
+    ]
+    for args, word in cases:
+        code, out, err = run_cli("generate", *args)
+        assert code == 2, (args, err)
+        assert len(err.strip().splitlines()) == 1 and word in err and "Traceback" not in err, err
+
+
+def test_truncate_prompt_allows_long_prompts(tiny_family, capsys):
+    args = ["generate", "--model", str(tiny_family["target"]), "--method", "ar", "--prompt", "x = 1\n" * 400,
+            "--truncate-prompt", "--max-new-tokens", "4", "--json"]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["new_tokens"] == 4
+
+
+def test_mismatched_tokenizers_are_refused(tiny_family, tmp_path):
+    import shutil
+
+    from conftest import build_tokenizer
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_family["perturbed"], other)
+    tok = build_tokenizer(tmp_path / "tok2", vocab_size=280)
+    tok.save_pretrained(other)
+    code, _, err = run_cli("generate", "--model", str(tiny_family["target"]), "--draft", str(other), "--prompt", "x")
+    assert code == 2 and "different tokenizers" in err
+
+
+def test_padded_vocab_draft_works(tiny_family, tmp_path, capsys):
+    """Same tokenizer, draft embedding padded to a larger vocabulary (like 32000 vs 32064)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    padded = tmp_path / "padded"
+    model = LlamaForCausalLM.from_pretrained(tiny_family["copy"])
+    model.resize_token_embeddings(model.config.vocab_size + 64)
+    model.save_pretrained(padded, safe_serialization=True)
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(tiny_family["target"]).save_pretrained(padded)
+    torch.manual_seed(0)
+    common = ["generate", "--model", str(tiny_family["target"]), "--prompt", "def", "--max-new-tokens", "15", "--json"]
+    assert main([*common, "--draft", str(padded)]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert main([*common, "--method", "ar"]) == 0
+    assert spec["token_ids"] == json.loads(capsys.readouterr().out)["token_ids"]
+    assert spec["stats"]["acceptance_rate"] == 1.0
