@@ -144,3 +144,26 @@ def test_corrupted_safetensors(tiny_checkpoint, tmp_path):
 def test_unknown_model_name():
     with pytest.raises(CheckpointError, match="not found"):
         resolve_model_dir("no-such-model")
+
+
+def test_hub_id_loads_from_the_huggingface_cache(tiny_family, tmp_path):
+    """A hub id resolves through huggingface_hub's cache (offline here: no download)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    snapshot = tmp_path / "models--qd-test--tiny" / "snapshots" / "0123abcd"
+    shutil.copytree(tiny_family["target"], snapshot)
+    (tmp_path / "models--qd-test--tiny" / "refs").mkdir()
+    (tmp_path / "models--qd-test--tiny" / "refs" / "main").write_text("0123abcd")
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    args = ["generate", "--model", "qd-test/tiny", "--method", "ar", "--prompt", "x", "--max-new-tokens", "3", "--json"]
+    proc = subprocess.run([sys.executable, "-m", "quickdraft.cli", *args], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["stats"]["new_tokens"] == 3
+
+
+def test_unreachable_hub_id_is_a_clear_error():
+    with pytest.raises(CheckpointError, match="could not be fetched from the hub"):
+        resolve_model_dir("qd-test/not-in-any-cache")
