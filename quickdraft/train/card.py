@@ -1,0 +1,218 @@
+"""Model cards (``README.md``), registry metadata (``quickdraft.json``) and loss curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .presets import DRAFT_NAME, TARGET_NAME
+
+DESCRIPTIONS = {
+    "target": "Llama-architecture target trained by quickdraft on the Python standard library "
+              "(default embedded target; offline speculative decoding).",
+    "draft": f"1-layer Llama-architecture draft distilled from {TARGET_NAME} "
+             "(KL(target || draft)) on the Python standard library.",
+}
+
+TOKENIZER_WHY = (
+    "Byte-level BPE, vocabulary 8192, trained with `tokenizers` on the train split. "
+    "Python source has a small alphabet and very regular lexemes, so 8192 merges already "
+    "capture indentation runs, keywords and common identifiers; a small vocabulary keeps the "
+    "(tied) embedding table small, so most of a ~20M-parameter model's weights sit in the "
+    "transformer blocks rather than in embeddings, and the output softmax stays cheap for "
+    "CPU decoding. One special token, `<|endoftext|>` (id 0), is bos, eos and pad and "
+    "separates documents. No normalizer, byte-level pre-tokenizer without prefix space and "
+    "byte-level decoder: `decode(encode(s)) == s` for any string; no bos is added by default."
+)
+
+CORPUS_WHY = (
+    "The `.py` files of the interpreter's standard library (excluding `site-packages`). The "
+    "test suites (`test/`, `tests/`, `idlelib/idle_test/`) are excluded: they are about 62% "
+    "of the stdlib's `.py` bytes (19.4 of 31.5 MB in CPython 3.11), highly repetitive (assertion tables, generated data, "
+    "deliberately malformed code) and would dominate a training budget of a few million "
+    "tokens, while library code is closer to what users ask a drafting model to continue."
+)
+
+
+def plot_loss(log_path: Path, png_path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = [json.loads(ln) for ln in Path(log_path).read_text().splitlines() if ln.strip()]
+    train = [r for r in recs if r.get("event", "train") == "train"]
+    evals = [r for r in recs if r.get("event") == "eval"]
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    distill = "kl" in (train[0] if train else {})
+    steps = [r["step"] for r in train]
+    if distill:
+        ax.plot(steps, [r["ce"] for r in train], lw=1, label="train cross-entropy")
+        ax.plot(steps, [r["kl"] for r in train], lw=1, label="train KL(target||draft)")
+    else:
+        ax.plot(steps, [r["loss"] for r in train], lw=1, label="train cross-entropy")
+    for r in evals:
+        ax.axhline(r["loss"], color="C3", ls="--", lw=1,
+                   label=f"val cross-entropy {r['loss']:.3f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("nats / token")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)
+
+
+def write_meta(model_dir: Path, role: str, params: int, description: str) -> None:
+    meta = {
+        "name": model_dir.name,
+        "role": role,
+        "default": role == "target",
+        "draft": DRAFT_NAME if role == "target" else None,
+        "params": int(params),
+        "description": description,
+    }
+    if role == "draft":
+        meta["target"] = TARGET_NAME
+    (model_dir / "quickdraft.json").write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def _fmt_arch(cfg: dict) -> str:
+    keys = ["hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "intermediate_size", "vocab_size", "max_position_embeddings", "tie_word_embeddings"]
+    return "\n".join(f"| {k} | {cfg.get(k)} |" for k in keys)
+
+
+def write_card(model_dir: Path, role: str, results: dict) -> None:
+    """README.md for one model from the shared ``results`` dict (see pipeline)."""
+    r = results[role]
+    cfg = json.loads((model_dir / "config.json").read_text())
+    manifest = results["corpus"]
+    timing = results.get("decode_ms", {})
+    hw = results["hardware"]
+    ev, tr = r.get("val", {}), r.get("train_eval", {})
+    lines = [
+        f"# {model_dir.name}",
+        "",
+        (f"The default **target** model of quickdraft's embedded family; its paired draft is "
+         f"`{DRAFT_NAME}`." if role == "target" else
+         f"The **draft** model of quickdraft's embedded family, distilled from `{TARGET_NAME}` "
+         "(loss = KL(target || draft) at temperature 1"
+         f" + {results['preset']['ce_weight']} x CE; target frozen)."),
+        "",
+        "A small Llama-architecture causal LM trained from scratch by `quickdraft train` on the "
+        "Python standard library, so speculative decoding works offline. It continues code with "
+        "Python-shaped text (indentation, `def`/`class`, stdlib identifiers); at this size and "
+        "a ~30-minute CPU training budget it is not a useful code generator on its own, and "
+        "it is not a general-purpose model. Its job is to be a cheap, real target/draft pair.",
+        "",
+        "## Architecture",
+        "",
+        f"`LlamaForCausalLM`, **{r['params']:,} parameters** (all, embeddings included; "
+        "tied input/output embeddings), weights stored as bf16 safetensors, trained in fp32. "
+        f"The embedding table is {cfg['vocab_size'] * cfg['hidden_size']:,} of them "
+        f"({cfg['vocab_size'] * cfg['hidden_size'] / r['params']:.0%}).",
+        "",
+        "| field | value |", "|---|---|", _fmt_arch(cfg),
+        "",
+        "## Results",
+        "",
+        "| metric | value |", "|---|---|",
+        f"| validation loss (nats/token) | {ev.get('loss', float('nan')):.4f} |",
+        f"| validation bits per byte | {ev.get('bpb', float('nan')):.4f} |",
+        f"| train loss (nats/token, {tr.get('tokens', 0):,} sampled train tokens) | "
+        f"{tr.get('loss', float('nan')):.4f} |",
+        f"| train bits per byte | {tr.get('bpb', float('nan')):.4f} |",
+        f"| validation tokens scored | {ev.get('tokens', 0):,} ({ev.get('bytes', 0):,} bytes) |",
+    ]
+    if role == "draft" and "kl_from_target" in ev:
+        lines += [
+            f"| KL(target \\|\\| draft) on validation | {ev['kl_from_target']:.4f} |",
+            f"| greedy agreement with target (validation, teacher-forced) | "
+            f"{ev['greedy_agreement']:.2%} |",
+        ]
+    code = results.get("val_code_only", {})
+    if role in code:
+        c = code[role]
+        lines += [
+            f"| validation loss, code only ({code['files']} files, {code['bytes']:,} bytes; "
+            f"shipped bf16 weights) | {c['loss']:.4f} |",
+            f"| validation bits per byte, code only | {c['bpb']:.4f} |",
+        ]
+        if "greedy_agreement" in c:
+            lines += [f"| greedy agreement with target, code only | {c['greedy_agreement']:.2%} |"]
+    lines += [
+        "",
+        "bits per byte = total validation nats / (ln 2 x UTF-8 bytes of the predicted tokens); "
+        "over the whole validation split the byte count is its UTF-8 size."
+        + (f" The split is {manifest['split']['val_files']} whole files; "
+           f"{', '.join(code['excluded'])} (generated English documentation inside a Python "
+           f"string, {manifest['split']['val_bytes'] - code['bytes']:,} bytes) is most of it, "
+           "so the code-only rows report the remaining files separately."
+           if code.get("excluded") else ""),
+        "",
+        "## Decode cost",
+        "",
+    ]
+    if timing:
+        lines += [
+            "Per-token cached decode step (batch 1, KV cache, fp32, "
+            f"{timing.get('threads')} threads, {timing.get('steps')} steps after a "
+            f"{timing.get('prompt_len')}-token prompt, median of {timing.get('repeats')} "
+            "interleaved rounds), measured by `quickdraft.train.trainer.measure_decode` on the "
+            "training machine:",
+            "",
+            "| model | ms / token |", "|---|---|",
+            f"| {TARGET_NAME} | {timing['target']:.3f} |",
+            f"| {DRAFT_NAME} | {timing['draft']:.3f} |",
+            "",
+            f"draft / target cost ratio: **{timing['draft'] / timing['target']:.3f}** "
+            f"(target is {timing['target'] / timing['draft']:.2f}x the draft).",
+        ]
+    else:
+        lines += ["(measured once the draft is trained)"]
+    lines += [
+        "",
+        "## Training",
+        "",
+        f"- steps: {r['steps']}, batch {r['batch_size']} x {results['preset']['seq_len']} tokens "
+        f"({r['tokens']:,} tokens seen), AdamW (betas 0.9/0.95, weight decay "
+        f"{r['weight_decay']}), peak lr {r['lr']}, {r['warmup']} warmup steps then cosine to "
+        f"10%, grad clip {r['grad_clip']}, seed {results['seed']}",
+        f"- training time: {r['train_time_s'] / 60:.1f} min of optimizer steps "
+        f"(final train-batch {'loss' if role == 'target' else 'objective KL + CE term'} "
+        f"{r['final_train_loss']:.4f})"
+        + (f"; whole stage incl. data loading and evaluation: "
+           f"{results['stage_wall_s'][role] / 60:.1f} min wall"
+           if role in results.get("stage_wall_s", {}) else ""),
+        f"- hardware: {hw['platform']}, {hw['processor'] or hw['machine']}, "
+        f"{hw['cpu_count']} CPUs, torch {hw['torch']} ({hw['threads']} threads), "
+        f"transformers {hw['transformers']}, Python {hw['python']}"
+        + ("; `--threads auto`: each step ran with 1 or 2 threads, whichever was measured "
+           "faster (the machine was shared; the `threads` field of each log line records it)"
+           if "--threads auto" in results["command"] else ""),
+        f"- command: `{results['command']}`",
+        "- training log: `train_log.jsonl`; loss curve: `loss_curve.png`",
+        "",
+        "![loss curve](loss_curve.png)",
+        "",
+        "## Tokenizer",
+        "",
+        TOKENIZER_WHY,
+        "",
+        "## Corpus",
+        "",
+        CORPUS_WHY,
+        " Split: whole files, validation iff `sha256(relative path)` (first 8 bytes as a "
+        f"fraction of 2^64) < {manifest['split']['method'].split('< ')[-1]}.",
+        "",
+        "```json",
+        json.dumps(manifest, indent=2),
+        "```",
+        "",
+        f"Packed streams: {results['stream']['train_tokens']:,} train tokens, "
+        f"{results['stream']['val_tokens']:,} validation tokens.",
+        "",
+    ]
+    (model_dir / "README.md").write_text("\n".join(lines))
