@@ -18,7 +18,6 @@ def run_demo(args: argparse.Namespace) -> int:
     color = use_color("auto")
     print("quickdraft demo: speculative decoding on the embedded models (greedy, output identical to plain decoding)")
     gen = SpeculativeGenerator.from_pretrained()
-    plain = SpeculativeGenerator(gen.target, gen.tokenizer)
     print(f"\n--- completion (draft-model speculative decoding{', ' + GREEN + 'green' + RESET + ' = accepted draft tokens' if color else ''}) ---")
     sys.stdout.write(DEMO_PROMPT)
     from .stats import GenerationStats
@@ -29,12 +28,8 @@ def run_demo(args: argparse.Namespace) -> int:
             sys.stdout.write(f"{GREEN}{text}{RESET}" if color and from_draft else text)
         sys.stdout.flush()
     print(f"\n--- {stats.summary()}")
-    reference = plain.generate(DEMO_PROMPT, max_new_tokens=args.max_new_tokens)
-    spec = gen.generate(DEMO_PROMPT, max_new_tokens=args.max_new_tokens)
-    same = "identical" if reference.token_ids == spec.token_ids else "DIFFERENT (bug!)"
-    print(
-        f"plain decoding: {reference.stats.tokens_per_second:.1f} tok/s; speculative: "
-        f"{spec.stats.tokens_per_second:.1f} tok/s -> {spec.stats.tokens_per_second / reference.stats.tokens_per_second:.2f}x, "
-        f"mean accepted tokens {spec.stats.mean_accepted_tokens:.2f}; outputs {same}"
-    )
-    return 0
+    print("\n--- comparison with plain decoding: `quickdraft bench --quick` (greedy, same prompts, one process) ---")
+    from .bench.cli import run_bench
+    from .cli import build_parser
+
+    return run_bench(build_parser().parse_args(["bench", "--quick"]))

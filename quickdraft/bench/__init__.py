@@ -1,0 +1,43 @@
+"""Benchmarks (``quickdraft bench``), the speculative-decoding cost model and automatic k.
+
+- :mod:`.cost_model` expected tokens per step, predicted speedup, best k (pure functions)
+- :mod:`.autok`      step-cost timing and ``auto_k`` (calibrate briefly, let the model choose k)
+- :mod:`.prompts`    the JSONL prompt format and the default validation-split prompt set
+- :mod:`.runner`     methods (rows) and the measurement loop
+- :mod:`.report`     rich table, JSON, Markdown
+- :mod:`.plots`      PNG plots
+- :mod:`.cli`        ``add_bench_parser`` / ``run_bench``
+"""
+
+from .cost_model import (
+    StepCosts,
+    best_k,
+    choose_k,
+    expected_tokens_from_acceptance,
+    expected_tokens_per_step,
+    predicted_speedup,
+)
+
+__all__ = [
+    "StepCosts",
+    "add_bench_parser",
+    "auto_k",
+    "best_k",
+    "choose_k",
+    "expected_tokens_from_acceptance",
+    "expected_tokens_per_step",
+    "predicted_speedup",
+    "run_bench",
+]
+
+
+def __getattr__(name):  # torch-heavy parts load lazily
+    if name == "auto_k":
+        from .autok import auto_k
+
+        return auto_k
+    if name in ("add_bench_parser", "run_bench"):
+        from . import cli
+
+        return getattr(cli, name)
+    raise AttributeError(name)

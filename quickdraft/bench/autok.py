@@ -1,0 +1,222 @@
+"""Measure step costs and acceptance briefly, then let the cost model choose k.
+
+:func:`measure_step_costs` times the model calls a speculative step is made of (target
+pass over 1 and over n tokens, one draft step) at a realistic context length;
+:func:`auto_k` adds a short calibration decode for per-position acceptance and returns the
+cost model's best k (what ``quickdraft generate --auto-k`` uses).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..drafters import DraftModelDrafter
+from ..engine import decode
+from ..models.lm import CausalLM
+from ..sampling import SamplingParams
+from ..stats import GenerationStats
+from ..stopping import StopConditions
+from .cost_model import StepCosts, best_k, speedup_curve
+
+DEFAULT_PROBE_K = 8
+
+
+def _as_ids(prompt_ids) -> torch.Tensor:
+    if isinstance(prompt_ids, torch.Tensor):
+        return prompt_ids.to(torch.long).view(-1)
+    return torch.tensor(list(prompt_ids), dtype=torch.long)
+
+
+def _context(prompt: torch.Tensor, length: int, vocab: int) -> torch.Tensor:
+    """``length`` token ids starting with the prompt (repeated when the prompt is shorter)."""
+    if prompt.numel() == 0:
+        prompt = torch.zeros(1, dtype=torch.long)
+    reps = -(-length // prompt.numel())
+    return prompt.repeat(reps)[:length].clamp_(0, vocab - 1)
+
+
+class StepCostSampler:
+    """Times the model calls a speculative step is made of, in rounds that can be spread
+    over a whole benchmark (so drift in machine speed hits them as it hits the methods).
+
+    One round times, at a context of ``context_length`` tokens: ``target.extend`` over n
+    tokens for every verify size (logits of all of them, as the engine asks; n = 1 is a
+    plain decode step), and right after a target pass a burst of consecutive 1-token
+    ``draft.extend`` calls (last logits), as a draft step runs inside a speculative step
+    (the first draft call after a target pass is slower: the target evicted the draft's
+    weights from the CPU caches). ``costs()`` gives the medians.
+    """
+
+    def __init__(self, target: CausalLM, draft: CausalLM | None, context_ids,
+                 verify_sizes: Iterable[int] = range(1, 10), context_length: int | None = None,
+                 draft_burst: int | None = None) -> None:
+        self.target, self.draft = target, draft
+        self.sizes = sorted({int(n) for n in verify_sizes} | {1})
+        ids = _as_ids(context_ids)
+        length = context_length or ids.numel()
+        self.length = max(1, min(length, target.context_length - max(self.sizes) - 1))
+        ctx = _context(ids, self.length + max(self.sizes), target.vocab_size)
+        self.prefix, self.tail = ctx[: self.length], ctx[self.length :]
+        self.burst = draft_burst or max(1, max(self.sizes) - 1)
+        self.times: dict[int, list[float]] = {n: [] for n in self.sizes}
+        self.burst_times: dict[int, list[float]] = {j: [] for j in range(1, self.burst + 1)}
+        self._ready = False
+
+    def _prepare(self) -> None:
+        self.target.reset(self.length + max(self.sizes) + 1)
+        self.target.extend(self.prefix, logits="none")
+        if self.draft is not None:
+            self.draft.reset(self.length + self.burst + 1)
+            self.draft.extend(self.prefix.clamp(max=self.draft.vocab_size - 1), logits="none")
+            self.draft_tokens = self.tail[: self.burst].clamp(max=self.draft.vocab_size - 1)
+            if self.draft_tokens.numel() < self.burst:
+                self.draft_tokens = self.draft_tokens.repeat(self.burst)[: self.burst]
+        self._ready = True
+
+    @torch.inference_mode()
+    def sample(self, rounds: int = 1, record: bool = True) -> None:
+        """Time ``rounds`` rounds (the caches of both models are reset here: run it
+        between generations, not inside one)."""
+        self._prepare()
+        perf = time.perf_counter
+        for _ in range(rounds):
+            for n in self.sizes:
+                started = perf()
+                self.target.extend(self.tail[:n])
+                elapsed = perf() - started
+                self.target.crop(self.length)
+                if record:
+                    self.times[n].append(elapsed)
+                if self.draft is not None and n == self.sizes[-1]:
+                    started = perf()
+                    for j in range(self.burst):
+                        self.draft.extend(self.draft_tokens[j : j + 1], logits="last")
+                        if record:
+                            self.burst_times[j + 1].append(perf() - started)
+                    self.draft.crop(self.length)
+
+    def costs(self) -> StepCosts:
+        if not self.times[1]:
+            self.sample(3)
+        verify = {n: statistics.median(v) for n, v in self.times.items() if v}
+        burst = {j: statistics.median(v) for j, v in self.burst_times.items() if v}
+        return StepCosts(
+            t_ar=verify[1],
+            t_draft=(burst[self.burst] / self.burst) if burst else 0.0,
+            verify=verify,
+            draft_burst=burst,
+        )
+
+
+def measure_step_costs(
+    target: CausalLM,
+    draft: CausalLM | None,
+    context_ids,
+    verify_sizes: Iterable[int] = (1, 2, 3, 4, 5, 6, 7, 8, 9),
+    repeats: int = 9,
+    context_length: int | None = None,
+) -> StepCosts:
+    """Median seconds of the target over 1 and over n tokens and of draft steps (see
+    :class:`StepCostSampler`), after one untimed round."""
+    sampler = StepCostSampler(target, draft, context_ids, verify_sizes, context_length)
+    sampler.sample(1, record=False)
+    sampler.sample(repeats)
+    return sampler.costs()
+
+
+@dataclass
+class AutoKResult:
+    k: int
+    costs: StepCosts
+    per_position: list[float]
+    predicted: dict[int, float] = field(default_factory=dict)
+    calibration_stats: GenerationStats | None = None
+
+    @property
+    def predicted_speedup(self) -> float:
+        return self.predicted.get(self.k, 1.0)
+
+
+def calibrate(
+    target: CausalLM,
+    draft_lm: CausalLM,
+    tokenizer=None,
+    prompt_ids: Sequence[int] | torch.Tensor = (),
+    probe_k: int = DEFAULT_PROBE_K,
+    max_k: int = DEFAULT_PROBE_K,
+    calibration_tokens: int = 48,
+    params: SamplingParams | None = None,
+    repeats: int = 7,
+) -> AutoKResult:
+    """A short speculative decode at ``probe_k`` on the prompt (per-position acceptance)
+    and step-cost timings at the resulting context length; the cost model then predicts the
+    speedup of every k in 1..max_k (acceptance past ``probe_k`` is extrapolated).
+
+    ``prompt_ids`` is one prompt (ids) or a list of prompts; acceptance is pooled over them.
+    """
+    many = isinstance(prompt_ids, (list, tuple)) and bool(prompt_ids) and not isinstance(prompt_ids[0], int)
+    prompts = [_as_ids(p) for p in prompt_ids] if many else [_as_ids(prompt_ids)]
+    params = params or SamplingParams()
+    eos = list(target.eos_token_ids)
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        eos.append(tokenizer.eos_token_id)
+    stats = GenerationStats()
+    drafter = DraftModelDrafter(draft_lm, target.vocab_size)
+    context = None
+    for ids in prompts:
+        if ids.numel() == 0:
+            ids = torch.tensor([target.eos_token_ids[0] if target.eos_token_ids else 0])
+        budget = max(2, min(calibration_tokens, target.context_length - ids.numel() - probe_k - 2))
+        one = GenerationStats()
+        generated: list[int] = []
+        for step in decode(
+            target, ids, StopConditions(budget, eos), drafter=drafter, params=params,
+            num_speculative_tokens=probe_k, stats=one,
+        ):
+            generated.extend(step.tokens)
+        pool_stats(stats, one)
+        if context is None:
+            context = torch.cat([ids, torch.tensor(generated, dtype=torch.long)]) if generated else ids
+    per_position = stats.per_position_acceptance or [0.0]
+    sizes = range(1, max_k + 2)
+    costs = measure_step_costs(target, draft_lm, context, sizes, repeats=repeats)
+    predicted = speedup_curve(costs, per_position=per_position, max_k=max_k)
+    k = best_k(costs, per_position=per_position, max_k=max_k)
+    return AutoKResult(k, costs, list(per_position), predicted, stats)
+
+
+def pool_stats(into: GenerationStats, one: GenerationStats) -> None:
+    """Add one generation's step counts to ``into``."""
+    into.new_tokens += one.new_tokens
+    into.target_forward_passes += one.target_forward_passes
+    into.drafted_tokens += one.drafted_tokens
+    into.accepted_tokens += one.accepted_tokens
+    n = len(one.drafted_per_position)
+    for lst in (into.drafted_per_position, into.accepted_per_position):
+        lst.extend([0] * (n - len(lst)))
+    for i in range(n):
+        into.drafted_per_position[i] += one.drafted_per_position[i]
+        into.accepted_per_position[i] += one.accepted_per_position[i]
+
+
+def auto_k(
+    target: CausalLM,
+    draft_lm: CausalLM,
+    tokenizer=None,
+    prompt_ids: Sequence[int] | torch.Tensor = (),
+    max_k: int = DEFAULT_PROBE_K,
+    calibration_tokens: int = 48,
+    params: SamplingParams | None = None,
+) -> int:
+    """The number of draft tokens per step the cost model predicts to be fastest for this
+    target, draft and prompt (1..max_k), from a brief calibration (well under a second
+    for the embedded pair)."""
+    return calibrate(
+        target, draft_lm, tokenizer, prompt_ids, probe_k=max_k, max_k=max_k,
+        calibration_tokens=calibration_tokens, params=params,
+    ).k

@@ -1,0 +1,192 @@
+"""Benchmark output: a rich table for terminals, the JSON file, and a Markdown report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return f"{value:{spec}}{suffix}"
+
+
+def _lossless(value) -> str:
+    return "n/a (sampled)" if value is None else ("yes" if value else "NO")
+
+
+def _settings(row: dict) -> str:
+    """Settings for display (the JSON has all of them; constant ones are left out here)."""
+    shown = {k: v for k, v in (row.get("settings") or {}).items() if k not in HIDDEN_SETTINGS}
+    return ", ".join(f"{k}={v}" for k, v in shown.items()) or "-"
+
+
+HIDDEN_SETTINGS = {"schedule", "confidence_threshold"}
+
+
+COLUMNS = [
+    ("method", lambda r: r["method"]),
+    ("settings", _settings),
+    ("tok/s", lambda r: _fmt(r["tokens_per_second"], ".1f")),
+    ("speedup", lambda r: _fmt(r["speedup"], ".2f", "x")),
+    ("e2e speedup", lambda r: _fmt(r.get("e2e_speedup"), ".2f", "x")),
+    ("tau", lambda r: _fmt(r["mean_accepted_tokens"])),
+    ("accept", lambda r: _fmt(r["acceptance_rate"], ".0%")),
+    ("lossless", lambda r: _lossless(r["lossless"])),
+    ("predicted", lambda r: _fmt(r["predicted_speedup"], ".2f", "x")),
+    ("efficiency", lambda r: _fmt(r["efficiency"])),
+]
+
+
+def table_rows(result: dict) -> list[list[str]]:
+    return [[fn(r) for _, fn in COLUMNS] for r in result["results"]]
+
+
+def print_table(result: dict, console=None) -> None:
+    """The results as a rich table, then the step costs and any mismatches."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=max(console.width, 132))
+    cfg = result["config"]
+    table = Table(title=f"quickdraft bench: {Path(cfg['model_dir']).name} "
+                        f"(draft {Path(cfg['draft_dir']).name if cfg.get('draft_dir') else '-'}), "
+                        f"{len(cfg['prompts'])} prompts x {cfg['repeats']} repeats, "
+                        f"{cfg['max_new_tokens']} new tokens, T={cfg['temperature']}")
+    for name, _ in COLUMNS:
+        table.add_column(name, justify="left" if name in ("method", "settings") else "right")
+    for r, cells in zip(result["results"], table_rows(result), strict=True):
+        style = None if r.get("primary", True) else "dim"
+        if r["lossless"] is False:
+            style = "bold red"
+        table.add_row(*cells, style=style)
+    console.print(table)
+    for line in summary_lines(result):
+        console.print(line, highlight=False)
+    for line in result.get("mismatches", []):
+        console.print(f"[bold red]{line}[/]")
+
+
+def summary_lines(result: dict) -> list[str]:
+    """Step costs, where a step's time goes, and the goal checks."""
+    costs = result["step_costs"]
+    k = result["config"]["k"]
+    verify = costs["t_verify"]
+    lines = [
+        f"step costs (median): target 1 token {costs['t_ar'] * 1e3:.2f} ms, draft step "
+        f"{costs['t_draft'] * 1e3:.2f} ms, target verify of {k + 1} tokens "
+        f"{float(verify.get(str(k + 1), float('nan'))) * 1e3:.2f} ms; k = {k} ({result['config']['k_source']})",
+    ]
+    for r in result["results"]:
+        b = r.get("step_breakdown")
+        if r["method"] == "draft" and r.get("primary") and b and "measured_step_seconds" in b:
+            lines.append(
+                f"draft k={b['k']} step: {b['measured_step_seconds'] * 1e3:.2f} ms measured = draft "
+                f"{b['draft_seconds'] * 1e3:.2f} + verify {b['verify_seconds'] * 1e3:.2f} + overhead "
+                f"{b['overhead_seconds'] * 1e3:.2f} ms"
+            )
+        if r["method"] == "ar" and b and "measured_step_seconds" in b:
+            lines.append(
+                f"ar step: {b['measured_step_seconds'] * 1e3:.2f} ms measured = target "
+                f"{b['verify_seconds'] * 1e3:.2f} + overhead {b['overhead_seconds'] * 1e3:.2f} ms"
+            )
+    return lines
+
+
+def goal_checks(result: dict) -> list[str]:
+    """The issue's goals, checked on this run."""
+    rows = result["results"]
+    drafts = [r for r in rows if r["method"] == "draft" and r["speedup"] is not None]
+    out = []
+    if drafts:
+        best = max(drafts, key=lambda r: r["speedup"])
+        out.append(f"draft at its best k (k={best['k']}): {best['speedup']:.2f}x vs ar (goal >= 2.0x, aim 2.5x): "
+                   + ("met" if best["speedup"] >= 2.0 else "NOT met"))
+        primary = next((r for r in drafts if r.get("primary")), best)
+        hf = next((r for r in rows if r["method"] == "hf-assisted"), None)
+        if hf and hf["tokens_per_second"]:
+            ratio = primary["tokens_per_second"] / hf["tokens_per_second"]
+            out.append(f"draft / hf-assisted tokens/s at k={primary['k']}: {ratio:.2f}x (goal >= 1.5x): "
+                       + ("met" if ratio >= 1.5 else "NOT met"))
+        if primary.get("efficiency") is not None:
+            out.append(f"draft efficiency at k={primary['k']}: {primary['efficiency']:.2f} (goal >= 0.9): "
+                       + ("met" if primary["efficiency"] >= 0.9 else "NOT met"))
+    return out
+
+
+def write_json(result: dict, path: str | Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
+def markdown_report(result: dict, plots: list[str] | None = None, command: str | None = None) -> str:
+    cfg = result["config"]
+    m = result["machine"]
+    lines = [
+        "# quickdraft benchmark",
+        "",
+        f"- target: `{cfg['model_dir']}`",
+        f"- draft: `{cfg.get('draft_dir') or '-'}`",
+        f"- machine: {m['processor']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads, "
+        f"{m['platform']}; python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
+        f"- date: {m['date_utc']}",
+        f"- prompts: {len(cfg['prompts'])} ({', '.join(sorted({p['kind'] for p in cfg['prompts']}))}), "
+        f"repeats {cfg['repeats']}, max new tokens {cfg['max_new_tokens']}, temperature {cfg['temperature']}, "
+        f"k = {cfg['k']} ({cfg['k_source']}), batch 1",
+    ]
+    if command:
+        lines.append(f"- command: `{command}`")
+    lines += ["", "| " + " | ".join(n for n, _ in COLUMNS) + " |",
+              "|" + "|".join("---" if n in ("method", "settings") else "---:" for n, _ in COLUMNS) + "|"]
+    for cells in table_rows(result):
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    lines += ["", "## Where the time goes", ""]
+    lines += [f"- {line}" for line in summary_lines(result)]
+    steps = [r for r in result["results"]
+             if r.get("step_breakdown") and "measured_step_seconds" in r["step_breakdown"]]
+    if steps:
+        lines += ["", "Per step (ms; overhead = measured step - modelled draft and verify calls):", "",
+                  "| row | draft | verify | overhead | measured step | tau | speedup | predicted |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in steps:
+            b = r["step_breakdown"]
+            lines.append(
+                f"| {r['label']} | {b.get('draft_seconds', 0.0) * 1e3:.2f} | {b['verify_seconds'] * 1e3:.2f} | "
+                f"{b['overhead_seconds'] * 1e3:.2f} | {b['measured_step_seconds'] * 1e3:.2f} | "
+                f"{_fmt(r['mean_accepted_tokens'])} | {_fmt(r['speedup'], '.2f', 'x')} | "
+                f"{_fmt(r['predicted_speedup'], '.2f', 'x')} |")
+        costs = result["step_costs"]
+        lines += ["", "Target pass over n tokens (ms): " + ", ".join(
+            f"{n}: {float(v) * 1e3:.2f}" for n, v in costs["t_verify"].items())]
+        if costs.get("draft_burst"):
+            lines.append("j consecutive draft steps after a target pass (ms): " + ", ".join(
+                f"{n}: {float(v) * 1e3:.2f}" for n, v in costs["draft_burst"].items()))
+    checks = goal_checks(result)
+    if checks:
+        lines += ["", "## Goals", ""] + [f"- {c}" for c in checks]
+    pp = [r for r in result["results"] if r.get("per_position_acceptance")]
+    if pp:
+        lines += ["", "## Per-position acceptance", ""]
+        for r in pp:
+            lines.append(f"- {r['label']}: " + ", ".join(f"{a:.2f}" for a in r["per_position_acceptance"]))
+    if result.get("mismatches"):
+        lines += ["", "## Mismatches against ar", ""] + [f"- {x}" for x in result["mismatches"]]
+    lines += ["", "## Definitions", ""]
+    lines += [f"- **{k}**: {v}" for k, v in cfg.get("definitions", {}).items()]
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(result: dict, path: str | Path, plots: list[str] | None = None,
+                   command: str | None = None) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(markdown_report(result, plots, command))
