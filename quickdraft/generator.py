@@ -12,8 +12,7 @@ from .detokenize import IncrementalDetokenizer
 from .drafters import Drafter, DraftModelDrafter, NoDrafter
 from .engine import ContextOverflowError, decode
 from .models.lm import CausalLM, load_model
-from .models.loading import CheckpointError, resolve_model_dir
-from .models.registry import default_target, find_embedded, paired_draft
+from .models.loading import CheckpointError, resolve_pair
 from .sampling import SamplingParams
 from .stats import GenerationStats
 from .stopping import StopConditions, cut_at_stop
@@ -90,24 +89,12 @@ class SpeculativeGenerator:
         (default: the embedded target's paired draft)."""
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-        if model is None:
-            embedded = default_target()
-            if embedded is None:
-                raise CheckpointError("no embedded model is installed; pass --model PATH")
-            model = embedded.name
-        target_dir = resolve_model_dir(model)
+        target_dir, draft_dir = resolve_pair(model, draft, need_draft=method == "draft")
         target = load_model(target_dir, backend)
         tokenizer = load_tokenizer(target_dir)
         drafter: Drafter | None = None
-        if method == "draft":
-            if draft is None:
-                embedded = find_embedded(str(model))
-                paired = paired_draft(embedded) if embedded else None
-                if paired is None:
-                    raise CheckpointError(f"model {model} has no paired draft; pass --draft PATH or --method ar")
-                draft = paired.name
-            draft_dir = resolve_model_dir(draft)
-            check_same_tokenizer(tokenizer, load_tokenizer(draft_dir), str(model), str(draft))
+        if draft_dir is not None:
+            check_same_tokenizer(tokenizer, load_tokenizer(draft_dir), str(target_dir), str(draft_dir))
             drafter = DraftModelDrafter(load_model(draft_dir, backend), target.vocab_size)
         return cls(target, tokenizer, drafter)
 

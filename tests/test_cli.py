@@ -139,3 +139,13 @@ def test_padded_vocab_draft_works(tiny_family, tmp_path, capsys):
     assert main([*common, "--method", "ar"]) == 0
     assert spec["token_ids"] == json.loads(capsys.readouterr().out)["token_ids"]
     assert spec["stats"]["acceptance_rate"] == 1.0
+
+
+def test_auto_k_picks_k_with_the_cost_model(tiny_family, capsys):
+    args = ["generate", "--model", str(tiny_family["target"]), "--draft", str(tiny_family["copy"]),
+            "--prompt", "def add(a, b):", "--max-new-tokens", "10", "--auto-k", "--json"]
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    k = int(err.split("k=")[1].split()[0])
+    assert 1 <= k <= 16
+    assert json.loads(out)["stats"]["new_tokens"] == 10

@@ -58,16 +58,7 @@ def alpha_from_acceptance(per_position: Sequence[float]) -> float:
     values = [min(max(float(a), 0.0), 1.0) for a in per_position]
     if not values:
         return 0.0
-    target = 1.0 + sum(values)
-    k = len(values)
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if expected_tokens_per_step(mid, k) < target:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    return _alpha_for_tau(1.0 + sum(values), len(values))
 
 
 def alpha_from_rate(acceptance_rate: float, k: int) -> float:
@@ -75,11 +66,15 @@ def alpha_from_rate(acceptance_rate: float, k: int) -> float:
     equals ``acceptance_rate``: rate = (tau(k) - 1) / k."""
     if k < 1:
         raise ValueError("k must be >= 1")
-    target = 1.0 + acceptance_rate * k
+    return _alpha_for_tau(1.0 + acceptance_rate * k, k)
+
+
+def _alpha_for_tau(tau: float, k: int) -> float:
+    """The i.i.d. alpha with expected_tokens_per_step(alpha, k) == tau (bisection; tau increases with alpha)."""
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        if expected_tokens_per_step(mid, k) < target:
+        if expected_tokens_per_step(mid, k) < tau:
             lo = mid
         else:
             hi = mid

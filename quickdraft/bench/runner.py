@@ -603,28 +603,14 @@ def load_context(model: str | None, draft: str | None, need_draft: bool, backend
     """Load the target (default: the embedded default), its tokenizer and the draft (default:
     the embedded paired draft) for a benchmark."""
     from ..generator import check_same_tokenizer, load_tokenizer
-    from ..models.loading import resolve_model_dir
-    from ..models.registry import default_target, find_embedded, paired_draft
+    from ..models.loading import resolve_pair
 
-    if model is None:
-        embedded = default_target()
-        if embedded is None:
-            raise BenchError("no embedded model is installed; pass --model PATH")
-        model = embedded.name
-    target_dir = resolve_model_dir(model)
+    target_dir, draft_dir = resolve_pair(model, draft, need_draft)
     target = load_model(target_dir, backend)
     tokenizer = load_tokenizer(target_dir)
     draft_lm = None
-    draft_dir = None
-    if need_draft:
-        if draft is None:
-            embedded = find_embedded(str(model))
-            paired = paired_draft(embedded) if embedded else None
-            if paired is None:
-                raise BenchError(f"model {model} has no paired draft; pass --draft PATH")
-            draft = paired.name
-        draft_dir = resolve_model_dir(draft)
-        check_same_tokenizer(tokenizer, load_tokenizer(draft_dir), str(model), str(draft))
+    if draft_dir is not None:
+        check_same_tokenizer(tokenizer, load_tokenizer(draft_dir), str(target_dir), str(draft_dir))
         draft_lm = load_model(draft_dir, backend)
     return BenchContext(target, tokenizer, draft_lm, target_dir, draft_dir)
 

@@ -10,7 +10,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from .config import ModelConfig
-from .registry import find_embedded
+from .registry import default_target, find_embedded, paired_draft
 from .transformer import Transformer, rope_inv_freq
 
 
@@ -49,6 +49,28 @@ def resolve_model_dir(name_or_path: str | Path) -> Path:
             f"({type(exc).__name__}); download it first or pass a local path"
         ) from None
     return Path(local)
+
+
+def resolve_pair(
+    model: str | Path | None, draft: str | Path | None, need_draft: bool
+) -> tuple[Path, Path | None]:
+    """Directories of a target (default: the embedded default) and, when ``need_draft``, of
+    its draft (default: the embedded target's paired draft)."""
+    if model is None:
+        embedded = default_target()
+        if embedded is None:
+            raise CheckpointError("no embedded model is installed; pass --model PATH")
+        model = embedded.name
+    target_dir = resolve_model_dir(model)
+    if not need_draft:
+        return target_dir, None
+    if draft is None:
+        embedded = find_embedded(str(model))
+        paired = paired_draft(embedded) if embedded else None
+        if paired is None:
+            raise CheckpointError(f"model {model} has no paired draft; pass --draft PATH or use plain decoding")
+        draft = paired.name
+    return target_dir, resolve_model_dir(draft)
 
 
 def read_hf_config(model_dir: Path) -> dict:
