@@ -64,7 +64,7 @@ PRESETS: dict[str, Preset] = {
         draft=Arch(hidden_size=256, num_hidden_layers=1, num_attention_heads=4,
                    intermediate_size=704),
         target_stage=Stage(steps=450, batch_size=12, lr=1.5e-3, warmup=25, ckpt_every=25),
-        draft_stage=Stage(steps=400, batch_size=12, lr=3e-3, warmup=20, ckpt_every=50),
+        draft_stage=Stage(steps=1200, batch_size=12, lr=3e-3, warmup=20, ckpt_every=100),
         eval_max_tokens=None,
     ),
     "tiny": Preset(
