@@ -44,11 +44,7 @@ def plot_speedup_vs_k(result: dict, path: Path) -> Path | None:
     ax.set_ylabel("speedup vs ar (decode tokens/s)")
     ax.set_title("draft-model speculative decoding: speedup vs k")
     ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path)
 
 
 def plot_per_position(result: dict, path: Path) -> Path | None:
@@ -65,11 +61,7 @@ def plot_per_position(result: dict, path: Path) -> Path | None:
     ax.set_ylim(0, 1.02)
     ax.set_title("per-position acceptance")
     ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, ax, path)
 
 
 def plot_tokens_per_second(result: dict, path: Path) -> Path | None:
@@ -107,3 +99,12 @@ def write_plots(result: dict, out_dir: str | Path) -> list[str]:
         if p is not None:
             written.append(str(p))
     return written
+
+
+def _save(plt, fig, ax, path: Path) -> Path:
+    """Grid, tight layout, write the PNG, free the figure."""
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
