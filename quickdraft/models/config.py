@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,7 +117,3 @@ class ModelConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
-
-    @property
-    def attn_scale(self) -> float:
-        return 1.0 / math.sqrt(self.head_dim)

@@ -29,7 +29,6 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
-        self.batch_size = batch_size
 
     def write(self, layer: int, rows: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k``/``v`` (``[B, H, T, D]``) of ``layer`` at ``slots`` (``[B, T]``)."""
