@@ -67,6 +67,8 @@ def decode(
 
     started = time.perf_counter()
     target.reset(max_len)
+    # Plain decoding feeds one token a step; speculative steps feed k draft tokens + 1.
+    target.prepare(1 if isinstance(drafter, NoDrafter) else num_speculative_tokens + 1)
     drafter.start(prompt, params, generator, max_len)
     first, _ = choose(target.extend(prompt, logits="last")[-1], params, generator)
     stats.prefill_seconds = stats.time_to_first_token = time.perf_counter() - started

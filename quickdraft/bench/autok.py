@@ -86,6 +86,11 @@ class StepCostSampler:
         perf = time.perf_counter
         for _ in range(rounds):
             for n in self.sizes:
+                # Time each width as a decode loop verifying n tokens runs it: kernels
+                # prepared for n, and warm (the first call after preparing is slower).
+                self.target.prepare(n)
+                self.target.extend(self.tail[:n])
+                self.target.crop(self.length)
                 started = perf()
                 self.target.extend(self.tail[:n])
                 elapsed = perf() - started

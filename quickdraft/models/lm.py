@@ -12,6 +12,7 @@ from typing import Protocol
 import torch
 
 from .config import ModelConfig, UnsupportedModelError
+from .decode_linear import prepack_decode_linears, use_decode_linears
 from .loading import (
     CheckpointError,
     load_native,
@@ -34,6 +35,10 @@ class CausalLM(Protocol):
     def reset(self, max_len: int | None = None) -> None:
         """Start a new sequence with room for ``max_len`` tokens."""
 
+    def prepare(self, step_tokens: int) -> None:
+        """Most ``extend`` calls will feed ``step_tokens`` tokens (k + 1 for a target
+        verifying k draft tokens): prepare the kernels for that width."""
+
     def extend(self, tokens: torch.Tensor, logits: str = "all") -> torch.Tensor:
         """Append ``tokens`` (``[T]``) to the cache and return their logits: ``[T, V]`` for
         ``"all"``, ``[1, V]`` for ``"last"``, None for ``"none"`` (prefill of a draft)."""
@@ -43,12 +48,17 @@ class CausalLM(Protocol):
 
 
 class NativeLM:
-    """The native transformer driving a single sequence (batch of one)."""
+    """The native transformer driving a single sequence (batch of one).
+
+    With ``decode_linears`` (the default) its linear layers are swapped, in place, for
+    CPU decode kernels (``DecodeLinear``) where the device and dtype allow it.
+    """
 
     backend = "native"
 
-    def __init__(self, model: Transformer, model_dir: Path | None = None) -> None:
+    def __init__(self, model: Transformer, model_dir: Path | None = None, decode_linears: bool = True) -> None:
         self.model = model
+        self.decode_linears = decode_linears and use_decode_linears(model)
         self.config: ModelConfig = model.config
         self.model_dir = model_dir
         self.vocab_size = self.config.vocab_size
@@ -63,6 +73,10 @@ class NativeLM:
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = self.model.new_cache(1, max_len)
         self.length = 0
+
+    def prepare(self, step_tokens: int) -> None:
+        if self.decode_linears:
+            prepack_decode_linears(self.model, step_tokens)
 
     @torch.inference_mode()
     def extend(self, tokens: torch.Tensor, logits: str = "all") -> torch.Tensor:
@@ -99,6 +113,9 @@ class HFCausalLM:
 
         self.past = DynamicCache()
         self.length = 0
+
+    def prepare(self, step_tokens: int) -> None:
+        pass  # transformers picks its kernels per call
 
     @torch.inference_mode()
     def extend(self, tokens: torch.Tensor, logits: str = "all") -> torch.Tensor:

@@ -1,0 +1,79 @@
+"""Linear layers laid out for decoding on CPU: one-row steps and few-row verify passes.
+
+PyTorch's CPU linear (MKL sgemm) handles one row and hundreds of rows well, but a product
+with a handful of rows -- a speculative verify pass of k+1 tokens -- costs two to three
+times a one-row product, because MKL repacks the whole weight on every call. Decoding
+reads every weight once per step, so that repacking is most of a verify pass.
+
+``DecodeLinear`` keeps the weight transposed (``x @ W^T`` stored contiguous is the
+faster one-row layout on this kind of CPU) and, for the one row count a decode loop
+verifies with, an MKL-prepacked copy made by ``prepack(rows)``. Results equal
+``nn.Linear`` up to float32 rounding order. Inference only: no gradients.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+# The prepacked copy doubles the weight memory; above this size it is not worth it.
+MAX_PACKED_BYTES = 2 << 30
+
+
+def mkl_prepack_available() -> bool:
+    """Whether this PyTorch build has MKL's prepacked float32 linear (x86 CPU builds)."""
+    return bool(torch._C.has_mkl) and hasattr(torch.ops.mkl, "_mkl_linear")
+
+
+class DecodeLinear(nn.Module):
+    """Drop-in inference replacement for ``nn.Linear`` on CPU (see the module docstring)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+        self.packed: torch.Tensor | None = None
+        self.packed_rows = 0
+
+    def prepack(self, rows: int) -> None:
+        """Prepare the fast kernel for products of exactly ``rows`` rows (0 or 1: none)."""
+        if rows == self.packed_rows:
+            return
+        self.packed, self.packed_rows = None, 0
+        if rows > 1:
+            weight = self.weight_t.t()
+            self.packed, self.packed_rows = torch.ops.mkl._mkl_reorder_linear_weight(weight, rows), rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if rows == self.packed_rows:
+            return torch.ops.mkl._mkl_linear(x, self.packed, self.weight_t.t(), self.bias, rows)
+        out = x @ self.weight_t
+        return out if self.bias is None else out + self.bias
+
+
+def use_decode_linears(model: nn.Module) -> bool:
+    """Swap every float32 CPU ``nn.Linear`` in ``model`` for a ``DecodeLinear``, in place.
+
+    Returns whether anything was swapped (not on other devices or dtypes, nor on builds
+    without MKL). Tied weights get their own transposed copy; the embedding keeps its own.
+    """
+    if not mkl_prepack_available():
+        return False
+    swapped = False
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.dtype == torch.float32:
+                setattr(parent, name, DecodeLinear(child))
+                swapped = True
+    return swapped
+
+
+def prepack_decode_linears(model: nn.Module, rows: int) -> None:
+    """Prepack every ``DecodeLinear`` of ``model`` for ``rows``-row products, when the
+    packed copies fit in ``MAX_PACKED_BYTES``."""
+    layers = [m for m in model.modules() if isinstance(m, DecodeLinear)]
+    size = sum(m.weight_t.numel() * m.weight_t.element_size() for m in layers)
+    for layer in layers:
+        layer.prepack(rows if size <= MAX_PACKED_BYTES else 0)
