@@ -211,6 +211,19 @@ def test_cli_resume_from_finished_run_is_a_no_op(tiny_run):
     assert res["target"]["resumed_from"] == "step-000006"
 
 
+def test_rerunning_one_stage_keeps_the_other_models_command(tiny_run):
+    target_card = tiny_run / TARGET_NAME / "README.md"
+    before = [line for line in target_card.read_text().splitlines() if line.startswith("- command:")]
+    rc = train_cli.main(["--out", str(tiny_run), "--preset", "tiny", "--stage", "draft",
+                         "--resume", "--no-progress", "--threads", "1", "--seed", "3",
+                         "--corpus-root", str(tiny_run.parent / "src")])
+    assert rc == 0
+    after = [line for line in target_card.read_text().splitlines() if line.startswith("- command:")]
+    assert before and after == before
+    draft_card = (tiny_run / DRAFT_NAME / "README.md").read_text()
+    assert "--stage draft" in draft_card
+
+
 # ------------------------------------------------------------------------ resume
 
 

@@ -87,6 +87,9 @@ def _fmt_arch(cfg: dict) -> str:
 def write_card(model_dir: Path, role: str, results: dict) -> None:
     """README.md for one model from the shared ``results`` dict (see pipeline)."""
     r = results[role]
+    # Each model records the command that trained it: re-running one stage must not stamp
+    # its command on the other model's card.
+    command = r.get("command", results["command"])
     cfg = json.loads((model_dir / "config.json").read_text())
     manifest = results["corpus"]
     timing = results.get("decode_ms", {})
@@ -191,8 +194,8 @@ def write_card(model_dir: Path, role: str, results: dict) -> None:
         f"transformers {hw['transformers']}, Python {hw['python']}"
         + ("; `--threads auto`: each step ran with 1 or 2 threads, whichever was measured "
            "faster (the machine was shared; the `threads` field of each log line records it)"
-           if "--threads auto" in results["command"] else ""),
-        f"- command: `{results['command']}`",
+           if "--threads auto" in command else ""),
+        f"- command: `{command}`",
         "- training log: `train_log.jsonl`; loss curve: `loss_curve.png`",
         "",
         "![loss curve](loss_curve.png)",

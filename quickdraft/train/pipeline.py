@@ -190,7 +190,7 @@ class Pipeline:
         entry = {**stage_summary, "params": count_params(model), "val": val,
                  "train_eval": train_eval, "batch_size": st.batch_size, "lr": st.lr,
                  "warmup": st.warmup, "weight_decay": st.weight_decay,
-                 "grad_clip": st.grad_clip}
+                 "grad_clip": st.grad_clip, "command": self.command}
         self.update_results(**{role: entry})
         card.write_meta(d, role, entry["params"], card.DESCRIPTIONS[role])
         self.write_cards()
