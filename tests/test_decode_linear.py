@@ -25,7 +25,7 @@ def test_decode_linear_equals_nn_linear(bias, packed_rows):
     fast = DecodeLinear(linear)
     fast.prepack(packed_rows)
     with torch.no_grad():
-        for shape in [(1, 48), (3, 48), (9, 48), (1, 1, 48), (1, 9, 48), (2, 5, 48), (1, 40, 48)]:
+        for shape in [(1, 48), (3, 48), (9, 48), (1, 1, 48), (1, 9, 48), (3, 3, 48), (2, 5, 48), (1, 40, 48)]:
             x = torch.randn(shape)
             torch.testing.assert_close(fast(x), linear(x), atol=1e-5, rtol=1e-5)
 

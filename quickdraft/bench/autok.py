@@ -63,6 +63,7 @@ class StepCostSampler:
         ctx = _context(ids, self.length + max(self.sizes), target.vocab_size)
         self.prefix, self.tail = ctx[: self.length], ctx[self.length :]
         self.burst = draft_burst or max(1, max(self.sizes) - 1)
+        self.calls = 3  # timed target calls per width and round
         self.times: dict[int, list[float]] = {n: [] for n in self.sizes}
         self.burst_times: dict[int, list[float]] = {j: [] for j in range(1, self.burst + 1)}
         self._ready = False
@@ -91,12 +92,13 @@ class StepCostSampler:
                 self.target.prepare(n)
                 self.target.extend(self.tail[:n])
                 self.target.crop(self.length)
-                started = perf()
-                self.target.extend(self.tail[:n])
-                elapsed = perf() - started
-                self.target.crop(self.length)
-                if record:
-                    self.times[n].append(elapsed)
+                for _ in range(self.calls):  # back to back, as a decode loop runs them
+                    started = perf()
+                    self.target.extend(self.tail[:n])
+                    elapsed = perf() - started
+                    self.target.crop(self.length)
+                    if record:
+                        self.times[n].append(elapsed)
                 if self.draft is not None and n == self.sizes[-1]:
                     started = perf()
                     for j in range(self.burst):
