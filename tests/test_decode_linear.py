@@ -43,6 +43,7 @@ def test_native_lm_with_decode_linears_matches_plain_runtime(tiny_family):
     plain = NativeLM(load_native(tiny_family["target"]), decode_linears=False)
     fast = NativeLM(load_native(tiny_family["target"]))
     assert fast.decode_linears and not plain.decode_linears
+    assert NativeLM(fast.model).decode_linears  # a second handle on the same model
     assert any(isinstance(m, DecodeLinear) for m in fast.model.modules())
     ids = torch.randint(0, 96, (20,))
     for lm in (plain, fast):

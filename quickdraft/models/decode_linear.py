@@ -56,18 +56,17 @@ class DecodeLinear(nn.Module):
 def use_decode_linears(model: nn.Module) -> bool:
     """Swap every float32 CPU ``nn.Linear`` in ``model`` for a ``DecodeLinear``, in place.
 
-    Returns whether anything was swapped (not on other devices or dtypes, nor on builds
-    without MKL). Tied weights get their own transposed copy; the embedding keeps its own.
+    Returns whether the model now has decode linears (none on other devices or dtypes,
+    nor on builds without MKL; swapping twice is harmless). Tied weights get their own
+    transposed copy; the embedding keeps its own.
     """
     if not mkl_prepack_available():
         return False
-    swapped = False
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.dtype == torch.float32:
                 setattr(parent, name, DecodeLinear(child))
-                swapped = True
-    return swapped
+    return any(isinstance(m, DecodeLinear) for m in model.modules())
 
 
 def prepack_decode_linears(model: nn.Module, rows: int) -> None:
