@@ -134,7 +134,7 @@ def markdown_report(result: dict, plots: list[str] | None = None, command: str |
         "",
         f"- target: `{cfg['model_dir']}`",
         f"- draft: `{cfg.get('draft_dir') or '-'}`",
-        f"- machine: {m['processor']}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads, "
+        f"- machine: {m.get('cpu', m['processor'])}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads, "
         f"{m['platform']}; python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
         f"- date: {m['date_utc']}",
         f"- prompts: {len(cfg['prompts'])} ({', '.join(sorted({p['kind'] for p in cfg['prompts']}))}), "

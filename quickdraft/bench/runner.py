@@ -329,12 +329,24 @@ register_method("hf-assisted", _hf_assisted)
 # --- the measurement loop --------------------------------------------------------------------
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux ``/proc/cpuinfo``), else the machine type."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_info(threads: int | None = None) -> dict:
     import transformers
 
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch_threads": threads or torch.get_num_threads(),
         "python": sys.version.split()[0],
