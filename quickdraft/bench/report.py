@@ -5,6 +5,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..models.registry import ASSETS_DIR
+
+
+def _model_label(path: str | None) -> str:
+    """An embedded model by its name (its path differs per install), others by path."""
+    if not path:
+        return "-"
+    if Path(path).parent == ASSETS_DIR:
+        return f"`{Path(path).name}` (embedded)"
+    return f"`{path}`"
+
 
 def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     if value is None:
@@ -132,8 +143,8 @@ def markdown_report(result: dict, plots: list[str] | None = None, command: str |
     lines = [
         "# quickdraft benchmark",
         "",
-        f"- target: `{cfg['model_dir']}`",
-        f"- draft: `{cfg.get('draft_dir') or '-'}`",
+        f"- target: {_model_label(cfg['model_dir'])}",
+        f"- draft: {_model_label(cfg.get('draft_dir'))}",
         f"- machine: {m.get('cpu', m['processor'])}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads, "
         f"{m['platform']}; python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
         f"- date: {m['date_utc']}",
