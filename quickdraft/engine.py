@@ -14,7 +14,7 @@ import torch
 
 from .drafters.base import EMPTY, Drafter, NoDrafter
 from .models.lm import CausalLM
-from .sampling import SamplingParams, choose
+from .sampling import SamplingParams
 from .stats import GenerationStats
 from .stopping import StopConditions
 from .verify import AcceptanceRule, acceptance_for
@@ -70,17 +70,18 @@ def decode(
     # Plain decoding feeds one token a step; speculative steps feed k draft tokens + 1.
     target.prepare(1 if isinstance(drafter, NoDrafter) else num_speculative_tokens + 1)
     drafter.start(prompt, params, generator, max_len)
-    first, _ = choose(target.extend(prompt, logits="last")[-1], params, generator)
-    stats.prefill_seconds = stats.time_to_first_token = time.perf_counter() - started
-    decode_started = time.perf_counter()
 
-    # The sequence buffer holds prompt + emitted tokens; the target's cache holds all but
-    # the last of them (which is fed at the start of the next step).
+    # The sequence buffer holds prompt + emitted tokens; the target's cache holds a prefix
+    # of it (none at first, then all but the last token). Each pass feeds the target what
+    # its cache lacks plus the draft, so the first pass is the prefill and also verifies a
+    # draft proposed from the prompt alone (as transformers' assisted generation does):
+    # one target pass fewer per generation.
     sequence = torch.empty(max_len + 1, dtype=torch.long)
     sequence[: prompt.numel()] = prompt
     length = prompt.numel()
-    pending = [first]
+    pending: list[int] = []
     drafted_in_chunk = 0
+    decode_started = None
     while True:
         emitted: list[int] = []
         finish = None
@@ -107,17 +108,18 @@ def decode(
         # Never draft past the token budget or the context: a step yields up to k+1 tokens.
         k = min(num_speculative_tokens, stop.max_new_tokens - stop.count - 1, room - 1)
         proposal = drafter.propose(sequence[:length], k) if k > 0 else EMPTY
-        fed = sequence[length - 1 : length]
-        if proposal.tokens.numel():
-            fed = torch.cat([fed, proposal.tokens])
-        target_logits = target.extend(fed)
-        verdict = acceptance(proposal.tokens, proposal.probs, target_logits)
         drafted = proposal.tokens.numel()
+        fed = torch.cat([sequence[target.length : length], proposal.tokens])
+        target_logits = target.extend(fed, logits=drafted + 1)
+        verdict = acceptance(proposal.tokens, proposal.probs, target_logits)
         stats.record_step(drafted, verdict.accepted)
         # Keep what the target has now seen and accepted; drop the rest from both caches.
         target.crop(length + verdict.accepted)
         drafter.verified(length + verdict.accepted)
         pending = proposal.tokens[: verdict.accepted].tolist() + [verdict.next_token]
         drafted_in_chunk = verdict.accepted
+        if decode_started is None:
+            decode_started = time.perf_counter()
+            stats.prefill_seconds = stats.time_to_first_token = decode_started - started
 
-    stats.decode_seconds = time.perf_counter() - decode_started
+    stats.decode_seconds = time.perf_counter() - (decode_started or started)

@@ -9,9 +9,10 @@ from dataclasses import asdict, dataclass, field
 class GenerationStats:
     """Counts and timings of one generation.
 
-    ``target_forward_passes`` counts decode-phase verification passes (the prefill, which
-    yields the first token, is not one), so ``mean_accepted_tokens`` = tokens emitted by
-    those passes / passes, 1.0 for plain decoding.
+    ``target_forward_passes`` counts every target pass. The first one is the prefill: it
+    runs over the prompt (plus a draft proposed from the prompt) and its time is
+    ``prefill_seconds``; the others are ``decode_seconds``. ``mean_accepted_tokens`` =
+    new tokens / target passes, 1.0 for plain decoding.
     """
 
     prompt_tokens: int = 0
@@ -45,8 +46,12 @@ class GenerationStats:
 
     @property
     def mean_accepted_tokens(self) -> float:
-        decoded = max(self.new_tokens - 1, 0)
-        return decoded / self.target_forward_passes if self.target_forward_passes else 1.0
+        return self.new_tokens / self.target_forward_passes if self.target_forward_passes else 1.0
+
+    @property
+    def decode_passes(self) -> int:
+        """Target passes after the prefill (the ones ``decode_seconds`` times)."""
+        return max(self.target_forward_passes - 1, 0)
 
     @property
     def per_position_acceptance(self) -> list[float]:

@@ -79,11 +79,14 @@ def test_stats_are_consistent(models):
     out = spec(target, drafts["copy"], tok, PROMPTS[0], 41, 4, stats=stats)
     assert stats.new_tokens == len(out) == 41
     assert stats.acceptance_rate == 1.0  # an exact copy is always right
-    assert stats.target_forward_passes == 8 and stats.mean_accepted_tokens == 5.0  # 40 decoded / (k+1)
-    assert stats.per_position_acceptance == [1.0] * 4
+    # The prefill pass verifies a draft too: 8 passes of k+1 = 5 tokens, then the budget
+    # leaves room for one token only, which a pass without draft gives.
+    assert stats.target_forward_passes == 9 and stats.decode_passes == 8
+    assert stats.mean_accepted_tokens == 41 / 9
+    assert stats.drafted_per_position == [8] * 4 and stats.per_position_acceptance == [1.0] * 4
     plain_stats = GenerationStats()
     list(decode(target, torch.tensor([3, 4]), StopConditions(20), stats=plain_stats))
-    assert plain_stats.mean_accepted_tokens == 1.0 and plain_stats.target_forward_passes == 19
+    assert plain_stats.mean_accepted_tokens == 1.0 and plain_stats.target_forward_passes == 20
     d = stats.to_dict()
     for key in ("new_tokens", "target_forward_passes", "drafted_tokens", "accepted_tokens", "acceptance_rate",
                 "mean_accepted_tokens", "per_position_acceptance", "prefill_seconds", "decode_seconds",

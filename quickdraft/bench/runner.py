@@ -8,8 +8,9 @@ medians over prompts and repeats.
 Definitions used in every row:
 
 - ``tokens_per_second`` (decode): new tokens / decode seconds, where decode excludes the
-  prefill (the prompt's forward pass, which also yields the first token). Our rows take it
-  from :attr:`GenerationStats.tokens_per_second`. transformers rows time the whole
+  prefill (the target's first pass, over the prompt; speculative rows, ours and
+  transformers' alike, also verify a draft proposed from the prompt in it). Our rows take
+  it from :attr:`GenerationStats.tokens_per_second`. transformers rows time the whole
   ``generate()`` call and subtract that prompt's prefill, measured separately as a
   ``generate(max_new_tokens=1)`` call (plus, for ``hf-assisted``, one forward pass of the
   assistant over the prompt, which transformers does inside its first step).
@@ -276,7 +277,7 @@ class HFMethod:
             if t in eos:
                 tokens = tokens[:i]
                 break
-        return RunOutput(tokens, 0.0, total, None, target_passes=max(t_calls - 1, 0), draft_passes=d_calls,
+        return RunOutput(tokens, 0.0, total, None, target_passes=t_calls, draft_passes=d_calls,
                          prefill_samples=samples)
 
 
@@ -471,8 +472,8 @@ def run_benchmark(
     reference = results[rows[0].label]  # ar
     ar_tps = [_median([o.tokens_per_second for o in runs]) for runs in reference]
     ar_e2e = [_median([o.e2e_tokens_per_second for o in runs]) for runs in reference]
-    ar_step = _median([o.decode_seconds / o.stats.target_forward_passes
-                       for runs in reference for o in runs if o.stats and o.stats.target_forward_passes])
+    ar_step = _median([o.decode_seconds / o.stats.decode_passes
+                       for runs in reference for o in runs if o.stats and o.stats.decode_passes])
     mismatch_report: list[str] = []
     out_rows = []
     for row in rows:
@@ -486,22 +487,22 @@ def run_benchmark(
                         for per, base in zip(runs, ar_e2e, strict=True) if base]
         # acceptance, pooled over runs
         pooled = GenerationStats()
-        passes = decoded = drafted = ours_decoded = 0
+        passes = hf_tokens = drafted = ours_tokens = 0
         for o in flat:
             if o.stats is not None:
                 pool_stats(pooled, o.stats)
-                ours_decoded += max(o.stats.new_tokens - 1, 0)
+                ours_tokens += o.stats.new_tokens
             elif o.target_passes:
                 passes += o.target_passes
-                decoded += max(o.new_tokens - 1, 0)
+                hf_tokens += o.new_tokens
                 drafted += o.draft_passes or 0
         if pooled.target_forward_passes:
-            tau = ours_decoded / pooled.target_forward_passes
+            tau = ours_tokens / pooled.target_forward_passes
             acceptance_rate = pooled.acceptance_rate if pooled.drafted_tokens else None
             per_position = pooled.per_position_acceptance
         elif passes:
-            tau = decoded / passes
-            accepted = decoded - passes
+            tau = hf_tokens / passes
+            accepted = hf_tokens - passes
             acceptance_rate = (accepted / drafted) if (row.k and drafted) else None
             per_position = None
         else:
@@ -532,8 +533,8 @@ def run_benchmark(
         step_costs = {"t_draft": costs.t_draft if row_k else None, "t_target": costs.t_ar,
                       "t_draft_k_steps": costs.t_drafting(row_k) if row_k else None,
                       "t_verify": costs.t_verify(row_k + 1) if row_k else None}
-        measured_step = _median([o.decode_seconds / o.stats.target_forward_passes
-                                 for o in flat if o.stats and o.stats.target_forward_passes])
+        measured_step = _median([o.decode_seconds / o.stats.decode_passes
+                                 for o in flat if o.stats and o.stats.decode_passes])
         if row.kind == "quickdraft":
             if row_k and per_position is not None and row.name == "draft":
                 pred = predicted_speedup(row_k, costs, per_position=per_position[:row_k])
@@ -599,8 +600,9 @@ DEFINITIONS = {
                          "(+ one assistant pass over the prompt for hf-assisted)",
     "e2e_tokens_per_second": "new tokens / total seconds including prefill",
     "speedup": "median over prompts of (median over repeats of the row's tokens/s) / (same for ar)",
-    "mean_accepted_tokens": "tokens emitted by decode-phase target passes / those passes (ar = 1); "
-                            "transformers rows count target forward calls with a hook",
+    "mean_accepted_tokens": "new tokens / target passes, the prefill included (ar = 1; the first "
+                            "pass of draft and hf-assisted also verifies a draft); transformers "
+                            "rows count target forward calls with a hook",
     "acceptance_rate": "accepted draft tokens / drafted tokens (hf-assisted: assistant forward calls "
                        "as drafted tokens)",
     "per_position_acceptance": "P(draft position i accepted), pooled over all runs",

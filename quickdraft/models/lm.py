@@ -39,9 +39,10 @@ class CausalLM(Protocol):
         """Most ``extend`` calls will feed ``step_tokens`` tokens (k + 1 for a target
         verifying k draft tokens): prepare the kernels for that width."""
 
-    def extend(self, tokens: torch.Tensor, logits: str = "all") -> torch.Tensor:
+    def extend(self, tokens: torch.Tensor, logits: str | int = "all") -> torch.Tensor:
         """Append ``tokens`` (``[T]``) to the cache and return their logits: ``[T, V]`` for
-        ``"all"``, ``[1, V]`` for ``"last"``, None for ``"none"`` (prefill of a draft)."""
+        ``"all"``, ``[n, V]`` for an int ``n`` (the last n tokens), ``[1, V]`` for ``"last"``,
+        None for ``"none"`` (prefill of a draft)."""
 
     def crop(self, length: int) -> None:
         """Roll the cache back to its first ``length`` tokens."""
@@ -79,7 +80,7 @@ class NativeLM:
             prepack_decode_linears(self.model, step_tokens)
 
     @torch.inference_mode()
-    def extend(self, tokens: torch.Tensor, logits: str = "all") -> torch.Tensor:
+    def extend(self, tokens: torch.Tensor, logits: str | int = "all") -> torch.Tensor:
         if self.cache is None:
             self.reset()
         end = self.length + tokens.shape[-1]
@@ -118,14 +119,15 @@ class HFCausalLM:
         pass  # transformers picks its kernels per call
 
     @torch.inference_mode()
-    def extend(self, tokens: torch.Tensor, logits: str = "all") -> torch.Tensor:
+    def extend(self, tokens: torch.Tensor, logits: str | int = "all") -> torch.Tensor:
         if self.past is None:
             self.reset()
+        keep = 0 if logits == "all" else logits if isinstance(logits, int) else 1
         out = self.model(
             input_ids=tokens.view(1, -1),
             past_key_values=self.past,
             use_cache=True,
-            logits_to_keep=0 if logits == "all" else 1,
+            logits_to_keep=keep,
         )
         self.past = out.past_key_values
         self.length += tokens.shape[-1]

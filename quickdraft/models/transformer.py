@@ -214,7 +214,7 @@ class Transformer(nn.Module):
         skip_attn: Collection[int] = (),
         skip_mlp: Collection[int] = (),
         output_hidden_states: Sequence[int] = (),
-        logits: str = "all",
+        logits: str | int = "all",
     ) -> ForwardOutput:
         """Run layers ``[a, b)`` (all by default) over ``T`` new tokens per row.
 
@@ -230,9 +230,9 @@ class Transformer(nn.Module):
             skip_attn / skip_mlp: layer indices whose attention / MLP sub-layer is skipped
                 (identity on the residual stream; skipped attention writes no KV).
             output_hidden_states: which hidden states to return (HF numbering).
-            logits: ``"all"``, ``"last"`` (only the last position of each row) or ``"none"``.
-                Logits are the final norm + LM head applied to the last layer run, so a
-                partial range gives early-exit logits.
+            logits: ``"all"``, ``"last"`` (only the last position of each row), an int ``n``
+                (the last ``n`` positions) or ``"none"``. Logits are the final norm + LM head
+                applied to the last layer run, so a partial range gives early-exit logits.
         """
         start, stop = layers if layers is not None else (0, self.config.n_layers)
         if slots is None:
@@ -275,4 +275,6 @@ class Transformer(nn.Module):
             out = self.head(x)
         elif logits == "last":
             out = self.head(x[:, -1:])
+        elif isinstance(logits, int):
+            out = self.head(x[:, -logits:])
         return ForwardOutput(logits=out, hidden=x, hidden_states=states)
