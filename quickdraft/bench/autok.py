@@ -63,7 +63,6 @@ class StepCostSampler:
         ctx = _context(ids, self.length + max(self.sizes), target.vocab_size)
         self.prefix, self.tail = ctx[: self.length], ctx[self.length :]
         self.burst = draft_burst or max(1, max(self.sizes) - 1)
-        self.calls = 3  # timed target calls per width and round
         self.times: dict[int, list[float]] = {n: [] for n in self.sizes}
         self.burst_times: dict[int, list[float]] = {j: [] for j in range(1, self.burst + 1)}
         self._ready = False
@@ -85,20 +84,20 @@ class StepCostSampler:
         between generations, not inside one)."""
         self._prepare()
         perf = time.perf_counter
-        for _ in range(rounds):
-            for n in self.sizes:
-                # Time each width as a decode loop verifying n tokens runs it: kernels
-                # prepared for n, and warm (the first call after preparing is slower).
-                self.target.prepare(n)
+        for n in self.sizes:
+            # Time each width as a decode loop verifying n tokens runs it: kernels prepared
+            # for n (once per width: preparing costs a pass or two) and warm (the first call
+            # after preparing is slower).
+            self.target.prepare(n)
+            self.target.extend(self.tail[:n])
+            self.target.crop(self.length)
+            for _ in range(rounds):
+                started = perf()
                 self.target.extend(self.tail[:n])
+                elapsed = perf() - started
                 self.target.crop(self.length)
-                for _ in range(self.calls):  # back to back, as a decode loop runs them
-                    started = perf()
-                    self.target.extend(self.tail[:n])
-                    elapsed = perf() - started
-                    self.target.crop(self.length)
-                    if record:
-                        self.times[n].append(elapsed)
+                if record:
+                    self.times[n].append(elapsed)
                 if self.draft is not None and n == self.sizes[-1]:
                     started = perf()
                     for j in range(self.burst):
