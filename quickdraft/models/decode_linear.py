@@ -22,7 +22,8 @@ MAX_PACKED_BYTES = 2 << 30
 
 def mkl_prepack_available() -> bool:
     """Whether this PyTorch build has MKL's prepacked float32 linear (x86 CPU builds)."""
-    return bool(torch._C.has_mkl) and hasattr(torch.ops.mkl, "_mkl_linear")
+    ops = ("_mkl_linear", "_mkl_reorder_linear_weight")
+    return bool(torch._C.has_mkl) and all(hasattr(torch.ops.mkl, op) for op in ops)
 
 
 class DecodeLinear(nn.Module):

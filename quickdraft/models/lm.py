@@ -122,7 +122,7 @@ class HFCausalLM:
     def extend(self, tokens: torch.Tensor, logits: str | int = "all") -> torch.Tensor:
         if self.past is None:
             self.reset()
-        keep = 0 if logits == "all" else logits if isinstance(logits, int) else 1
+        keep = 0 if logits == "all" else (1 if isinstance(logits, str) else logits)  # 0 keeps all
         out = self.model(
             input_ids=tokens.view(1, -1),
             past_key_values=self.past,

@@ -273,8 +273,6 @@ class Transformer(nn.Module):
         out = None
         if logits == "all":
             out = self.head(x)
-        elif logits == "last":
-            out = self.head(x[:, -1:])
-        elif isinstance(logits, int):
-            out = self.head(x[:, -logits:])
+        elif logits != "none":
+            out = self.head(x[:, -(1 if logits == "last" else logits) :])
         return ForwardOutput(logits=out, hidden=x, hidden_states=states)
