@@ -23,39 +23,24 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+def _checked(convert, ok, requirement: str, name: str):
+    """An argparse ``type`` that converts and then checks a value. argparse names the
+    type in its message when conversion fails, so ``name`` is what reads well there."""
+
+    def parse(text: str):
+        value = convert(text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
+        return value
+
+    parse.__name__ = name
+    return parse
 
 
-def non_negative_float(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def probability(text: str) -> float:
-    value = float(text)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-# argparse names the type in its message; these names read well there.
-positive_int.__name__ = "positive integer"
-non_negative_float.__name__ = "number >= 0"
-probability.__name__ = "number in (0, 1]"
-non_negative_int.__name__ = "integer >= 0"
+positive_int = _checked(int, lambda v: v >= 1, "a positive integer", "positive integer")
+non_negative_int = _checked(int, lambda v: v >= 0, ">= 0", "integer >= 0")
+non_negative_float = _checked(float, lambda v: v >= 0, ">= 0", "number >= 0")
+probability = _checked(float, lambda v: 0 < v <= 1, "in (0, 1]", "number in (0, 1]")
 
 
 def cmd_models(args: argparse.Namespace) -> int:
