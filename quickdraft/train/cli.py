@@ -43,6 +43,9 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--threads", default="2",
                    help="torch CPU threads (default 2); 'auto' picks 1 or 2 per step by measured "
                         "step time, which avoids 2-thread slowdowns when the CPU is shared")
+    p.add_argument("--init-target", type=Path, default=None,
+                   help="continue training this target checkpoint (and keep its tokenizer) "
+                        "instead of training one from scratch")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bars")
     return p
 
@@ -82,7 +85,8 @@ def run_train(args) -> int:
                     max_files=args.max_files, include_tests=args.include_tests,
                     resume=args.resume, command=command.strip(),
                     progress=not args.no_progress,
-                    log=lambda m: print(m, file=sys.stderr, flush=True), threads=threads)
+                    log=lambda m: print(m, file=sys.stderr, flush=True), threads=threads,
+                    init_target=args.init_target)
     stages = STAGES if args.stage == "all" else (args.stage,)
     pipe.run(stages)
     return 0

@@ -71,7 +71,8 @@ class Pipeline:
     def __init__(self, out: Path, work: Path, preset: Preset, seed: int = 0,
                  corpus_root: Path | None = None, max_files: int | None = None,
                  include_tests: bool = False, resume: bool = False, command: str = "",
-                 progress: bool = True, log=print, threads: int | str = 2):
+                 progress: bool = True, log=print, threads: int | str = 2,
+                 init_target: Path | None = None):
         self.out, self.work = Path(out), Path(work)
         self.preset, self.seed = preset, seed
         self.corpus_root, self.max_files, self.include_tests = corpus_root, max_files, include_tests
@@ -80,6 +81,8 @@ class Pipeline:
         self.work.mkdir(parents=True, exist_ok=True)
         self._corpus = None
         self.threads = threads
+        # Continue training this target (its tokenizer too) instead of starting from scratch.
+        self.init_target = Path(init_target) if init_target else None
 
     def tuner(self):
         """A ThreadTuner for ``threads == "auto"`` (fixed count otherwise)."""
@@ -168,7 +171,12 @@ class Pipeline:
         self.log(f"[train] corpus: {m['files']} files, {m['bytes']:,} bytes "
                  f"(train {m['split']['train_files']}, val {m['split']['val_files']}, "
                  f"skipped {m['skipped_undecodable']})")
-        tok = train_tokenizer(c.train_texts, self.preset.vocab_size)
+        if self.init_target is not None:
+            # a continued model keeps the vocabulary its weights were trained with
+            tok = load_tokenizer(self.init_target)
+            self.log(f"[train] tokenizer: reused from {self.init_target}")
+        else:
+            tok = train_tokenizer(c.train_texts, self.preset.vocab_size)
         if self.tok_dir.exists():
             shutil.rmtree(self.tok_dir)
         save_tokenizer(tok, self.tok_dir)
@@ -215,9 +223,16 @@ class Pipeline:
     def stage_target(self) -> None:
         tok, train, val = self.streams()
         p = self.preset
-        model = build_model(p.target, p, self.seed)
+        if self.init_target is not None:
+            model = load_model_fp32(self.init_target).float()
+            model.config.max_position_embeddings = max(
+                model.config.max_position_embeddings, p.seq_len)
+            self.update_results(target_init=str(self.init_target))
+        else:
+            model = build_model(p.target, p, self.seed)
         self.log(f"[train] target: {count_params(model):,} params, {p.target_stage.steps} steps "
-                 f"on {train.size:,} train tokens")
+                 f"on {train.size:,} train tokens"
+                 + (f", continued from {self.init_target}" if self.init_target else ""))
         wd = self.work / "target"
         summary = train_loop(model, train, p.target_stage, p.seq_len, self.seed, wd,
                              wd / "train_log.jsonl", resume=self.resume, desc="target",

@@ -67,6 +67,23 @@ PRESETS: dict[str, Preset] = {
         draft_stage=Stage(steps=1200, batch_size=12, lr=3e-3, warmup=20, ckpt_every=100),
         eval_max_tokens=None,
     ),
+    # Family v2: the v1 target continued at 2048-token windows (the whole context), so
+    # positions past v1's 256-token training window are learned; the draft is distilled
+    # at the same length by ``quickdraft train draft``.
+    "v2": Preset(
+        name="v2",
+        vocab_size=8192,
+        seq_len=2048,
+        target=Arch(hidden_size=448, num_hidden_layers=8, num_attention_heads=7,
+                    intermediate_size=1216),
+        draft=Arch(hidden_size=256, num_hidden_layers=1, num_attention_heads=4,
+                   intermediate_size=704),
+        target_stage=Stage(steps=440, batch_size=2, lr=6e-4, warmup=20, ckpt_every=20,
+                           log_every=5),
+        draft_stage=Stage(steps=600, batch_size=2, lr=2e-3, warmup=20, ckpt_every=50,
+                          log_every=10),
+        eval_max_tokens=None,
+    ),
     "tiny": Preset(
         name="tiny",
         vocab_size=512,

@@ -321,6 +321,9 @@ def train_loop(
 # ---------------------------------------------------------------------------- evaluation
 
 
+POSITION_BUCKETS = (0, 256, 512, 1024, 2048, 4096)
+
+
 @torch.no_grad()
 def evaluate(model, stream: np.ndarray, byte_lengths: list[int], seq_len: int,
              max_tokens: int | None = None, teacher=None) -> dict:
@@ -332,6 +335,9 @@ def evaluate(model, stream: np.ndarray, byte_lengths: list[int], seq_len: int,
     """
     model.eval()
     blen = torch.tensor(byte_lengths, dtype=torch.float64)
+    edges = [e for e in POSITION_BUCKETS if e < seq_len] + [seq_len]
+    bucket_nats = [0.0] * (len(edges) - 1)
+    bucket_tok = [0] * (len(edges) - 1)
     nats = 0.0
     nbytes = 0.0
     ntok = 0
@@ -341,7 +347,12 @@ def evaluate(model, stream: np.ndarray, byte_lengths: list[int], seq_len: int,
         inp, labels = w[:, :-1], w[:, 1:]
         logits = model(input_ids=inp).logits.float()
         logp = F.log_softmax(logits, dim=-1)
-        nats += F.nll_loss(logp[0], labels[0], reduction="sum").item()
+        tok_nats = F.nll_loss(logp[0], labels[0], reduction="none")
+        nats += tok_nats.sum().item()
+        for b in range(len(edges) - 1):  # loss by position in the context window
+            part = tok_nats[edges[b] : edges[b + 1]]
+            bucket_nats[b] += part.sum().item()
+            bucket_tok[b] += part.numel()
         nbytes += blen[labels[0]].sum().item()
         ntok += labels.numel()
         if teacher is not None:
@@ -350,7 +361,11 @@ def evaluate(model, stream: np.ndarray, byte_lengths: list[int], seq_len: int,
             agree += (t_logp.argmax(-1) == logp.argmax(-1)).sum().item()
     out = {"tokens": ntok, "bytes": int(nbytes), "loss": nats / max(ntok, 1),
            "bpb": nats / (math.log(2) * max(nbytes, 1)),
-           "bytes_per_token": nbytes / max(ntok, 1)}
+           "bytes_per_token": nbytes / max(ntok, 1),
+           "position_buckets": [
+               {"start": edges[b], "end": edges[b + 1], "tokens": bucket_tok[b],
+                "loss": bucket_nats[b] / bucket_tok[b] if bucket_tok[b] else None}
+               for b in range(len(edges) - 1)]}
     if teacher is not None:
         out["kl_from_target"] = kl_sum / max(ntok, 1)
         out["greedy_agreement"] = agree / max(ntok, 1)
