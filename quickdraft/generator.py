@@ -11,7 +11,7 @@ import torch
 from .detokenize import IncrementalDetokenizer
 from .drafters import Drafter, DraftModelDrafter, NoDrafter
 from .engine import ContextOverflowError, decode
-from .models.lm import CausalLM, load_model
+from .models.lm import CausalLM, eos_token_ids, load_model
 from .models.loading import CheckpointError, resolve_pair
 from .sampling import SamplingParams
 from .stats import GenerationStats
@@ -72,10 +72,7 @@ class SpeculativeGenerator:
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter or NoDrafter()
-        eos = list(target.eos_token_ids)
-        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
-            eos.append(tokenizer.eos_token_id)
-        self.eos_token_ids = eos
+        self.eos_token_ids = eos_token_ids(target, tokenizer)
 
     @classmethod
     def from_pretrained(

@@ -17,7 +17,7 @@ import torch
 
 from ..drafters import DraftModelDrafter
 from ..engine import decode
-from ..models.lm import CausalLM
+from ..models.lm import CausalLM, eos_token_ids
 from ..sampling import SamplingParams
 from ..stats import GenerationStats
 from ..stopping import StopConditions
@@ -168,9 +168,7 @@ def calibrate(
     many = isinstance(prompt_ids, (list, tuple)) and bool(prompt_ids) and not isinstance(prompt_ids[0], int)
     prompts = [_as_ids(p) for p in prompt_ids] if many else [_as_ids(prompt_ids)]
     params = params or SamplingParams()
-    eos = list(target.eos_token_ids)
-    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
-        eos.append(tokenizer.eos_token_id)
+    eos = eos_token_ids(target, tokenizer)
     stats = GenerationStats()
     drafter = DraftModelDrafter(draft_lm, target.vocab_size)
     context = None
