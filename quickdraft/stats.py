@@ -40,6 +40,24 @@ class GenerationStats:
         for i in range(accepted):
             self.accepted_per_position[i] += 1
 
+    def merge(self, other: GenerationStats) -> GenerationStats:
+        """Add ``other``'s counts and times to these (pooling several generations: the
+        per-position counts are added position by position). ``time_to_first_token`` and
+        ``finish_reason`` describe one generation and are left as they are. Returns ``self``."""
+        self.prompt_tokens += other.prompt_tokens
+        self.new_tokens += other.new_tokens
+        self.target_forward_passes += other.target_forward_passes
+        self.drafted_tokens += other.drafted_tokens
+        self.accepted_tokens += other.accepted_tokens
+        for mine, theirs in ((self.drafted_per_position, other.drafted_per_position),
+                             (self.accepted_per_position, other.accepted_per_position)):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for i, n in enumerate(theirs):
+                mine[i] += n
+        self.prefill_seconds += other.prefill_seconds
+        self.decode_seconds += other.decode_seconds
+        return self
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0

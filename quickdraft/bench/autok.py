@@ -183,7 +183,7 @@ def calibrate(
             num_speculative_tokens=probe_k, stats=one,
         ):
             generated.extend(step.tokens)
-        pool_stats(stats, one)
+        stats.merge(one)
         if context is None:
             context = torch.cat([ids, torch.tensor(generated, dtype=torch.long)]) if generated else ids
     per_position = stats.per_position_acceptance or [0.0]
@@ -195,17 +195,8 @@ def calibrate(
 
 
 def pool_stats(into: GenerationStats, one: GenerationStats) -> None:
-    """Add one generation's step counts to ``into``."""
-    into.new_tokens += one.new_tokens
-    into.target_forward_passes += one.target_forward_passes
-    into.drafted_tokens += one.drafted_tokens
-    into.accepted_tokens += one.accepted_tokens
-    n = len(one.drafted_per_position)
-    for lst in (into.drafted_per_position, into.accepted_per_position):
-        lst.extend([0] * (n - len(lst)))
-    for i in range(n):
-        into.drafted_per_position[i] += one.drafted_per_position[i]
-        into.accepted_per_position[i] += one.accepted_per_position[i]
+    """Kept for callers of the old name: :meth:`GenerationStats.merge`."""
+    into.merge(one)
 
 
 def auto_k(
