@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
-import os
 import sys
 from pathlib import Path
 
+from .console import green, use_color, write_stream
+
 EXIT_USAGE = 2
-GREEN, RESET = "\033[32m", "\033[0m"
+# Sub-commands defined in their own modules: (module, function adding its parser).
+SUBCOMMAND_MODULES = (
+    ("quickdraft.demo", "add_demo_parser"),
+    ("quickdraft.train.cli", "add_train_parser"),
+    ("quickdraft.bench.cli", "add_bench_parser"),
+)
 
 
 class CliError(Exception):
@@ -72,14 +79,6 @@ def read_prompt(args: argparse.Namespace) -> str:
         raise CliError(f"prompt file {path} is not UTF-8 text") from None
 
 
-def use_color(mode: str) -> bool:
-    if mode == "always":
-        return True
-    if mode == "never" or os.environ.get("NO_COLOR"):
-        return False
-    return sys.stdout.isatty()
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
     from .sampling import SamplingParams
@@ -107,20 +106,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         return 0
     stats = GenerationStats()
     color = use_color(args.color)
-    for chunk in gen.stream(prompt, stats=stats, **options):
-        for text, from_draft in chunk.segments:
-            sys.stdout.write(f"{GREEN}{text}{RESET}" if color and from_draft else text)
-        sys.stdout.flush()
+    write_stream(gen.stream(prompt, stats=stats, **options), color)
     sys.stdout.write("\n")
-    legend = f" | {GREEN}green{RESET} = accepted draft tokens" if color and args.method == "draft" else ""
+    legend = f" | {green('green', True)} = accepted draft tokens" if color and args.method == "draft" else ""
     print(f"[{args.method}] {stats.summary()}{legend}", file=sys.stderr)
     return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
-
-    return run_demo(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,15 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="mark accepted draft tokens in green (auto: when stdout is a terminal)")
     gen.set_defaults(func=cmd_generate)
 
-    demo = sub.add_parser("demo", help="stream a code completion, then compare with plain decoding",
-                          description="The main job on the embedded models: a streamed speculative "
-                          "completion with accepted draft tokens marked, then a quick benchmark.")
-    demo.add_argument("--max-new-tokens", type=positive_int, default=96)
-    demo.set_defaults(func=cmd_demo)
-
-    for module, adder in (("train.cli", "add_train_parser"), ("bench.cli", "add_bench_parser")):
+    for module, adder in SUBCOMMAND_MODULES:
         try:
-            mod = __import__(f"quickdraft.{module}", fromlist=[adder])
+            mod = importlib.import_module(module)
         except ImportError:
             continue
         getattr(mod, adder)(sub)

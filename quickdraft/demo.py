@@ -1,35 +1,47 @@
-"""``make demo``: the main job on the embedded models, shown to a person."""
+"""``quickdraft demo`` (``make demo``): the main job on the embedded models, shown to a person."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .cli import GREEN, RESET, use_color
+from .console import green, use_color, write_stream
 
 DEMO_PROMPT = '''def median(values):
     """Return the median of a non-empty list of numbers."""
 '''
 
 
+def add_demo_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``demo`` sub-command to an argparse subparsers object."""
+    demo = subparsers.add_parser(
+        "demo", help="stream a code completion, then compare with plain decoding",
+        description="The main job on the embedded models: a streamed speculative completion "
+        "with accepted draft tokens marked, then a quick benchmark.")
+    demo.add_argument("--max-new-tokens", type=int, default=96, help="tokens to generate (default 96)")
+    demo.set_defaults(func=run_demo)
+    return demo
+
+
 def run_demo(args: argparse.Namespace) -> int:
+    from .bench.cli import add_bench_parser
     from .generator import SpeculativeGenerator
 
     color = use_color("auto")
-    print("quickdraft demo: speculative decoding on the embedded models (greedy, output identical to plain decoding)")
+    print("quickdraft demo: speculative decoding on the embedded models "
+          "(greedy, output identical to plain decoding)")
     gen = SpeculativeGenerator.from_pretrained()
-    print(f"\n--- completion (draft-model speculative decoding{', ' + GREEN + 'green' + RESET + ' = accepted draft tokens' if color else ''}) ---")
+    legend = f", {green('green', color)} = accepted draft tokens" if color else ""
+    print(f"\n--- completion (draft-model speculative decoding{legend}) ---")
     sys.stdout.write(DEMO_PROMPT)
     from .stats import GenerationStats
 
     stats = GenerationStats()
-    for chunk in gen.stream(DEMO_PROMPT, max_new_tokens=args.max_new_tokens, stats=stats):
-        for text, from_draft in chunk.segments:
-            sys.stdout.write(f"{GREEN}{text}{RESET}" if color and from_draft else text)
-        sys.stdout.flush()
+    write_stream(gen.stream(DEMO_PROMPT, max_new_tokens=args.max_new_tokens, stats=stats), color)
     print(f"\n--- {stats.summary()}")
-    print("\n--- comparison with plain decoding: `quickdraft bench --quick` (greedy, same prompts, one process) ---")
-    from .bench.cli import run_bench
-    from .cli import build_parser
-
-    return run_bench(build_parser().parse_args(["bench", "--quick"]))
+    print("\n--- comparison with plain decoding: `quickdraft bench --quick` "
+          "(greedy, same prompts, one process) ---")
+    parser = argparse.ArgumentParser(prog="quickdraft")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    bench_args = parser.parse_args(["bench", "--quick"])
+    return bench_args.func(bench_args)

@@ -149,3 +149,13 @@ def test_auto_k_picks_k_with_the_cost_model(tiny_family, capsys):
     k = int(err.split("k=")[1].split()[0])
     assert 1 <= k <= 16
     assert json.loads(out)["stats"]["new_tokens"] == 10
+
+
+def test_demo_and_cli_do_not_import_each_other():
+    code = "import sys, quickdraft.demo; assert 'quickdraft.cli' not in sys.modules"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    import quickdraft.cli
+    import quickdraft.console
+    import quickdraft.demo
+
+    assert quickdraft.cli.write_stream is quickdraft.demo.write_stream is quickdraft.console.write_stream
