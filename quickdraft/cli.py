@@ -156,12 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="mark accepted draft tokens in green (auto: when stdout is a terminal)")
     gen.set_defaults(func=cmd_generate)
 
+    # A sub-command module that fails to import is a bug: let it fail loudly.
     for module, adder in SUBCOMMAND_MODULES:
-        try:
-            mod = importlib.import_module(module)
-        except ImportError:
-            continue
-        getattr(mod, adder)(sub)
+        getattr(importlib.import_module(module), adder)(sub)
     return parser
 
 

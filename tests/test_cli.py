@@ -151,6 +151,14 @@ def test_auto_k_picks_k_with_the_cost_model(tiny_family, capsys):
     assert json.loads(out)["stats"]["new_tokens"] == 10
 
 
+def test_a_broken_subcommand_module_fails_loudly(monkeypatch):
+    from quickdraft.cli import build_parser
+
+    monkeypatch.setitem(sys.modules, "quickdraft.train.cli", None)  # importing it raises ImportError
+    with pytest.raises(ImportError):
+        build_parser()
+
+
 def test_demo_and_cli_do_not_import_each_other():
     code = "import sys, quickdraft.demo; assert 'quickdraft.cli' not in sys.modules"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
