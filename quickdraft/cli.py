@@ -50,6 +50,19 @@ non_negative_float = _checked(float, lambda v: v >= 0, ">= 0", "number >= 0")
 probability = _checked(float, lambda v: 0 < v <= 1, "in (0, 1]", "number in (0, 1]")
 
 
+def stop_string(text: str) -> str:
+    """An argparse ``type`` for ``--stop``: backslash escapes are interpreted."""
+    from .stopping import unescape
+
+    try:
+        return unescape(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+stop_string.__name__ = "stop string"
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     from .models.registry import list_models
 
@@ -146,7 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="draft tokens proposed per step (default 4)")
     gen.add_argument("--auto-k", action="store_true",
                      help="pick k with the cost model from a short measurement on this prompt")
-    gen.add_argument("--stop", nargs="+", metavar="STR", help="stop when any of these strings is generated")
+    gen.add_argument("--stop", nargs="+", metavar="STR", type=stop_string,
+                     help="stop when any of these strings is generated; backslash escapes are read "
+                     r"as in Python (\n \t \r \\ \xHH \uXXXX), so '\n\n' stops at a blank line")
     gen.add_argument("--truncate-prompt", action="store_true",
                      help="keep the end of a prompt longer than the context instead of failing")
     gen.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",

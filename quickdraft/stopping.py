@@ -3,6 +3,7 @@ plain decoding would, even in the middle of an accepted chunk."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from .detokenize import IncrementalDetokenizer
@@ -64,3 +65,31 @@ def cut_at_stop(text: str, stop_strings: Sequence[str]) -> str:
             if i != -1:
                 cut = min(cut, i)
     return text[:cut]
+
+
+_SIMPLE_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\"}
+_ESCAPE = re.compile(r"\\(?:([ntr0\\])|x([0-9a-fA-F]{2})|u([0-9a-fA-F]{4})|U([0-9a-fA-F]{8})|([xuU]))")
+
+
+def unescape(text: str) -> str:
+    """Interpret the usual backslash escapes in a string typed on a command line:
+    ``\\n``, ``\\t``, ``\\r``, ``\\0``, ``\\\\``, ``\\xHH``, ``\\uXXXX`` and ``\\UXXXXXXXX``.
+    Any other backslash is kept as it is (``\\d`` stays two characters).
+
+    >>> unescape(r"\n\n") == "\n\n"
+    True
+    """
+
+    def replace(m: re.Match) -> str:
+        simple, hex2, hex4, hex8, bad = m.groups()
+        if simple is not None:
+            return _SIMPLE_ESCAPES[simple]
+        if bad is not None:
+            digits = {"x": 2, "u": 4, "U": 8}[bad]
+            raise ValueError(f"\\{bad} needs {digits} hex digits in {text!r}")
+        code = int(hex2 or hex4 or hex8, 16)
+        if code > 0x10FFFF:
+            raise ValueError(f"{m.group(0)} is not a Unicode character")
+        return chr(code)
+
+    return _ESCAPE.sub(replace, text)

@@ -167,3 +167,29 @@ def test_demo_and_cli_do_not_import_each_other():
     import quickdraft.demo
 
     assert quickdraft.cli.write_stream is quickdraft.demo.write_stream is quickdraft.console.write_stream
+
+
+def test_unescape_reads_the_usual_backslash_escapes():
+    from quickdraft.stopping import unescape
+
+    assert unescape(r"\n\n") == "\n\n"
+    assert unescape(r"a\tb\r") == "a\tb\r"
+    assert unescape(r"\\n") == "\\n"  # an escaped backslash stays a backslash
+    assert unescape(r"\u00e9\x41\U0001F642") == "éA🙂"
+    assert unescape(r"\d+ C:\path") == r"\d+ C:\path"  # unknown escapes are left alone
+    with pytest.raises(ValueError, match="4 hex digits"):
+        unescape(r"\u12")
+
+
+def test_stop_flag_interprets_escapes(capsys):
+    """`--stop ':\\n'` as typed in a shell is backslash-n: it must stop at a real newline."""
+    common = ["generate", "--prompt", "def median(values):", "--method", "ar", "--max-new-tokens", "40", "--json"]
+    assert main(common) == 0
+    full = json.loads(capsys.readouterr().out)["text"]
+    assert ":\n" in full
+    assert main([*common, "--stop", r":\n"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["text"] == full[: full.index(":\n")]
+    assert out["stats"]["finish_reason"] == "stop"
+    code, _, err = run_cli(*common, "--stop", r"\u12")
+    assert code == 2 and "hex digits" in err and len(err.strip().splitlines()) == 1
