@@ -4,12 +4,13 @@ The common entry points::
 
     from quickdraft import SpeculativeGenerator, SamplingParams
     gen = SpeculativeGenerator.from_pretrained()      # embedded target + paired draft
-    out = gen.generate("def median(values):", max_new_tokens=64)
+    out = gen.generate("def median(values):", max_new_tokens=64, temperature=0.7, seed=0)
+    stream = gen.stream("import os\n")             # chunks as they come; stream.stats at the end
 """
 
 from .drafters import Drafter, DraftModelDrafter, NoDrafter, Proposal
 from .engine import ContextOverflowError, Step, decode
-from .generator import Generation, SpeculativeGenerator, TextChunk, load_tokenizer
+from .generator import Generation, SpeculativeGenerator, TextChunk, TextStream, load_tokenizer
 from .models.lm import CausalLM, load_model
 from .models.loading import CheckpointError
 from .sampling import SamplingParams
@@ -37,6 +38,7 @@ __all__ = [
     "Step",
     "StopConditions",
     "TextChunk",
+    "TextStream",
     "Verdict",
     "decode",
     "load_model",

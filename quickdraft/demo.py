@@ -34,11 +34,9 @@ def run_demo(args: argparse.Namespace) -> int:
     legend = f", {green('green', color)} = accepted draft tokens" if color else ""
     print(f"\n--- completion (draft-model speculative decoding{legend}) ---")
     sys.stdout.write(DEMO_PROMPT)
-    from .stats import GenerationStats
-
-    stats = GenerationStats()
-    write_stream(gen.stream(DEMO_PROMPT, max_new_tokens=args.max_new_tokens, stats=stats), color)
-    print(f"\n--- {stats.summary()}")
+    stream = gen.stream(DEMO_PROMPT, max_new_tokens=args.max_new_tokens)
+    write_stream(stream, color)
+    print(f"\n--- {stream.stats.summary()}")
     print("\n--- comparison with plain decoding: `quickdraft bench --quick` "
           "(greedy, same prompts, one process) ---")
     parser = argparse.ArgumentParser(prog="quickdraft")

@@ -1,4 +1,12 @@
-"""The high-level API: text in, text out, with a target, a tokenizer and a drafter."""
+"""The high-level API: text in, text out, with a target, a tokenizer and a drafter.
+
+>>> gen = SpeculativeGenerator.from_pretrained()          # embedded target + paired draft
+>>> out = gen.generate("def median(values):", max_new_tokens=64, temperature=0.7, seed=1)
+>>> stream = gen.stream("import os\\n", max_new_tokens=32)
+>>> for chunk in stream:
+...     print(chunk.text, end="")
+>>> stream.stats.mean_accepted_tokens       # complete once the stream is exhausted
+"""
 
 from __future__ import annotations
 
@@ -10,14 +18,20 @@ import torch
 
 from .detokenize import IncrementalDetokenizer
 from .drafters import Drafter, DraftModelDrafter, NoDrafter
-from .engine import ContextOverflowError, decode
+from .engine import ContextOverflowError, Step, decode
 from .models.lm import CausalLM, eos_token_ids, load_model
 from .models.loading import CheckpointError, resolve_pair
 from .sampling import SamplingParams
 from .stats import GenerationStats
 from .stopping import StopConditions, cut_at_stop
 
-METHODS = ("ar", "draft")
+#: Decoding methods by name, with what each does (the CLI's ``--method`` choices). A new
+#: method adds an entry here and a drafter/acceptance rule in ``from_pretrained``.
+METHODS = {
+    "ar": "plain decoding (no drafter)",
+    "draft": "speculative decoding with a draft model (default)",
+}
+DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
 
 @dataclass
@@ -60,19 +74,105 @@ def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: st
         )
 
 
+def stop_strings(stop: str | Sequence[str] | None) -> list[str]:
+    """``stop`` as a list: one string is one stop string (not a set of characters)."""
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop] if stop else []
+    return [s for s in stop if s]
+
+
+def sampling_params(
+    temperature: float = 0.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+    sampling: SamplingParams | None = None,
+) -> SamplingParams:
+    """The :class:`SamplingParams` for keyword arguments, or ``sampling`` itself; giving
+    both (a ``sampling`` object and a non-default keyword) is ambiguous and refused."""
+    if sampling is None:
+        return SamplingParams(temperature, top_k, top_p, seed)
+    if (temperature, top_k, top_p, seed) != (0.0, 0, 1.0, None):
+        raise ValueError("pass either sampling=SamplingParams(...) or temperature/top_k/top_p/seed, not both")
+    return sampling
+
+
+class TextStream:
+    """What :meth:`SpeculativeGenerator.stream` returns: an iterator of :class:`TextChunk`
+    that also tells how the generation went.
+
+    * ``stats``: the :class:`GenerationStats` of this generation. ``prompt_tokens`` and
+      ``truncated_prompt_tokens`` are set before the first chunk; the counts grow as chunks
+      come and are complete once the iterator is exhausted (``finished`` is then True).
+    * ``text`` and ``token_ids``: what was generated so far (all of it once finished).
+    * :meth:`result` consumes what is left and returns the :class:`Generation`.
+
+    The prompt is tokenised when the stream is created, so a prompt that does not fit
+    raises from ``stream()`` itself, before any text is shown. Breaking out of the loop
+    early leaves the stats of a partial generation (``finish_reason`` stays empty).
+    """
+
+    def __init__(self, chunks: Iterator[TextChunk], steps: Iterator[Step], stats: GenerationStats) -> None:
+        self._chunks = chunks
+        self._steps = steps
+        self.stats = stats
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.finished = False
+
+    def __iter__(self) -> TextStream:
+        return self
+
+    def __next__(self) -> TextChunk:
+        try:
+            chunk = next(self._chunks)
+        except StopIteration:
+            self.finished = True
+            raise
+        self.text += chunk.text
+        return chunk
+
+    def result(self) -> Generation:
+        """Consume the rest of the stream; the finished :class:`Generation`."""
+        for _ in self:
+            pass
+        return Generation(self.text, list(self.token_ids), self.stats)
+
+    def close(self) -> None:
+        """Stop generating (also what garbage collection of an unfinished stream does)."""
+        self._chunks.close()
+        self._steps.close()
+
+
 class SpeculativeGenerator:
     """Generates text with a target model, speeding it up with a drafter when given one.
+
+    Output does not depend on the drafter: greedy output is token-for-token that of plain
+    greedy decoding, sampled output has exactly the target's distribution.
 
     >>> gen = SpeculativeGenerator.from_pretrained()          # embedded default pair
     >>> out = gen.generate("def fibonacci(n):", max_new_tokens=64)
     >>> out.text, out.stats.mean_accepted_tokens
+
+    ``num_speculative_tokens`` is the default draft length of :meth:`generate` and
+    :meth:`stream` (4 unless set; :meth:`tune_num_speculative_tokens` sets it to the cost
+    model's choice for this pair and machine).
     """
 
-    def __init__(self, target: CausalLM, tokenizer, drafter: Drafter | None = None) -> None:
+    def __init__(
+        self,
+        target: CausalLM,
+        tokenizer,
+        drafter: Drafter | None = None,
+        num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
+    ) -> None:
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter or NoDrafter()
         self.eos_token_ids = eos_token_ids(target, tokenizer)
+        self.num_speculative_tokens = num_speculative_tokens
 
     @classmethod
     def from_pretrained(
@@ -99,9 +199,21 @@ class SpeculativeGenerator:
         """Token ids of ``prompt`` (tokenised as ``AutoTokenizer`` does with default arguments).
 
         A prompt that leaves no room in the context is an error, or with ``truncate`` loses
-        its beginning so that ``room`` new tokens fit."""
-        ids = self.tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else list(prompt)
+        its beginning so that ``room`` new tokens fit (see :meth:`encode_prompt`)."""
+        return self.encode_prompt(prompt, truncate, room)[0]
+
+    def encode_prompt(
+        self, prompt: str | Sequence[int], truncate: bool = False, room: int = 1
+    ) -> tuple[torch.Tensor, int]:
+        """:meth:`encode`, and how many tokens truncation dropped from the beginning."""
+        if isinstance(prompt, str):
+            # verbose=False: the tokenizer's "sequence length is longer than the maximum"
+            # warning is ours to give (below), with the fix.
+            ids = self.tokenizer(prompt, verbose=False)["input_ids"]
+        else:
+            ids = list(prompt)
         limit = self.target.context_length - 1
+        dropped = 0
         if len(ids) > limit:
             if not truncate:
                 raise ContextOverflowError(
@@ -109,53 +221,133 @@ class SpeculativeGenerator:
                     f"{self.target.context_length}; shorten it or pass --truncate-prompt"
                 )
             # Keep the end: it is what the continuation depends on.
-            ids = ids[-max(1, self.target.context_length - room) :]
-        return torch.tensor(ids, dtype=torch.long)
+            keep = max(1, self.target.context_length - room)
+            dropped = len(ids) - keep
+            ids = ids[-keep:]
+        return torch.tensor(ids, dtype=torch.long), dropped
 
     def steps(
         self,
         prompt: str | Sequence[int],
+        *,
         max_new_tokens: int = 128,
-        sampling: SamplingParams = SamplingParams(),
-        num_speculative_tokens: int = 4,
-        stop: Sequence[str] = (),
-        stats: GenerationStats | None = None,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        num_speculative_tokens: int | None = None,
+        stop: str | Sequence[str] | None = None,
         truncate_prompt: bool = False,
-    ):
-        """The token-level step iterator of the engine for this prompt."""
-        conditions = StopConditions(max_new_tokens, self.eos_token_ids, stop, self.tokenizer)
-        return decode(
-            self.target,
-            self.encode(prompt, truncate_prompt, room=max_new_tokens),
-            conditions,
-            drafter=self.drafter,
-            params=sampling,
-            num_speculative_tokens=num_speculative_tokens,
-            stats=stats,
-        )
+        sampling: SamplingParams | None = None,
+        stats: GenerationStats | None = None,
+    ) -> Iterator[Step]:
+        """The engine's token-level steps for this prompt (parameters as in :meth:`generate`;
+        ``stats``, if given, is filled in as the steps come)."""
+        stats = stats if stats is not None else GenerationStats()
+        ids = self._start(prompt, max_new_tokens, truncate_prompt, stats)
+        return self._decode(ids, max_new_tokens, temperature, top_k, top_p, seed,
+                            num_speculative_tokens, stop, sampling, stats)
 
-    def generate(self, prompt: str | Sequence[int], stop: Sequence[str] = (), **kwargs) -> Generation:
-        """Generate a completion. Keyword arguments are those of :meth:`steps`."""
+    def _start(self, prompt, max_new_tokens: int, truncate_prompt: bool, stats: GenerationStats) -> torch.Tensor:
+        ids, dropped = self.encode_prompt(prompt, truncate_prompt, room=max_new_tokens)
+        stats.prompt_tokens = ids.numel()
+        stats.truncated_prompt_tokens = dropped
+        return ids
+
+    def _decode(self, ids, max_new_tokens, temperature, top_k, top_p, seed, num_speculative_tokens,
+                stop, sampling, stats) -> Iterator[Step]:
+        params = sampling_params(temperature, top_k, top_p, seed, sampling)
+        k = self.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
+        conditions = StopConditions(max_new_tokens, self.eos_token_ids, stop_strings(stop), self.tokenizer)
+        return decode(self.target, ids, conditions, drafter=self.drafter, params=params,
+                      num_speculative_tokens=k, stats=stats)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        num_speculative_tokens: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        truncate_prompt: bool = False,
+        sampling: SamplingParams | None = None,
+    ) -> Generation:
+        """Generate a completion of ``prompt`` (text, or token ids).
+
+        Args:
+            max_new_tokens: tokens to generate at most (EOS and stop strings end it sooner).
+            temperature: 0 = greedy (the default); > 0 samples from the target's
+                distribution at this temperature.
+            top_k: keep only the k most likely tokens when sampling (0 = off).
+            top_p: nucleus sampling: keep the smallest set of tokens with this much
+                probability mass, in (0, 1] (1 = off).
+            seed: seed of the sampling generator (None: a random seed). The same seed and
+                settings give the same output.
+            num_speculative_tokens: draft tokens proposed per step (k); None uses
+                ``self.num_speculative_tokens``. Only speed depends on it, never the output.
+            stop: a stop string or several; generation ends at the first one, which is cut
+                from ``text`` (its tokens stay in ``token_ids``).
+            truncate_prompt: drop the beginning of a prompt too long for the context
+                (``stats.truncated_prompt_tokens`` tells how many tokens) instead of raising
+                :class:`ContextOverflowError`.
+            sampling: a :class:`SamplingParams` instead of ``temperature``, ``top_k``,
+                ``top_p`` and ``seed`` (not both).
+
+        Returns:
+            :class:`Generation`: ``text`` and ``token_ids`` (prompt excluded) and ``stats``.
+        """
         stats = GenerationStats()
-        ids: list[int] = []
-        for step in self.steps(prompt, stop=stop, stats=stats, **kwargs):
-            ids.extend(step.tokens)
-        text = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        return Generation(cut_at_stop(text, stop), ids, stats)
+        ids = self._start(prompt, max_new_tokens, truncate_prompt, stats)
+        out: list[int] = []
+        for step in self._decode(ids, max_new_tokens, temperature, top_k, top_p, seed,
+                                 num_speculative_tokens, stop, sampling, stats):
+            out.extend(step.tokens)
+        text = self.tokenizer.decode(out, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return Generation(cut_at_stop(text, stop_strings(stop)), out, stats)
 
     def stream(
-        self, prompt: str | Sequence[int], stop: Sequence[str] = (), stats: GenerationStats | None = None, **kwargs
-    ) -> Iterator[TextChunk]:
-        """Stream the completion as text chunks, one per step (all accepted tokens together).
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_new_tokens: int = 128,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        num_speculative_tokens: int | None = None,
+        stop: str | Sequence[str] | None = None,
+        truncate_prompt: bool = False,
+        sampling: SamplingParams | None = None,
+    ) -> TextStream:
+        """Stream the completion as :class:`TextChunk` s, one per step (all the tokens
+        accepted in a step come together). Parameters are those of :meth:`generate`.
+
+        Returns a :class:`TextStream`: iterate over it for the chunks; its ``stats``,
+        ``text`` and ``token_ids`` describe the generation (complete once it is exhausted),
+        and ``result()`` gives the :class:`Generation`.
 
         The chunks concatenate to ``generate(...).text``: multi-byte characters are kept
         whole and text that might begin a stop string is held back until it is decided.
         """
+        stats = GenerationStats()
+        ids = self._start(prompt, max_new_tokens, truncate_prompt, stats)
+        steps = self._decode(ids, max_new_tokens, temperature, top_k, top_p, seed,
+                             num_speculative_tokens, stop, sampling, stats)
+        stream = TextStream(iter(()), steps, stats)
+        stream._chunks = self._chunks(steps, stop_strings(stop), stream.token_ids)
+        return stream
+
+    def _chunks(self, steps: Iterator[Step], stop: list[str], token_ids: list[int]) -> Iterator[TextChunk]:
         detok = IncrementalDetokenizer(self.tokenizer)
         pending: list[tuple[str, bool]] = []  # decoded but not yet shown (may start a stop string)
         recent = ""  # the tail of what was shown, to find stop strings that straddle chunks
         longest = max((len(s) for s in stop), default=0)
-        for step in self.steps(prompt, stop=stop, stats=stats, **kwargs):
+        for step in steps:
+            token_ids.extend(step.tokens)
             pending.append((detok.push(step.tokens[: step.drafted]), True))
             pending.append((detok.push(step.tokens[step.drafted :]), False))
             text = "".join(t for t, _ in pending)
@@ -164,7 +356,13 @@ class SpeculativeGenerator:
                 window = recent + text
                 found = len(cut_at_stop(window, stop))
                 if found < len(window):  # a stop string completed: show up to it and end
-                    yield TextChunk(_take(pending, found - len(recent))[0])
+                    shown = _take(pending, found - len(recent))[0]
+                    # The engine stopped at the same token; let it finish so the stats
+                    # (decode time, finish reason) are complete.
+                    for step in steps:
+                        token_ids.extend(step.tokens)
+                    if shown:
+                        yield TextChunk(shown)
                     return
                 show -= _stop_prefix_suffix(text, stop)
                 recent = (recent + text[:show])[-longest:]
@@ -174,6 +372,20 @@ class SpeculativeGenerator:
         tail = "".join(t for t, _ in pending) + detok.flush()
         if tail:
             yield TextChunk([(tail, False)])
+
+    def tune_num_speculative_tokens(self, remeasure: bool = False, log=None):
+        """Set ``num_speculative_tokens`` to the cost model's best k for this target, draft
+        and machine: read from the auto-k cache, or measured (a few seconds for the
+        embedded pair) and cached when missing or when ``remeasure``. Returns the
+        :class:`~quickdraft.bench.autok.KChoice` (k, measured costs, where it is cached).
+        Needs a draft model."""
+        from .bench.autok import cached_k
+
+        if not isinstance(self.drafter, DraftModelDrafter):
+            raise ValueError("choosing k by measurement needs a draft model")
+        choice = cached_k(self.target, self.drafter.model, self.tokenizer, remeasure=remeasure, log=log)
+        self.num_speculative_tokens = choice.k
+        return choice
 
 
 def _take(segments: list[tuple[str, bool]], n: int) -> tuple[list[tuple[str, bool]], list[tuple[str, bool]]]:

@@ -1,8 +1,12 @@
-"""Statistics every generation reports (definitions follow docs/speculative-decoding.md)."""
+"""Statistics every generation reports (definitions: docs/methods.md, "Measures")."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+#: Fewer tokens than this from decode passes and a tokens/s figure says nothing (it would
+#: be the prefill's tokens over next to no time): it is then not reported.
+MIN_DECODE_TOKENS_FOR_RATE = 2
 
 
 @dataclass
@@ -11,12 +15,16 @@ class GenerationStats:
 
     ``target_forward_passes`` counts every target pass. The first one is the prefill: it
     runs over the prompt (plus a draft proposed from the prompt) and its time is
-    ``prefill_seconds``; the others are ``decode_seconds``. ``mean_accepted_tokens`` =
-    new tokens / target passes, 1.0 for plain decoding.
+    ``prefill_seconds``; the tokens it yields are ``prefill_tokens``. The other passes are
+    ``decode_seconds``. ``mean_accepted_tokens`` = new tokens / target passes, 1.0 for
+    plain decoding. ``prompt_tokens`` counts the prompt as decoded, after
+    ``truncated_prompt_tokens`` were dropped from its beginning (``--truncate-prompt``).
     """
 
     prompt_tokens: int = 0
+    truncated_prompt_tokens: int = 0
     new_tokens: int = 0
+    prefill_tokens: int = 0
     target_forward_passes: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
@@ -28,6 +36,8 @@ class GenerationStats:
     finish_reason: str = ""
 
     def record_step(self, drafted: int, accepted: int) -> None:
+        if self.target_forward_passes == 0:
+            self.prefill_tokens = accepted + 1  # its accepted draft + the target's token
         self.target_forward_passes += 1
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
@@ -45,7 +55,9 @@ class GenerationStats:
         per-position counts are added position by position). ``time_to_first_token`` and
         ``finish_reason`` describe one generation and are left as they are. Returns ``self``."""
         self.prompt_tokens += other.prompt_tokens
+        self.truncated_prompt_tokens += other.truncated_prompt_tokens
         self.new_tokens += other.new_tokens
+        self.prefill_tokens += other.prefill_tokens
         self.target_forward_passes += other.target_forward_passes
         self.drafted_tokens += other.drafted_tokens
         self.accepted_tokens += other.accepted_tokens
@@ -60,6 +72,7 @@ class GenerationStats:
 
     @property
     def acceptance_rate(self) -> float:
+        """Accepted / drafted tokens (0.0 when nothing was drafted; reported as null)."""
         return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
     @property
@@ -72,28 +85,51 @@ class GenerationStats:
         return max(self.target_forward_passes - 1, 0)
 
     @property
+    def decode_tokens(self) -> int:
+        """New tokens that came from decode passes (not from the prefill)."""
+        return max(self.new_tokens - self.prefill_tokens, 0)
+
+    @property
     def per_position_acceptance(self) -> list[float]:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
     @property
     def tokens_per_second(self) -> float:
+        """Decode throughput: new tokens / decode seconds (the benchmark's definition;
+        0.0 without decode time). See :attr:`reported_tokens_per_second`."""
         return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
 
+    @property
+    def reported_tokens_per_second(self) -> float | None:
+        """:attr:`tokens_per_second` when it means something: at least
+        ``MIN_DECODE_TOKENS_FOR_RATE`` tokens came from decode passes; else None."""
+        if self.decode_tokens < MIN_DECODE_TOKENS_FOR_RATE or self.decode_seconds <= 0:
+            return None
+        return self.tokens_per_second
+
     def to_dict(self) -> dict:
+        """Every field plus the derived figures. A figure that would mean nothing is None
+        (null in JSON): ``tokens_per_second`` without enough decode tokens,
+        ``acceptance_rate`` when nothing was drafted (plain decoding)."""
         out = asdict(self)
         out.update(
-            acceptance_rate=self.acceptance_rate,
+            acceptance_rate=self.acceptance_rate if self.drafted_tokens else None,
             mean_accepted_tokens=self.mean_accepted_tokens,
             per_position_acceptance=self.per_position_acceptance,
-            tokens_per_second=self.tokens_per_second,
+            decode_tokens=self.decode_tokens,
+            tokens_per_second=self.reported_tokens_per_second,
         )
         return out
 
     def summary(self) -> str:
-        """One line for terminals."""
-        return (
-            f"{self.new_tokens} tokens in {self.prefill_seconds + self.decode_seconds:.2f}s "
-            f"({self.tokens_per_second:.1f} tok/s decode, TTFT {self.time_to_first_token * 1000:.0f} ms) | "
-            f"target passes {self.target_forward_passes}, mean accepted {self.mean_accepted_tokens:.2f}, "
-            f"acceptance {self.acceptance_rate:.0%} ({self.accepted_tokens}/{self.drafted_tokens})"
-        )
+        """One line for terminals: the figures of :meth:`to_dict`, those that mean something."""
+        d = self.to_dict()
+        noun = "token" if self.new_tokens == 1 else "tokens"
+        timing = [] if d["tokens_per_second"] is None else [f"{d['tokens_per_second']:.1f} tok/s decode"]
+        timing.append(f"TTFT {self.time_to_first_token * 1000:.0f} ms")
+        line = (f"{self.new_tokens} {noun} in {self.prefill_seconds + self.decode_seconds:.2f}s "
+                f"({', '.join(timing)}) | target passes {self.target_forward_passes}")
+        if d["acceptance_rate"] is not None:
+            line += (f", mean accepted {d['mean_accepted_tokens']:.2f}, acceptance "
+                     f"{d['acceptance_rate']:.0%} ({self.accepted_tokens}/{self.drafted_tokens})")
+        return line

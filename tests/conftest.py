@@ -9,6 +9,19 @@ import torch
 
 torch.set_num_threads(2)
 
+
+
+@pytest.fixture(autouse=True, scope="session")
+def private_cache_dir(tmp_path_factory):
+    """Tests never read or write the user's cache (auto-k choices): XDG_CACHE_HOME points
+    to a temporary directory for the whole session (subprocesses inherit it)."""
+    patch = pytest.MonkeyPatch()
+    path = tmp_path_factory.mktemp("xdg-cache")
+    patch.setenv("XDG_CACHE_HOME", str(path))
+    yield path
+    patch.undo()
+
+
 TINY = dict(vocab_size=96, max_position_embeddings=128)
 
 

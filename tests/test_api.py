@@ -31,3 +31,128 @@ def test_stats_merge_pools_counts_and_positions():
     assert a.decode_seconds == 0.75
     empty = GenerationStats().merge(b)
     assert empty.drafted_per_position == b.drafted_per_position
+
+
+# --- the generator API ---------------------------------------------------------------------
+
+import inspect  # noqa: E402
+
+import pytest  # noqa: E402
+
+from quickdraft import GenerationStats, SamplingParams, SpeculativeGenerator  # noqa: E402
+from quickdraft.generator import TextStream  # noqa: E402
+
+OPTIONS = ["max_new_tokens", "temperature", "top_k", "top_p", "seed", "num_speculative_tokens", "stop",
+           "truncate_prompt", "sampling"]
+
+
+@pytest.fixture(scope="module")
+def gen(tiny_family):
+    return SpeculativeGenerator.from_pretrained(tiny_family["target"], tiny_family["perturbed"])
+
+
+@pytest.mark.parametrize("name", ["generate", "stream"])
+def test_options_are_explicit_documented_keywords(name):
+    method = getattr(SpeculativeGenerator, name)
+    params = inspect.signature(method).parameters
+    for option in OPTIONS:
+        assert option in params and params[option].kind is inspect.Parameter.KEYWORD_ONLY, option
+    assert not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    doc = inspect.getdoc(method)
+    assert all(option in doc for option in ("temperature", "stop", "num_speculative_tokens")) or name == "stream"
+    assert "generate" in doc  # stream's docstring refers to generate's parameters
+
+
+def test_help_shows_the_options():
+    import io
+    from contextlib import redirect_stdout
+
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        help(SpeculativeGenerator.generate)
+    text = buf.getvalue()
+    assert "temperature: 'float' = 0.0" in text or "temperature: float = 0.0" in text
+    assert "top_p" in text and "truncate_prompt" in text
+
+
+def test_sampling_keywords_equal_a_sampling_params(gen):
+    a = gen.generate("def add(a, b):", max_new_tokens=12, temperature=0.7, top_k=20, top_p=0.9, seed=4)
+    b = gen.generate("def add(a, b):", max_new_tokens=12,
+                     sampling=SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=4))
+    assert a.token_ids == b.token_ids and a.text == b.text
+    with pytest.raises(ValueError, match="not both"):
+        gen.generate("x", temperature=0.7, sampling=SamplingParams(temperature=0.7))
+
+
+def test_a_single_stop_string_is_not_a_set_of_characters(gen):
+    full = gen.generate("class Point:", max_new_tokens=30, num_speculative_tokens=3).text
+    stop = full[12:15]
+    cut = gen.generate("class Point:", max_new_tokens=30, num_speculative_tokens=3, stop=stop)
+    assert cut.text == full[: full.index(stop)]
+    assert cut.text == gen.generate("class Point:", max_new_tokens=30, stop=[stop]).text
+
+
+def test_stream_exposes_its_stats_and_result(gen):
+    ref = gen.generate("for i in range(10):", max_new_tokens=25, num_speculative_tokens=3)
+    stream = gen.stream("for i in range(10):", max_new_tokens=25, num_speculative_tokens=3)
+    assert isinstance(stream, TextStream) and isinstance(stream.stats, GenerationStats)
+    assert stream.stats.prompt_tokens > 0 and not stream.finished  # known before the first chunk
+    text = "".join(chunk.text for chunk in stream)
+    assert stream.finished and text == stream.text == ref.text
+    assert stream.token_ids == ref.token_ids
+    assert stream.stats.new_tokens == ref.stats.new_tokens == len(ref.token_ids)
+    assert stream.stats.finish_reason == ref.stats.finish_reason != ""
+    result = gen.stream("for i in range(10):", max_new_tokens=25, num_speculative_tokens=3).result()
+    assert result.text == ref.text and result.token_ids == ref.token_ids
+
+
+def test_stream_raises_for_a_prompt_that_does_not_fit(gen):
+    from quickdraft import ContextOverflowError
+
+    with pytest.raises(ContextOverflowError):
+        gen.stream("x = 1\n" * 400)  # raised by stream() itself, before iterating
+    stream = gen.stream("x = 1\n" * 400, truncate_prompt=True, max_new_tokens=4)
+    assert stream.stats.truncated_prompt_tokens > 0
+    assert stream.stats.prompt_tokens + 4 <= gen.target.context_length
+    assert len(stream.result().token_ids) == 4
+
+
+def test_default_k_is_the_generators_and_tuning_sets_it(gen, private_cache_dir):
+    assert gen.num_speculative_tokens == 4
+    choice = gen.tune_num_speculative_tokens()
+    assert gen.num_speculative_tokens == choice.k and 1 <= choice.k <= 8
+    assert choice.path is not None and choice.path.is_relative_to(private_cache_dir)
+    again = gen.tune_num_speculative_tokens()
+    assert not again.measured and again.k == choice.k
+
+
+# --- reported figures (issue 8, point 4) -----------------------------------------------------
+
+
+def test_a_stop_string_leaves_complete_stats(tiny_family):
+    """A stream ended by a stop string used to leave decode_seconds at 0 (0.0 tok/s)."""
+    gen = SpeculativeGenerator.from_pretrained(tiny_family["target"], tiny_family["copy"])
+    full = gen.generate("def add(a, b):", max_new_tokens=60, num_speculative_tokens=2).text
+    stop = full[len(full) // 2 : len(full) // 2 + 2]
+    stream = gen.stream("def add(a, b):", max_new_tokens=60, num_speculative_tokens=2, stop=stop)
+    text = "".join(c.text for c in stream)
+    assert text == full[: full.index(stop)]
+    stats = stream.stats
+    assert stats.finish_reason == "stop" and stats.decode_seconds > 0 and stats.decode_tokens >= 2
+    assert stats.tokens_per_second > 0
+    assert stats.to_dict()["tokens_per_second"] == pytest.approx(stats.tokens_per_second)
+    assert "tok/s" in stats.summary()
+
+
+def test_figures_that_mean_nothing_are_not_reported():
+    one = GenerationStats(new_tokens=1, target_forward_passes=1, prefill_tokens=1, decode_seconds=1e-5,
+                          prefill_seconds=0.01)
+    assert one.to_dict()["tokens_per_second"] is None and "tok/s" not in one.summary()
+    plain = GenerationStats(new_tokens=20, target_forward_passes=20, prefill_tokens=1, decode_seconds=0.1)
+    assert plain.to_dict()["acceptance_rate"] is None
+    assert "acceptance" not in plain.summary() and "mean accepted" not in plain.summary()
+    assert plain.to_dict()["tokens_per_second"] == pytest.approx(200.0)
+    assert "200.0 tok/s" in plain.summary()
+    spec = GenerationStats(new_tokens=20, target_forward_passes=6, prefill_tokens=4, decode_seconds=0.1,
+                           drafted_tokens=20, accepted_tokens=14)
+    assert "acceptance 70% (14/20)" in spec.summary() and spec.to_dict()["acceptance_rate"] == 0.7

@@ -2,16 +2,25 @@
 
 :func:`measure_step_costs` times the model calls a speculative step is made of (target
 pass over 1 and over n tokens, one draft step) at a realistic context length;
-:func:`auto_k` adds a short calibration decode for per-position acceptance and returns the
-cost model's best k (what ``quickdraft generate --auto-k`` uses).
+:func:`calibrate` adds a short calibration decode for per-position acceptance and the cost
+model's best k. :func:`cached_k` is what ``quickdraft generate`` uses when no ``-k`` is
+given: the choice for a (target, draft, machine) is measured once on fixed calibration
+prompts and cached as JSON, with the measured costs, under
+``$XDG_CACHE_HOME/quickdraft/autok/`` (default ``~/.cache/quickdraft/autok/``), so the
+same pair on the same machine always gets the same k until it is re-measured.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -215,3 +224,132 @@ def auto_k(
         target, draft_lm, tokenizer, prompt_ids, probe_k=max_k, max_k=max_k,
         calibration_tokens=calibration_tokens, params=params,
     ).k
+
+
+# --- the cached choice -------------------------------------------------------------------
+
+#: Fixed calibration prompts (code and prose), so the choice does not depend on the prompt
+#: of the run that happened to measure it.
+CALIBRATION_PROMPTS = (
+    'def median(values):\n    """Return the median of a non-empty list of numbers."""\n',
+    "import os\nimport sys\n\n\ndef main(argv=None):\n    parser = argparse.ArgumentParser(",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "The quick brown fox jumps over the lazy dog. Speculative decoding lets a small model",
+)
+CACHE_VERSION = 1
+
+
+def cache_dir() -> Path:
+    """Where auto-k choices are cached: ``$XDG_CACHE_HOME/quickdraft/autok``, by default
+    ``~/.cache/quickdraft/autok``."""
+    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(root) / "quickdraft" / "autok"
+
+
+def model_fingerprint(lm: CausalLM) -> dict | None:
+    """What identifies a loaded model for the cache: its directory, backend and the size
+    and modification time of its config and weight files (None when it has no directory)."""
+    model_dir = getattr(lm, "model_dir", None)
+    if model_dir is None:
+        return None
+    model_dir = Path(model_dir).resolve()
+    files = sorted(p for p in model_dir.iterdir() if p.name == "config.json" or p.suffix == ".safetensors")
+    return {
+        "path": str(model_dir),
+        "backend": lm.backend,
+        "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files],
+    }
+
+
+def machine_fingerprint() -> dict:
+    """What identifies the machine for the cache: CPU, cores, torch threads and version."""
+    from .runner import cpu_model
+
+    return {
+        "cpu": cpu_model(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+
+
+@dataclass
+class KChoice:
+    """The cost model's k for a pair on this machine and where it came from."""
+
+    k: int
+    measured: bool  # True: measured by this call; False: read from the cache
+    path: Path | None  # the cache file (None when it could not be written)
+    measured_at: str
+    predicted: dict[int, float]
+    costs: StepCosts
+    per_position: list[float]
+
+    @property
+    def predicted_speedup(self) -> float:
+        return self.predicted.get(self.k, 1.0)
+
+    def to_json(self) -> dict:
+        return {
+            "k": self.k,
+            "measured_at": self.measured_at,
+            "predicted_speedup": {str(k): v for k, v in sorted(self.predicted.items())},
+            "per_position_acceptance": self.per_position,
+            "step_costs": self.costs.to_dict(),
+        }
+
+
+def cached_k(
+    target: CausalLM,
+    draft_lm: CausalLM,
+    tokenizer,
+    remeasure: bool = False,
+    log: Callable[[str], None] | None = None,
+    max_k: int = DEFAULT_PROBE_K,
+    calibration_tokens: int = 64,
+) -> KChoice:
+    """The cost model's best k for this target, draft and machine: read from the cache, or
+    (missing, unreadable, or ``remeasure``) measured greedily on :data:`CALIBRATION_PROMPTS`
+    and written there. ``log`` gets one line before a measurement."""
+    log = log or (lambda msg: None)
+    fingerprints = {"target": model_fingerprint(target), "draft": model_fingerprint(draft_lm)}
+    path = None
+    if None not in fingerprints.values():
+        identity = {"version": CACHE_VERSION, "max_k": max_k, "machine": machine_fingerprint(), **fingerprints}
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
+        path = cache_dir() / f"{digest}.json"
+        if not remeasure:
+            cached = _read_choice(path)
+            if cached is not None:
+                return cached
+    where = f"cached in {path}" if path else "not cached: the models have no directory"
+    log(f"measuring the best k for this model pair on this machine, once ({where}; --remeasure redoes it)")
+    prompts = [tokenizer(p, verbose=False)["input_ids"] for p in CALIBRATION_PROMPTS]
+    result = calibrate(target, draft_lm, tokenizer, prompts, probe_k=max_k, max_k=max_k,
+                       calibration_tokens=calibration_tokens)
+    choice = KChoice(result.k, True, path, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                     result.predicted, result.costs, result.per_position)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps({**identity, **choice.to_json()}, indent=1))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log(f"could not write the auto-k cache ({exc.strerror or exc}); k is not cached")
+            choice.path = None
+    return choice
+
+
+def _read_choice(path: Path) -> KChoice | None:
+    try:
+        data = json.loads(path.read_text())
+        return KChoice(
+            k=int(data["k"]), measured=False, path=path, measured_at=str(data["measured_at"]),
+            predicted={int(k): float(v) for k, v in data["predicted_speedup"].items()},
+            costs=StepCosts.from_dict(data["step_costs"]),
+            per_position=[float(a) for a in data["per_position_acceptance"]],
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or unreadable: measure again
