@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import random
 import sys
 from pathlib import Path
 
@@ -92,41 +93,110 @@ def read_prompt(args: argparse.Namespace) -> str:
         raise CliError(f"prompt file {path} is not UTF-8 text") from None
 
 
+def notice(message: str) -> None:
+    """One line on stderr about what quickdraft did (not an error)."""
+    print(f"quickdraft: {message}", file=sys.stderr, flush=True)
+
+
+def choose_k(args: argparse.Namespace, gen) -> tuple[int | None, str | None]:
+    """The k to decode with and where it came from: an explicit ``-k`` wins; otherwise the
+    cost model's choice for this pair on this machine (cached; measured once when missing
+    or with ``--remeasure``). None for methods without a drafter."""
+    from .drafters import DraftModelDrafter, NoDrafter
+
+    if isinstance(gen.drafter, NoDrafter):
+        return None, None
+    if args.num_speculative_tokens is not None:
+        ignored = "; --auto-k ignored" if args.auto_k else ""
+        return args.num_speculative_tokens, f"from -k{ignored}"
+    if not isinstance(gen.drafter, DraftModelDrafter):
+        return gen.num_speculative_tokens, "default"
+    choice = gen.tune_num_speculative_tokens(remeasure=args.remeasure, log=notice)
+    if choice.measured:
+        notice(f"k={choice.k} (cost model: predicted {choice.predicted_speedup:.2f}x over plain decoding)")
+    return choice.k, "cost model, measured now" if choice.measured else "cost model, cached"
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
-    from .sampling import SamplingParams
-    from .stats import GenerationStats
+    from .quiet import quiet_transformers
 
     prompt = read_prompt(args)
-    sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend)
-    k = args.num_speculative_tokens
-    if args.auto_k and args.method == "draft":
-        from .bench.autok import auto_k
-
-        k = auto_k(gen.target, gen.drafter.model, gen.tokenizer, gen.encode(prompt, args.truncate_prompt))
-        print(f"auto-k: using k={k}", file=sys.stderr)
-    options = dict(
+    with quiet_transformers():
+        gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend)
+    k, k_source = choose_k(args, gen)
+    seed = args.seed
+    if seed is None and args.temperature > 0:
+        seed = random.SystemRandom().randrange(2**31)  # reported, so a sampled run can be repeated
+    stream = gen.stream(
+        prompt,
         max_new_tokens=args.max_new_tokens,
-        sampling=sampling,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=seed,
         num_speculative_tokens=k,
-        stop=args.stop or (),
+        stop=args.stop,
         truncate_prompt=args.truncate_prompt,
     )
+    stats = stream.stats
+    if stats.truncated_prompt_tokens:
+        total = stats.prompt_tokens + stats.truncated_prompt_tokens
+        notice(f"--truncate-prompt dropped the first {stats.truncated_prompt_tokens} of {total} prompt "
+               f"tokens (kept the last {stats.prompt_tokens})")
+    draft_lm = getattr(gen.drafter, "model", None)
+    settings = {
+        "method": args.method,
+        "model": str(gen.target.model_dir),
+        "draft": str(draft_lm.model_dir) if draft_lm is not None else None,
+        "backend": gen.target.backend,
+        "draft_backend": draft_lm.backend if draft_lm is not None else None,
+        "num_speculative_tokens": k,
+        "num_speculative_tokens_source": k_source,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "seed": seed,
+        "stop": args.stop or [],
+        "prompt_tokens": stats.prompt_tokens,
+        "truncated": stats.truncated_prompt_tokens > 0,
+        "truncated_prompt_tokens": stats.truncated_prompt_tokens,
+    }
     if args.json:
-        out = gen.generate(prompt, **options)
-        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "stats": out.stats.to_dict()}))
+        out = stream.result()
+        print(json.dumps({"text": out.text, "token_ids": out.token_ids, "settings": settings,
+                          "stats": out.stats.to_dict()}))
         return 0
-    stats = GenerationStats()
     color = use_color(args.color)
-    write_stream(gen.stream(prompt, stats=stats, **options), color)
+    write_stream(stream, color)
     sys.stdout.write("\n")
-    legend = f" | {green('green', True)} = accepted draft tokens" if color and args.method == "draft" else ""
-    print(f"[{args.method}] {stats.summary()}{legend}", file=sys.stderr)
+    sys.stdout.flush()
+    print(f"[{settings_label(settings)}] {stats.summary()}"
+          + (f" | {green('green', True)} = accepted draft tokens" if color and k is not None else ""),
+          file=sys.stderr)
     return 0
 
 
+def settings_label(settings: dict) -> str:
+    """The summary line's prefix: method, k and where it came from, backend, truncation."""
+    parts = [settings["method"]]
+    if settings["num_speculative_tokens"] is not None:
+        parts.append(f"k={settings['num_speculative_tokens']} ({settings['num_speculative_tokens_source']})")
+    backend = settings["backend"]
+    if settings["draft_backend"] not in (None, backend):
+        backend = f"{backend} target, {settings['draft_backend']} draft"
+    parts.append(f"{backend} backend")
+    if settings["truncated"]:
+        parts.append(f"prompt truncated to its last {settings['prompt_tokens']} tokens")
+    if settings["temperature"] > 0:
+        parts.append(f"seed {settings['seed']}")
+    return ", ".join(parts)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .generator import METHODS
+
     parser = Parser(
         prog="quickdraft",
         description="Lossless speculative decoding: faster generation, identical output.",
@@ -145,8 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--model", help="target: embedded name, HF directory or hub id (default: embedded default)")
     gen.add_argument("--draft", help="draft model with the target's tokenizer (default: the target's paired draft)")
-    gen.add_argument("--method", choices=["ar", "draft"], default="draft",
-                     help="ar = plain decoding, draft = speculative with a draft model (default)")
+    gen.add_argument("--method", choices=list(METHODS), default="draft",
+                     help="; ".join(f"{name} = {what}" for name, what in METHODS.items()))
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", help="read the prompt from a UTF-8 file")
@@ -155,10 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=non_negative_int, default=0, help="keep the k most likely tokens (0 = off)")
     gen.add_argument("--top-p", type=probability, default=1.0, help="nucleus sampling mass in (0, 1] (default 1)")
     gen.add_argument("--seed", type=int, default=None, help="seed for sampling (default: random)")
-    gen.add_argument("--num-speculative-tokens", "-k", type=positive_int, default=4,
-                     help="draft tokens proposed per step (default 4)")
+    gen.add_argument("--num-speculative-tokens", "-k", type=positive_int, default=None,
+                     help="draft tokens proposed per step (default: the cost model's choice for this "
+                     "model pair on this machine, measured once and cached; an explicit -k wins)")
     gen.add_argument("--auto-k", action="store_true",
-                     help="pick k with the cost model from a short measurement on this prompt")
+                     help="use the cost model's k (what happens anyway without -k)")
+    gen.add_argument("--remeasure", action="store_true",
+                     help="measure the cost model's k again and update the cache "
+                     "($XDG_CACHE_HOME or ~/.cache, quickdraft/autok/)")
     gen.add_argument("--stop", nargs="+", metavar="STR", type=stop_string,
                      help="stop when any of these strings is generated; backslash escapes are read "
                      r"as in Python (\n \t \r \\ \xHH \uXXXX), so '\n\n' stops at a blank line")
@@ -166,7 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="keep the end of a prompt longer than the context instead of failing")
     gen.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",
                      help="model runtime: native (default when supported) or transformers")
-    gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    gen.add_argument("--json", action="store_true",
+                     help="print one JSON object: text, token_ids, settings (what was used), stats")
     gen.add_argument("--color", choices=["auto", "always", "never"], default="auto",
                      help="mark accepted draft tokens in green (auto: when stdout is a terminal)")
     gen.set_defaults(func=cmd_generate)

@@ -45,7 +45,7 @@ def test_generate_json_matches_plain_decoding(tiny_family, capsys):
 
 def test_generate_streams_text_and_stats_line(tiny_family, capsys):
     args = ["generate", "--model", str(tiny_family["target"]), "--draft", str(tiny_family["copy"]),
-            "--prompt", "x", "--max-new-tokens", "30", "--color", "always"]
+            "--prompt", "x", "--max-new-tokens", "30", "--color", "always", "-k", "2"]
     assert main(args) == 0
     out, err = capsys.readouterr()
     assert "\033[32m" in out  # accepted draft tokens are marked
@@ -145,11 +145,10 @@ def test_auto_k_picks_k_with_the_cost_model(tiny_family, capsys):
     args = ["generate", "--model", str(tiny_family["target"]), "--draft", str(tiny_family["copy"]),
             "--prompt", "def add(a, b):", "--max-new-tokens", "10", "--auto-k", "--json"]
     assert main(args) == 0
-    out, err = capsys.readouterr()
-    k = int(err.split("k=")[1].split()[0])
-    assert 1 <= k <= 16
-    assert json.loads(out)["stats"]["new_tokens"] == 10
-
+    out = json.loads(capsys.readouterr().out)
+    assert 1 <= out["settings"]["num_speculative_tokens"] <= 16
+    assert out["settings"]["num_speculative_tokens_source"].startswith("cost model")
+    assert out["stats"]["new_tokens"] == 10
 
 def test_a_broken_subcommand_module_fails_loudly(monkeypatch):
     from quickdraft.cli import build_parser
