@@ -192,3 +192,107 @@ def test_stop_flag_interprets_escapes(capsys):
     assert out["stats"]["finish_reason"] == "stop"
     code, _, err = run_cli(*common, "--stop", r"\u12")
     assert code == 2 and "hex digits" in err and len(err.strip().splitlines()) == 1
+
+
+# --- what happened: settings, k, truncation (issue 8, points 4, 7, 8) -----------------------
+
+
+def test_json_settings_say_what_was_used(tiny_family, capsys):
+    args = ["generate", "--model", str(tiny_family["target"]), "--draft", str(tiny_family["perturbed"]),
+            "--prompt", "def add(a, b):", "--max-new-tokens", "8", "-k", "3", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    s = out["settings"]
+    assert s["method"] == "draft" and s["backend"] == "native" and s["draft_backend"] == "native"
+    assert s["model"] == str(tiny_family["target"]) and s["draft"] == str(tiny_family["perturbed"])
+    assert s["num_speculative_tokens"] == 3 and s["num_speculative_tokens_source"] == "from -k"
+    assert s["seed"] is None and s["truncated"] is False and s["truncated_prompt_tokens"] == 0
+    assert s["prompt_tokens"] == out["stats"]["prompt_tokens"] > 0
+    assert main(["generate", "--model", str(tiny_family["target"]), "--method", "ar", "--backend", "hf",
+                 "--prompt", "x", "--max-new-tokens", "3", "--json"]) == 0
+    s = json.loads(capsys.readouterr().out)["settings"]
+    assert s["backend"] == "hf" and s["draft"] is None and s["num_speculative_tokens"] is None
+
+
+def test_sampled_runs_report_the_seed_they_drew(tiny_family, capsys):
+    common = ["generate", "--model", str(tiny_family["target"]), "--method", "ar", "--prompt", "def",
+              "--max-new-tokens", "10", "--temperature", "1.0", "--json"]
+    assert main(common) == 0
+    first = json.loads(capsys.readouterr().out)
+    seed = first["settings"]["seed"]
+    assert isinstance(seed, int)
+    assert main([*common, "--seed", str(seed)]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == first["token_ids"]
+
+
+def test_truncation_is_announced_and_reported(tiny_family, capsys):
+    args = ["generate", "--model", str(tiny_family["target"]), "--method", "ar", "--prompt", "x = 1\n" * 400,
+            "--truncate-prompt", "--max-new-tokens", "4"]
+    assert main([*args, "--json"]) == 0
+    captured = capsys.readouterr()
+    s = json.loads(captured.out)["settings"]
+    assert s["truncated"] is True and s["truncated_prompt_tokens"] > 0 and s["prompt_tokens"] <= 256 - 4
+    notice = [line for line in captured.err.splitlines() if "--truncate-prompt dropped" in line]
+    assert len(notice) == 1 and f"first {s['truncated_prompt_tokens']} of" in notice[0]
+    assert main(args) == 0
+    summary = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "native backend" in summary and f"prompt truncated to its last {s['prompt_tokens']} tokens" in summary
+
+
+def test_terminal_summary_shows_only_meaningful_figures(tiny_family, capsys):
+    base = ["generate", "--model", str(tiny_family["target"]), "--prompt", "def", "--color", "never"]
+    assert main([*base, "--method", "ar", "--max-new-tokens", "12"]) == 0
+    summary = capsys.readouterr().err.strip().splitlines()[-1]
+    assert summary.startswith("[ar, native backend]") and "tok/s" in summary
+    assert "acceptance" not in summary and "mean accepted" not in summary
+    assert main([*base, "--method", "ar", "--max-new-tokens", "1"]) == 0
+    summary = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "1 token in" in summary and "tok/s" not in summary
+    assert main([*base, "--method", "ar", "--max-new-tokens", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["tokens_per_second"] is None
+    assert main([*base, "--draft", str(tiny_family["copy"]), "-k", "4", "--max-new-tokens", "20"]) == 0
+    summary = capsys.readouterr().err.strip().splitlines()[-1]
+    assert summary.startswith("[draft, k=4 (from -k), native backend]") and "acceptance 100%" in summary
+
+
+def _k_run(tiny_family, *extra):
+    return ["generate", "--model", str(tiny_family["target"]), "--draft", str(tiny_family["perturbed"]),
+            "--prompt", "def add(a, b):", "--max-new-tokens", "6", "--json", *extra]
+
+
+def test_default_k_is_measured_once_then_cached(tiny_family, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(_k_run(tiny_family)) == 0
+    first = capsys.readouterr()
+    assert "measuring the best k" in first.err
+    files = list((tmp_path / "quickdraft" / "autok").glob("*.json"))
+    assert len(files) == 1
+    cached = json.loads(files[0].read_text())
+    settings = json.loads(first.out)["settings"]
+    assert settings["num_speculative_tokens"] == cached["k"]
+    assert settings["num_speculative_tokens_source"] == "cost model, measured now"
+    assert {"t_ar", "t_draft", "t_verify"} <= cached["step_costs"].keys() and cached["machine"]["cpu"]
+    # The cached choice is what later runs use, whatever the timing noise would say now.
+    cached["k"] = 7
+    files[0].write_text(json.dumps(cached))
+    for _ in range(2):
+        assert main(_k_run(tiny_family)) == 0
+        again = capsys.readouterr()
+        assert "measuring" not in again.err
+        settings = json.loads(again.out)["settings"]
+        assert settings["num_speculative_tokens"] == 7
+        assert settings["num_speculative_tokens_source"] == "cost model, cached"
+    # --remeasure measures again and rewrites the cache.
+    assert main(_k_run(tiny_family, "--remeasure")) == 0
+    assert "measuring the best k" in capsys.readouterr().err
+    assert json.loads(files[0].read_text())["measured_at"]
+
+
+def test_explicit_k_wins_over_auto_k(tiny_family, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert main(_k_run(tiny_family, "-k", "2", "--auto-k")) == 0
+    captured = capsys.readouterr()
+    settings = json.loads(captured.out)["settings"]
+    assert settings["num_speculative_tokens"] == 2
+    assert settings["num_speculative_tokens_source"] == "from -k; --auto-k ignored"
+    assert "measuring" not in captured.err and not (tmp_path / "quickdraft").exists()
