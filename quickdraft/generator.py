@@ -20,7 +20,7 @@ from .detokenize import IncrementalDetokenizer
 from .drafters import Drafter, DraftModelDrafter, NoDrafter
 from .engine import ContextOverflowError, Step, decode
 from .models.lm import CausalLM, eos_token_ids, load_model
-from .models.loading import CheckpointError, resolve_pair
+from .models.loading import CheckpointError, check_tokenizer_files, first_line, resolve_pair
 from .sampling import SamplingParams
 from .stats import GenerationStats
 from .stopping import StopConditions, cut_at_stop
@@ -56,13 +56,15 @@ class TextChunk:
 
 
 def load_tokenizer(model_dir: str | Path):
-    """The checkpoint's tokenizer, loaded exactly as ``AutoTokenizer.from_pretrained`` does."""
+    """The checkpoint's tokenizer, loaded exactly as ``AutoTokenizer.from_pretrained`` does;
+    a directory without tokenizer files is a :class:`CheckpointError` naming them."""
     from transformers import AutoTokenizer
 
+    check_tokenizer_files(Path(model_dir))
     try:
         return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     except (OSError, ValueError) as exc:
-        raise CheckpointError(f"no usable tokenizer in {model_dir}: {str(exc).splitlines()[0][:160]}") from None
+        raise CheckpointError(f"the tokenizer in {model_dir} could not be loaded: {first_line(exc)}") from None
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:

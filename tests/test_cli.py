@@ -296,3 +296,16 @@ def test_explicit_k_wins_over_auto_k(tiny_family, tmp_path, monkeypatch, capsys)
     assert settings["num_speculative_tokens"] == 2
     assert settings["num_speculative_tokens_source"] == "from -k; --auto-k ignored"
     assert "measuring" not in captured.err and not (tmp_path / "quickdraft").exists()
+
+
+def test_model_without_tokenizer_names_the_files_and_the_fix(tiny_family, tmp_path):
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_family["target"] / name, bare / name)
+    code, _, err = run_cli("generate", "--model", str(bare), "--method", "ar", "--prompt", "x")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert "no tokenizer files" in err and "tokenizer.json" in err and "vocab.json + merges.txt" in err
+    assert f"save_pretrained('{bare}')" in err

@@ -19,6 +19,33 @@ class CheckpointError(ValueError):
 
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+#: Files that hold a tokenizer's vocabulary, one set per tokenizer format.
+TOKENIZER_FILE_SETS = (
+    ("tokenizer.json",),  # fast tokenizers (what `save_pretrained` writes)
+    ("vocab.json", "merges.txt"),  # GPT-2-style byte-level BPE
+    ("tokenizer.model",),  # SentencePiece (Llama, Mistral)
+    ("spiece.model",),
+    ("vocab.txt",),  # WordPiece
+)
+
+
+def check_tokenizer_files(model_dir: Path) -> None:
+    """Refuse, naming the files and the fix, a directory without any tokenizer files."""
+    if any(all((model_dir / name).is_file() for name in names) for names in TOKENIZER_FILE_SETS):
+        return
+    wanted = " or ".join(" + ".join(names) for names in TOKENIZER_FILE_SETS[:3])
+    raise CheckpointError(
+        f"{model_dir} has no tokenizer files ({wanted}); save the tokenizer next to the weights, "
+        f"e.g. AutoTokenizer.from_pretrained(BASE_MODEL).save_pretrained('{model_dir}')"
+    )
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message, shortened at a word boundary."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0].strip()
+    if len(text) > limit:
+        text = text[:limit].rsplit(" ", 1)[0] + " ..."
+    return text
 
 
 def resolve_model_dir(name_or_path: str | Path) -> Path:
