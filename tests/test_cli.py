@@ -309,3 +309,24 @@ def test_model_without_tokenizer_names_the_files_and_the_fix(tiny_family, tmp_pa
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert "no tokenizer files" in err and "tokenizer.json" in err and "vocab.json + merges.txt" in err
     assert f"save_pretrained('{bare}')" in err
+
+
+def test_transformers_noise_stays_out_of_our_output(tiny_family):
+    code, out, err = run_cli("generate", "--model", str(tiny_family["target"]), "--method", "ar", "--backend", "hf",
+                             "--prompt", "x = 1\n" * 400, "--truncate-prompt", "--max-new-tokens", "3")
+    assert code == 0, err
+    assert "Loading weights" not in err and "sequence length is longer" not in err
+    assert "%|" not in err  # no progress bar at all
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and "dropped" in lines[0] and "hf backend" in lines[1]
+
+
+def test_quiet_transformers_restores_the_library_settings():
+    from transformers.utils import logging
+
+    from quickdraft.quiet import quiet_transformers
+
+    before = (logging.get_verbosity(), logging.is_progress_bar_enabled())
+    with quiet_transformers():
+        assert logging.get_verbosity() == logging.ERROR and not logging.is_progress_bar_enabled()
+    assert (logging.get_verbosity(), logging.is_progress_bar_enabled()) == before
