@@ -1,4 +1,4 @@
-"""The cost model against closed-form values (docs/speculative-decoding.md, section 3)."""
+"""The cost model against closed-form values (docs/methods.md, "Cost model")."""
 
 import math
 

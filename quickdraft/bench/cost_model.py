@@ -1,4 +1,4 @@
-"""The speculative-decoding cost model (docs/speculative-decoding.md, section 3).
+"""The speculative-decoding cost model (docs/methods.md, "Cost model").
 
 Pure functions, no torch. Notation:
 

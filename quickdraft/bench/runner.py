@@ -1,6 +1,6 @@
 """The benchmark: methods as small objects, and the one measurement loop.
 
-Rules (docs/speculative-decoding.md, section 6): same target, same prompts, same machine,
+Rules (docs/methods.md, "Benchmark rules"): same target, same prompts, same machine,
 same process; a warm-up run per method first; batch 1; methods alternate within every
 (repeat, prompt) in a rotating order so drift in machine speed hits all of them alike;
 medians over prompts and repeats.
