@@ -38,3 +38,72 @@ def test_methods_doc_covers_every_method_with_its_rule():
     for rule in ["Greedy match", "Speculative sampling", "Deterministic drafts", "SpecTr (K-SEQ)"]:
         assert rule in text, rule
     assert text.count("lossless") >= 10
+
+
+# --- the README's examples run as written ----------------------------------------------------
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+
+RUNNABLE = {"bash": "bash", "sh": "bash", "shell": "bash", "python": "python"}
+SKIP = re.compile(r"<!--\s*readme-test:\s*skip\s*\(([^)]+)\)\s*-->")
+
+
+def readme_blocks(text: str) -> list[tuple[int, str, str, str | None]]:
+    """(line, language, code, skip reason) of every fenced code block of a runnable
+    language. A block is skipped only when the line before it (blank lines aside) is
+    ``<!-- readme-test: skip (reason) -->``."""
+    lines = text.splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        fence = re.match(r"^```(\w*)\s*$", lines[i])
+        if not fence:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        before = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        skip = SKIP.search(before)
+        if fence.group(1) in RUNNABLE:
+            blocks.append((i + 1, RUNNABLE[fence.group(1)], "\n".join(lines[i + 1 : end]) + "\n",
+                           skip.group(1).strip() if skip else None))
+        i = end + 1
+    return blocks
+
+
+BLOCKS = readme_blocks((ROOT / "README.md").read_text())
+
+
+def test_readme_has_runnable_examples_and_the_two_command_quickstart():
+    text = (ROOT / "README.md").read_text()
+    quickstart = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    commands = [line.split("#")[0].strip() for block in re.findall(r"```bash\n(.*?)```", quickstart, re.S)
+                for line in block.splitlines() if line.split("#")[0].strip()]
+    assert commands == ["make demo", "make test"]
+    assert sum(1 for *_, skip in BLOCKS if skip is None) >= 2
+    assert all(skip for *_, skip in BLOCKS if skip is not None)  # a skip always gives its reason
+
+
+@pytest.fixture(scope="module")
+def shims(tmp_path_factory):
+    """``quickdraft`` and ``python`` commands that run this checkout with this interpreter."""
+    bin_dir = tmp_path_factory.mktemp("bin")
+    for name, target in (("quickdraft", f'"{sys.executable}" -m quickdraft'), ("python", f'"{sys.executable}"')):
+        path = bin_dir / name
+        path.write_text(f'#!/bin/sh\nexec {target} "$@"\n')
+        path.chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.parametrize("line,language,code,skip", BLOCKS, ids=[f"README.md:{b[0]}" for b in BLOCKS])
+def test_readme_block_runs_as_written(line, language, code, skip, shims, tmp_path):
+    if skip:
+        pytest.skip(f"marked in the README: {skip}")
+    env = dict(os.environ, PATH=f"{shims}{os.pathsep}{os.environ['PATH']}", NO_COLOR="1",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    command = ["bash", "-e", "-o", "pipefail", "-c", code] if language == "bash" else [sys.executable, "-c", code]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"README.md:{line} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr
