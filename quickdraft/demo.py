@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from .console import green, use_color, write_stream
+from .quiet import quiet_transformers
 
 DEMO_PROMPT = '''def median(values):
     """Return the median of a non-empty list of numbers."""
@@ -30,9 +31,11 @@ def run_demo(args: argparse.Namespace) -> int:
     color = use_color("auto")
     print("quickdraft demo: speculative decoding on the embedded models "
           "(greedy, output identical to plain decoding)")
-    gen = SpeculativeGenerator.from_pretrained()
+    with quiet_transformers():
+        gen = SpeculativeGenerator.from_pretrained()
+    choice = gen.tune_num_speculative_tokens(log=lambda msg: print(f"quickdraft: {msg}", file=sys.stderr))
     legend = f", {green('green', color)} = accepted draft tokens" if color else ""
-    print(f"\n--- completion (draft-model speculative decoding{legend}) ---")
+    print(f"\n--- completion (draft-model speculative decoding, k={choice.k} from the cost model{legend}) ---")
     sys.stdout.write(DEMO_PROMPT)
     stream = gen.stream(DEMO_PROMPT, max_new_tokens=args.max_new_tokens)
     write_stream(stream, color)
