@@ -48,6 +48,16 @@ class CausalLM(Protocol):
         """Roll the cache back to its first ``length`` tokens."""
 
 
+def eos_token_ids(target: CausalLM, tokenizer) -> list[int]:
+    """The ids that end a generation: the target's EOS ids, then the tokenizer's EOS id if
+    the target lacks it; de-duplicated, order kept. ``tokenizer`` may be None."""
+    ids = list(target.eos_token_ids)
+    extra = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if extra is not None:
+        ids.append(extra)
+    return list(dict.fromkeys(ids))
+
+
 class NativeLM:
     """The native transformer driving a single sequence (batch of one).
 
