@@ -145,7 +145,7 @@ def markdown_report(result: dict, plots: list[str] | None = None, command: str |
         "",
         f"- target: {_model_label(cfg['model_dir'])}",
         f"- draft: {_model_label(cfg.get('draft_dir'))}",
-        f"- machine: {m.get('cpu', m['processor'])}, {m['cpu_count']} CPUs, {m['torch_threads']} torch threads, "
+        f"- machine: {m.get('cpu', m['processor'])}, {m['cpu_count']} CPUs, {m.get('threads', m.get('torch_threads'))} torch threads, "
         f"{m['platform']}; python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
         f"- date: {m['date_utc']}",
         f"- prompts: {len(cfg['prompts'])} ({', '.join(sorted({p['kind'] for p in cfg['prompts']}))}), "

@@ -26,10 +26,7 @@ more :class:`Method` objects (rows).
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -40,6 +37,7 @@ import torch
 
 from ..drafters import DraftModelDrafter, NoDrafter
 from ..engine import decode
+from ..machine import machine_info
 from ..models.lm import CausalLM, load_model
 from ..sampling import SamplingParams
 from ..stats import GenerationStats
@@ -330,34 +328,6 @@ register_method("hf-assisted", _hf_assisted)
 # --- the measurement loop --------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux ``/proc/cpuinfo``), else the machine type."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_info(threads: int | None = None) -> dict:
-    import transformers
-
-    return {
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": threads or torch.get_num_threads(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "device": "cpu",
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-
-
 def encode_prompts(ctx: BenchContext, prompts: Sequence[BenchPrompt], room: int) -> list[torch.Tensor]:
     """Token ids of every prompt, keeping the end of a prompt that leaves less than ``room``
     tokens of context for generation."""
@@ -578,7 +548,8 @@ def run_benchmark(
             },
         })
     return {
-        "machine": machine_info(config.threads),
+        "machine": {**machine_info(config.threads), "device": "cpu",
+                    "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
         "config": {**config.to_json(), "k": k, "k_source": "given" if config.k else "cost model",
                    "model_dir": str(ctx.target_dir), "draft_dir": str(ctx.draft_dir) if ctx.draft_dir else None,
                    "prompts": [{"id": p.id, "kind": p.kind, "source": p.source, "tokens": int(ids.numel())}
