@@ -38,7 +38,7 @@ import torch
 from ..drafters import DraftModelDrafter, NoDrafter
 from ..engine import decode
 from ..machine import machine_info
-from ..models.lm import CausalLM, load_model
+from ..models.lm import CausalLM
 from ..sampling import SamplingParams
 from ..stats import GenerationStats
 from ..stopping import StopConditions
@@ -586,18 +586,11 @@ DEFINITIONS = {
 
 def load_context(model: str | None, draft: str | None, need_draft: bool, backend: str = "native") -> BenchContext:
     """Load the target (default: the embedded default), its tokenizer and the draft (default:
-    the embedded paired draft) for a benchmark."""
-    from ..generator import check_same_tokenizer, load_tokenizer
-    from ..models.loading import resolve_pair
+    the embedded paired draft) for a benchmark, as the generator does (:func:`load_pair`)."""
+    from ..pair import load_pair
 
-    target_dir, draft_dir = resolve_pair(model, draft, need_draft)
-    target = load_model(target_dir, backend)
-    tokenizer = load_tokenizer(target_dir)
-    draft_lm = None
-    if draft_dir is not None:
-        check_same_tokenizer(tokenizer, load_tokenizer(draft_dir), str(target_dir), str(draft_dir))
-        draft_lm = load_model(draft_dir, backend)
-    return BenchContext(target, tokenizer, draft_lm, target_dir, draft_dir)
+    pair = load_pair(model, draft, need_draft, backend)
+    return BenchContext(pair.target, pair.tokenizer, pair.draft, pair.target_dir, pair.draft_dir)
 
 
 __all__ = [
