@@ -10,6 +10,9 @@ import torch
 
 from quickdraft.bench import autok
 from quickdraft.bench.cli import add_bench_parser
+from quickdraft.bench.config import BenchConfig, BenchError
+from quickdraft.bench.context import load_context
+from quickdraft.bench.methods import EngineMethod
 from quickdraft.bench.prompts import (
     DEFAULT_PROMPTS_FILE,
     KINDS,
@@ -21,14 +24,8 @@ from quickdraft.bench.prompts import (
     quick_subset,
     save_prompts,
 )
-from quickdraft.bench.runner import (
-    METHODS,
-    BenchConfig,
-    BenchError,
-    EngineMethod,
-    load_context,
-    run_benchmark,
-)
+from quickdraft.bench.registry import BENCH_METHODS, register_method
+from quickdraft.bench.runner import run_benchmark
 from quickdraft.verify import Verdict
 
 PROMPTS = [
@@ -101,7 +98,8 @@ def test_lossy_method_is_caught(ctx, tiny_family, monkeypatch, capsys):
     from quickdraft.models.lm import load_model
 
     unrelated = load_model(tiny_family["unrelated"])
-    monkeypatch.setitem(METHODS, "lossy", lambda c, cfg, k: [EngineMethod(
+    monkeypatch.setattr("quickdraft.bench.registry.BENCH_METHODS", dict(BENCH_METHODS))
+    register_method("lossy", lambda c, cfg, k: [EngineMethod(
         "lossy", lambda c: DraftModelDrafter(unrelated, c.target.vocab_size), k,
         acceptance=lambda params: AcceptEverything())])
     config = BenchConfig(methods=("ar", "draft", "lossy"), max_new_tokens=12, repeats=1, k=4, threads=None)
@@ -113,11 +111,11 @@ def test_lossy_method_is_caught(ctx, tiny_family, monkeypatch, capsys):
 
 
 def test_first_mismatch():
-    from quickdraft.bench.runner import _first_mismatch
+    from quickdraft.bench.results import first_mismatch
 
-    assert _first_mismatch([1, 2, 3], [1, 2, 4]) == 2
-    assert _first_mismatch([1, 2], [1, 2, 3]) == 2  # one stopped early (EOS)
-    assert _first_mismatch([], [5]) == 0
+    assert first_mismatch([1, 2, 3], [1, 2, 4]) == 2
+    assert first_mismatch([1, 2], [1, 2, 3]) == 2  # one stopped early (EOS)
+    assert first_mismatch([], [5]) == 0
 
 
 def test_sampled_mode_reports_null_lossless(ctx):

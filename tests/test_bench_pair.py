@@ -31,7 +31,7 @@ def test_load_pair_refuses_another_tokenizer(tiny_family, tmp_path):
 
 
 def test_generator_and_bench_share_load_pair(tiny_family, monkeypatch):
-    from quickdraft.bench.runner import load_context
+    from quickdraft.bench.context import load_context
 
     calls = []
     real = pair_module.load_pair

@@ -111,15 +111,18 @@ def run_bench(args) -> int:
 
 
 def _run(args, started: float) -> int:
+    from .config import BenchConfig
+    from .context import load_context
     from .prompts import default_prompts, load_prompts, quick_subset
-    from .runner import METHODS, BenchConfig, load_context, run_benchmark
+    from .registry import BENCH_METHODS, needs_draft
+    from .runner import run_benchmark
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods else DEFAULT_METHODS
     if not methods:
         raise _Usage("--methods is empty")
-    unknown = [m for m in methods if m not in METHODS]
+    unknown = [m for m in methods if m not in BENCH_METHODS]
     if unknown:
-        raise _Usage(f"unknown method {unknown[0]!r}; choose from: {', '.join(METHODS)}")
+        raise _Usage(f"unknown method {unknown[0]!r}; choose from: {', '.join(BENCH_METHODS)}")
     repeats = args.repeats if args.repeats is not None else (QUICK if args.quick else FULL)["repeats"]
     if repeats < 1:
         raise _Usage(f"--repeats must be >= 1, got {repeats}")
@@ -141,9 +144,8 @@ def _run(args, started: float) -> int:
         prompts = default_prompts(quick=args.quick)
 
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
-    need_draft = any(m != "ar" and m != "hf-ar" for m in methods)
     log("loading models")
-    ctx = load_context(args.model, args.draft, need_draft)
+    ctx = load_context(args.model, args.draft, needs_draft(methods))
     config = BenchConfig(
         model=args.model, draft=args.draft, methods=methods, max_new_tokens=max_new, repeats=repeats,
         temperature=args.temperature, seed=args.seed, k=args.k, sweep=sweep, quick=args.quick,
