@@ -42,7 +42,7 @@ def parse(argv):
 
 @pytest.fixture(scope="module")
 def ctx(tiny_family):
-    return load_context(str(tiny_family["target"]), str(tiny_family["perturbed"]), need_draft=True)
+    return load_context(BenchConfig(model=str(tiny_family["target"]), draft=str(tiny_family["perturbed"])))
 
 
 def test_cli_end_to_end(tiny_family, tmp_path, capsys):

@@ -31,6 +31,7 @@ def test_load_pair_refuses_another_tokenizer(tiny_family, tmp_path):
 
 
 def test_generator_and_bench_share_load_pair(tiny_family, monkeypatch):
+    from quickdraft.bench.config import BenchConfig
     from quickdraft.bench.context import load_context
 
     calls = []
@@ -42,5 +43,5 @@ def test_generator_and_bench_share_load_pair(tiny_family, monkeypatch):
 
     monkeypatch.setattr(pair_module, "load_pair", spy)
     SpeculativeGenerator.from_pretrained(str(tiny_family["target"]), str(tiny_family["perturbed"]))
-    load_context(str(tiny_family["target"]), str(tiny_family["perturbed"]), need_draft=True)
+    load_context(BenchConfig(model=str(tiny_family["target"]), draft=str(tiny_family["perturbed"])))
     assert len(calls) == 2

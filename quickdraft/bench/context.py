@@ -10,7 +10,7 @@ import torch
 
 from ..models.lm import CausalLM, eos_token_ids
 from .call_counter import CallCounter
-from .config import BenchError
+from .config import BenchConfig, BenchError
 from .prompts import BenchPrompt
 
 
@@ -46,12 +46,15 @@ class BenchContext:
         return self._hf[which]
 
 
-def load_context(model: str | None, draft: str | None, need_draft: bool, backend: str = "native") -> BenchContext:
-    """Load the target (default: the embedded default), its tokenizer and the draft (default:
-    the embedded paired draft) for a benchmark, as the generator does (:func:`load_pair`)."""
+def load_context(config: BenchConfig) -> BenchContext:
+    """Load the target (default: the embedded default), its tokenizer and, when a method of
+    ``config`` needs one, the draft (default: the embedded paired draft), as the generator
+    does (:func:`~quickdraft.pair.load_pair`: same backend choice and fallback to
+    transformers, same tokenizer check)."""
     from ..pair import load_pair
+    from .registry import needs_draft
 
-    pair = load_pair(model, draft, need_draft, backend)
+    pair = load_pair(config.model, config.draft, needs_draft(config.methods), config.backend)
     return BenchContext(pair.target, pair.tokenizer, pair.draft, pair.target_dir, pair.draft_dir)
 
 

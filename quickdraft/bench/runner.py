@@ -17,7 +17,6 @@ import torch
 
 from ..machine import machine_info
 from ..sampling import SamplingParams
-from . import registry
 from .autok import StepCostSampler, calibrate
 from .config import BenchConfig, BenchError
 from .context import BenchContext, encode_prompts
@@ -48,13 +47,7 @@ def run_benchmark(
     log: Callable[[str], None] = lambda msg: None,
 ) -> dict:
     """Run every method on every prompt; returns ``{"machine", "config", "results", ...}``."""
-    if config.repeats < 1:
-        raise BenchError(f"--repeats must be >= 1, got {config.repeats}")
-    if config.max_new_tokens < 1:
-        raise BenchError(f"--max-new-tokens must be >= 1, got {config.max_new_tokens}")
-    unknown = [m for m in config.methods if m not in registry.BENCH_METHODS]
-    if unknown:
-        raise BenchError(f"unknown method {unknown[0]!r}; choose from: {', '.join(registry.BENCH_METHODS)}")
+    config.validate()
     if not prompts:
         raise BenchError("no prompts to run")
     if config.threads:
@@ -109,6 +102,7 @@ def run_benchmark(
         "machine": {**machine_info(config.threads), "device": "cpu",
                     "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
         "config": {**config.to_json(), "k": k, "k_source": "given" if config.k else "cost model",
+                   "backend_requested": config.backend, "backend": ctx.target.backend,
                    "model_dir": str(ctx.target_dir), "draft_dir": str(ctx.draft_dir) if ctx.draft_dir else None,
                    "prompts": [{"id": p.id, "kind": p.kind, "source": p.source, "tokens": int(ids.numel())}
                                for p, ids in zip(prompts, prompt_ids, strict=True)],
