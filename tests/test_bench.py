@@ -57,6 +57,8 @@ def test_cli_end_to_end(tiny_family, tmp_path, capsys):
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "speedup" in out and "hf-assisted" in out
+    # measurements with their spread, no internal goals
+    assert "goal" not in out.lower() and "NOT met" not in out and "[min-max]" in out
     result = json.loads((tmp_path / "out.json").read_text())
     assert set(result) >= {"machine", "config", "results"}
     rows = {r["label"]: r for r in result["results"]}
@@ -67,6 +69,12 @@ def test_cli_end_to_end(tiny_family, tmp_path, capsys):
                     "predicted_speedup", "efficiency"):
             assert key in r
         assert r["lossless"] is True, r["label"]  # transformers rows are compared too
+        for key in ("tokens_per_second", "speedup", "e2e_speedup", "mean_accepted_tokens"):
+            spread = r["spread"][key]
+            assert spread["n"] == 4  # 2 prompts x 2 repeats
+            assert spread["min"] <= spread["q1"] <= spread["median"] <= spread["q3"] <= spread["max"]
+        assert r["spread"]["tokens_per_second"]["median"] == pytest.approx(r["tokens_per_second"])
+        assert r["spread"]["speedup"]["median"] == pytest.approx(r["speedup"])
         assert r["tokens_per_second"] > 0
     assert rows["ar"]["speedup"] == pytest.approx(1.0)
     assert rows["ar"]["mean_accepted_tokens"] == pytest.approx(1.0)
@@ -80,7 +88,8 @@ def test_cli_end_to_end(tiny_family, tmp_path, capsys):
         "function-body", "repetitive"]
     for name in ("speedup_vs_k.png", "per_position_acceptance.png", "tokens_per_second.png", "report.md"):
         assert (tmp_path / "plots" / name).stat().st_size > 0
-    assert "| method |" in (tmp_path / "plots" / "report.md").read_text()
+    report = (tmp_path / "plots" / "report.md").read_text()
+    assert "| method |" in report and "[min-max]" in report and "goal" not in report.lower()
 
 
 class AcceptEverything:

@@ -145,8 +145,6 @@ def _run(args, started: float) -> int:
     from . import report
 
     report.print_table(result)
-    for line in report.goal_checks(result):
-        print(line)
     plots: list[str] = []
     if args.plot:
         from .plots import write_plots

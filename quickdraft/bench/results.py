@@ -52,7 +52,9 @@ DEFINITIONS = {
                          "generate() time minus a separately measured generate(max_new_tokens=1) "
                          "(+ one assistant pass over the prompt for hf-assisted)",
     "e2e_tokens_per_second": "new tokens / total seconds including prefill",
-    "speedup": "median over prompts of (median over repeats of the row's tokens/s) / (same for ar)",
+    "speedup": "median over prompts and repeats of the row's tokens/s / ar's tokens/s on the same "
+               "prompt in the same repeat (the rows alternate within each (repeat, prompt))",
+    "e2e_speedup": "the same with e2e tokens/s",
     "mean_accepted_tokens": "new tokens / target passes, the prefill included (ar = 1; the first "
                             "pass of draft and hf-assisted also verifies a draft); transformers "
                             "rows count target forward calls with a hook",
@@ -63,6 +65,8 @@ DEFINITIONS = {
     "predicted_speedup": "cost model: (1 + sum_{i<k} a_i) * T_ar / (k * T_draft + T_verify(k+1)), "
                          "from measured a_i and step costs, no overhead term",
     "efficiency": "speedup / predicted_speedup",
+    "spread": "min, quartiles (q1, q3), median and max of a figure over the runs (prompts x "
+              "repeats; per-run tau for mean_accepted_tokens)",
 }
 
 
@@ -70,6 +74,22 @@ def median(values):
     """The median of the values that are not None (None if there are none)."""
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
+
+
+def spread(values) -> dict | None:
+    """``{"min", "q1", "median", "q3", "max", "n"}`` of the values that are not None."""
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return {"min": values[0], "q1": q1, "median": statistics.median(values), "q3": q3,
+            "max": values[-1], "n": len(values)}
+
+
+def _run_tau(o: RunOutput) -> float | None:
+    if o.stats is not None:
+        return o.stats.mean_accepted_tokens if o.stats.target_forward_passes else None
+    return o.new_tokens / o.target_passes if o.target_passes else None
 
 
 def first_mismatch(a: list[int], b: list[int]) -> int:
@@ -127,17 +147,20 @@ def summarise(rows, results: dict[str, list[list[RunOutput]]], prompt_ids: Seque
     ``results[label][prompt][repeat]`` holds the runs; the first row is ``ar``, the reference.
     """
     reference = results[rows[0].label]
-    ar_tps = [median([o.tokens_per_second for o in runs]) for runs in reference]
-    ar_e2e = [median([o.e2e_tokens_per_second for o in runs]) for runs in reference]
     mismatch_report: list[str] = []
     out_rows = []
     for row in rows:
         runs = results[row.label]
         flat = [o for per in runs for o in per]
-        speedups = [median([o.tokens_per_second for o in per]) / base
-                    for per, base in zip(runs, ar_tps, strict=True) if base]
-        e2e_speedups = [median([o.e2e_tokens_per_second for o in per]) / base
-                        for per, base in zip(runs, ar_e2e, strict=True) if base]
+        # Pair each run with ar's run of the same prompt and repeat.
+        pairs = [(o, base) for per, ref in zip(runs, reference, strict=True)
+                 for o, base in zip(per, ref, strict=False)]
+        speedups = [o.tokens_per_second / b.tokens_per_second for o, b in pairs if b.tokens_per_second]
+        e2e_speedups = [o.e2e_tokens_per_second / b.e2e_tokens_per_second
+                        for o, b in pairs if b.e2e_tokens_per_second]
+        per_prompt = [median([o.tokens_per_second / b.tokens_per_second
+                              for o, b in zip(per, ref, strict=False) if b.tokens_per_second])
+                      for per, ref in zip(runs, reference, strict=True)]
         tau, acceptance_rate, per_position = _acceptance(row, flat)
         lossless, mismatches = None, []
         if greedy:
@@ -173,6 +196,13 @@ def summarise(rows, results: dict[str, list[list[RunOutput]]], prompt_ids: Seque
             "speculative": row.speculative,
             "primary": row_k in (None, k),
             "tokens_per_second": median([o.tokens_per_second for o in flat]),
+            "spread": {
+                "tokens_per_second": spread(o.tokens_per_second for o in flat),
+                "e2e_tokens_per_second": spread(o.e2e_tokens_per_second for o in flat),
+                "speedup": spread(speedups),
+                "e2e_speedup": spread(e2e_speedups),
+                "mean_accepted_tokens": spread(_run_tau(o) for o in flat),
+            },
             "e2e_tokens_per_second": median([o.e2e_tokens_per_second for o in flat]),
             "speedup": speedup,
             "e2e_speedup": median(e2e_speedups),
@@ -187,8 +217,7 @@ def summarise(rows, results: dict[str, list[list[RunOutput]]], prompt_ids: Seque
             "step_breakdown": breakdown,
             "new_tokens_median": median([o.new_tokens for o in flat]),
             "runs": len(flat),
-            "per_prompt_speedup": ({prompt_ids[pi]: s for pi, s in enumerate(speedups)}
-                                   if len(speedups) == len(prompt_ids) else None),
+            "per_prompt_speedup": {prompt_ids[pi]: s for pi, s in enumerate(per_prompt)},
             "runs_by_prompt": {
                 prompt_ids[pi]: [{"tokens_per_second": o.tokens_per_second, "new_tokens": o.new_tokens,
                                   "decode_seconds": o.decode_seconds, "total_seconds": o.total_seconds}
