@@ -19,8 +19,8 @@ import torch
 from .detokenize import IncrementalDetokenizer
 from .drafters import Drafter, DraftModelDrafter, NoDrafter
 from .engine import ContextOverflowError, Step, decode
-from .models.lm import CausalLM, eos_token_ids, load_model
-from .models.loading import CheckpointError, check_tokenizer_files, first_line, resolve_pair
+from .models.lm import CausalLM, eos_token_ids
+from .models.loading import CheckpointError, check_tokenizer_files, first_line
 from .sampling import SamplingParams
 from .stats import GenerationStats
 from .stopping import StopConditions, cut_at_stop
@@ -186,16 +186,15 @@ class SpeculativeGenerator:
     ) -> SpeculativeGenerator:
         """Load a target (default: the embedded default) and, for ``method="draft"``, a draft
         (default: the embedded target's paired draft)."""
+        from .pair import load_pair  # pair.py imports this module's tokenizer helpers
+
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-        target_dir, draft_dir = resolve_pair(model, draft, need_draft=method == "draft")
-        target = load_model(target_dir, backend)
-        tokenizer = load_tokenizer(target_dir)
+        pair = load_pair(model, draft, need_draft=method == "draft", backend=backend)
         drafter: Drafter | None = None
-        if draft_dir is not None:
-            check_same_tokenizer(tokenizer, load_tokenizer(draft_dir), str(target_dir), str(draft_dir))
-            drafter = DraftModelDrafter(load_model(draft_dir, backend), target.vocab_size)
-        return cls(target, tokenizer, drafter)
+        if pair.draft is not None:
+            drafter = DraftModelDrafter(pair.draft, pair.target.vocab_size)
+        return cls(pair.target, pair.tokenizer, drafter)
 
     def encode(self, prompt: str | Sequence[int], truncate: bool = False, room: int = 1) -> torch.Tensor:
         """Token ids of ``prompt`` (tokenised as ``AutoTokenizer`` does with default arguments).

@@ -10,6 +10,9 @@ import torch
 
 from quickdraft.bench import autok
 from quickdraft.bench.cli import add_bench_parser
+from quickdraft.bench.config import BenchConfig, BenchError
+from quickdraft.bench.context import load_context
+from quickdraft.bench.methods import EngineMethod
 from quickdraft.bench.prompts import (
     DEFAULT_PROMPTS_FILE,
     KINDS,
@@ -21,14 +24,8 @@ from quickdraft.bench.prompts import (
     quick_subset,
     save_prompts,
 )
-from quickdraft.bench.runner import (
-    METHODS,
-    BenchConfig,
-    BenchError,
-    EngineMethod,
-    load_context,
-    run_benchmark,
-)
+from quickdraft.bench.registry import BENCH_METHODS, register_method
+from quickdraft.bench.runner import run_benchmark
 from quickdraft.verify import Verdict
 
 PROMPTS = [
@@ -45,7 +42,7 @@ def parse(argv):
 
 @pytest.fixture(scope="module")
 def ctx(tiny_family):
-    return load_context(str(tiny_family["target"]), str(tiny_family["perturbed"]), need_draft=True)
+    return load_context(BenchConfig(model=str(tiny_family["target"]), draft=str(tiny_family["perturbed"])))
 
 
 def test_cli_end_to_end(tiny_family, tmp_path, capsys):
@@ -60,6 +57,8 @@ def test_cli_end_to_end(tiny_family, tmp_path, capsys):
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "speedup" in out and "hf-assisted" in out
+    # measurements with their spread, no internal goals
+    assert "goal" not in out.lower() and "NOT met" not in out and "[min-max]" in out
     result = json.loads((tmp_path / "out.json").read_text())
     assert set(result) >= {"machine", "config", "results"}
     rows = {r["label"]: r for r in result["results"]}
@@ -70,6 +69,12 @@ def test_cli_end_to_end(tiny_family, tmp_path, capsys):
                     "predicted_speedup", "efficiency"):
             assert key in r
         assert r["lossless"] is True, r["label"]  # transformers rows are compared too
+        for key in ("tokens_per_second", "speedup", "e2e_speedup", "mean_accepted_tokens"):
+            spread = r["spread"][key]
+            assert spread["n"] == 4  # 2 prompts x 2 repeats
+            assert spread["min"] <= spread["q1"] <= spread["median"] <= spread["q3"] <= spread["max"]
+        assert r["spread"]["tokens_per_second"]["median"] == pytest.approx(r["tokens_per_second"])
+        assert r["spread"]["speedup"]["median"] == pytest.approx(r["speedup"])
         assert r["tokens_per_second"] > 0
     assert rows["ar"]["speedup"] == pytest.approx(1.0)
     assert rows["ar"]["mean_accepted_tokens"] == pytest.approx(1.0)
@@ -83,7 +88,8 @@ def test_cli_end_to_end(tiny_family, tmp_path, capsys):
         "function-body", "repetitive"]
     for name in ("speedup_vs_k.png", "per_position_acceptance.png", "tokens_per_second.png", "report.md"):
         assert (tmp_path / "plots" / name).stat().st_size > 0
-    assert "| method |" in (tmp_path / "plots" / "report.md").read_text()
+    report = (tmp_path / "plots" / "report.md").read_text()
+    assert "| method |" in report and "[min-max]" in report and "goal" not in report.lower()
 
 
 class AcceptEverything:
@@ -101,7 +107,8 @@ def test_lossy_method_is_caught(ctx, tiny_family, monkeypatch, capsys):
     from quickdraft.models.lm import load_model
 
     unrelated = load_model(tiny_family["unrelated"])
-    monkeypatch.setitem(METHODS, "lossy", lambda c, cfg, k: [EngineMethod(
+    monkeypatch.setattr("quickdraft.bench.registry.BENCH_METHODS", dict(BENCH_METHODS))
+    register_method("lossy", lambda c, cfg, k: [EngineMethod(
         "lossy", lambda c: DraftModelDrafter(unrelated, c.target.vocab_size), k,
         acceptance=lambda params: AcceptEverything())])
     config = BenchConfig(methods=("ar", "draft", "lossy"), max_new_tokens=12, repeats=1, k=4, threads=None)
@@ -113,11 +120,11 @@ def test_lossy_method_is_caught(ctx, tiny_family, monkeypatch, capsys):
 
 
 def test_first_mismatch():
-    from quickdraft.bench.runner import _first_mismatch
+    from quickdraft.bench.results import first_mismatch
 
-    assert _first_mismatch([1, 2, 3], [1, 2, 4]) == 2
-    assert _first_mismatch([1, 2], [1, 2, 3]) == 2  # one stopped early (EOS)
-    assert _first_mismatch([], [5]) == 0
+    assert first_mismatch([1, 2, 3], [1, 2, 4]) == 2
+    assert first_mismatch([1, 2], [1, 2, 3]) == 2  # one stopped early (EOS)
+    assert first_mismatch([], [5]) == 0
 
 
 def test_sampled_mode_reports_null_lossless(ctx):

@@ -203,11 +203,6 @@ def calibrate(
     return AutoKResult(k, costs, list(per_position), predicted, stats)
 
 
-def pool_stats(into: GenerationStats, one: GenerationStats) -> None:
-    """Kept for callers of the old name: :meth:`GenerationStats.merge`."""
-    into.merge(one)
-
-
 def auto_k(
     target: CausalLM,
     draft_lm: CausalLM,

@@ -7,13 +7,11 @@ import shlex
 import sys
 import time
 
-QUICK = dict(prompts=4, max_new_tokens=64, repeats=1, sweep=())
-FULL = dict(max_new_tokens=128, repeats=3, sweep=tuple(range(1, 9)))
-DEFAULT_METHODS = ("ar", "draft", "hf-ar", "hf-assisted")
+from .config import DEFAULT_METHODS, DEFAULT_THREADS, FULL, MAX_K, QUICK, BenchConfig, BenchError
 
 
-class _Usage(ValueError):
-    pass
+def _span(values) -> str:
+    return f"{values[0]}-{values[-1]}" if values else "none"
 
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
@@ -32,28 +30,32 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--methods", help=f"comma-separated methods (default: {','.join(DEFAULT_METHODS)})")
     p.add_argument("--prompts", metavar="FILE.jsonl",
                    help="JSON lines with 'id' and 'prompt' (default: the built-in validation-split set)")
-    p.add_argument("--max-new-tokens", type=int, help="tokens per generation (default 128; quick 64)")
-    p.add_argument("--repeats", type=int, help="timed repeats per prompt and method (default 3; quick 1)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples, seeded")
-    p.add_argument("--seed", type=int, default=0, help="base seed of sampled runs")
+    p.add_argument("--max-new-tokens", type=int,
+                   help=f"tokens per generation (default {FULL.max_new_tokens}; quick {QUICK.max_new_tokens})")
+    p.add_argument("--repeats", type=int,
+                   help=f"timed repeats per prompt and method (default {FULL.repeats}; quick {QUICK.repeats})")
+    p.add_argument("--temperature", type=float, help="0 = greedy (default); > 0 samples, seeded")
+    p.add_argument("--seed", type=int, help="base seed of sampled runs (default 0)")
     p.add_argument("-k", "--k", type=int, dest="k",
                    help="draft tokens per step for draft and hf-assisted (default: the cost model's choice)")
     p.add_argument("--sweep", help="extra draft rows at these k: '1-8', '2,4,6' or 'none' "
-                                   "(default 1-8; none with --quick)")
+                                   f"(default {_span(FULL.sweep)}; quick {_span(QUICK.sweep)})")
     p.add_argument("--json", metavar="FILE", help="write the results as JSON")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots and report.md into DIR")
     p.add_argument("--markdown", metavar="FILE", help="write the Markdown report here")
     p.add_argument("--quick", action="store_true",
-                   help="4 prompts, 64 tokens, 1 repeat, no k sweep (under 2 minutes on a 2-core CPU)")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
+                   help=f"{QUICK.prompts} prompts, {QUICK.max_new_tokens} tokens, {QUICK.repeats} repeat, "
+                        f"k sweep {_span(QUICK.sweep)}")
+    p.add_argument("--threads", type=int, help=f"torch CPU threads (default {DEFAULT_THREADS})")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run_bench)
     return p
 
 
-def _parse_sweep(text: str | None, quick: bool) -> tuple[int, ...]:
+def _parse_sweep(text: str | None) -> tuple[int, ...] | None:
+    """``--sweep`` text as k values (None when not given: the preset's)."""
     if text is None:
-        return QUICK["sweep"] if quick else FULL["sweep"]
+        return None
     text = text.strip().lower()
     if text in ("", "none", "off", "0"):
         return ()
@@ -66,9 +68,9 @@ def _parse_sweep(text: str | None, quick: bool) -> tuple[int, ...]:
             else:
                 out.append(int(part))
     except ValueError:
-        raise _Usage(f"--sweep must look like '1-8' or '2,4,6', got {text!r}") from None
-    if any(k < 1 or k > 32 for k in out):
-        raise _Usage("--sweep values must be between 1 and 32")
+        raise BenchError(f"--sweep must look like '1-8' or '2,4,6', got {text!r}") from None
+    if any(k < 1 or k > MAX_K for k in out):
+        raise BenchError(f"--sweep values must be between 1 and {MAX_K}")
     return tuple(dict.fromkeys(out))
 
 
@@ -82,9 +84,11 @@ def command_line(args) -> str:
         value = getattr(args, dest, None)
         if value is not None:
             parts += [flag, str(value)]
-    if getattr(args, "temperature", 0.0):
-        parts += ["--temperature", str(args.temperature), "--seed", str(args.seed)]
-    if getattr(args, "threads", 2) != 2:
+    if getattr(args, "temperature", None):
+        parts += ["--temperature", str(args.temperature)]
+        if getattr(args, "seed", None) is not None:
+            parts += ["--seed", str(args.seed)]
+    if getattr(args, "threads", None) is not None:
         parts += ["--threads", str(args.threads)]
     if getattr(args, "quick", False):
         parts.append("--quick")
@@ -98,7 +102,7 @@ def run_bench(args) -> int:
     started = time.perf_counter()
     try:
         return _run(args, started)
-    except (_Usage, PromptFileError) as exc:
+    except (BenchError, PromptFileError) as exc:
         print(f"quickdraft bench: error: {exc}", file=sys.stderr)
         return 2
     except ValueError as exc:  # BenchError, CheckpointError, tokenizer mismatch, ...
@@ -111,44 +115,28 @@ def run_bench(args) -> int:
 
 
 def _run(args, started: float) -> int:
+    from .context import load_context
     from .prompts import default_prompts, load_prompts, quick_subset
-    from .runner import METHODS, BenchConfig, load_context, run_benchmark
+    from .runner import run_benchmark
 
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods else DEFAULT_METHODS
-    if not methods:
-        raise _Usage("--methods is empty")
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise _Usage(f"unknown method {unknown[0]!r}; choose from: {', '.join(METHODS)}")
-    repeats = args.repeats if args.repeats is not None else (QUICK if args.quick else FULL)["repeats"]
-    if repeats < 1:
-        raise _Usage(f"--repeats must be >= 1, got {repeats}")
-    max_new = args.max_new_tokens if args.max_new_tokens is not None else (QUICK if args.quick else FULL)["max_new_tokens"]
-    if max_new < 1:
-        raise _Usage(f"--max-new-tokens must be >= 1, got {max_new}")
-    if args.temperature < 0:
-        raise _Usage(f"--temperature must be >= 0, got {args.temperature}")
-    if args.k is not None and args.k < 1:
-        raise _Usage(f"-k must be >= 1, got {args.k}")
-    if args.threads is not None and args.threads < 1:
-        raise _Usage(f"--threads must be >= 1, got {args.threads}")
-    sweep = _parse_sweep(args.sweep, args.quick) if "draft" in methods else ()
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods is not None else None
+    if methods == ():
+        raise BenchError("--methods is empty")
+    config = BenchConfig.create(
+        quick=args.quick, model=args.model, draft=args.draft, methods=methods,
+        max_new_tokens=args.max_new_tokens, repeats=args.repeats, temperature=args.temperature,
+        seed=args.seed, k=args.k, sweep=_parse_sweep(args.sweep), threads=args.threads,
+    )
     if args.prompts:
         prompts = load_prompts(args.prompts)
         if args.quick:
-            prompts = quick_subset(prompts, QUICK["prompts"])
+            prompts = quick_subset(prompts, QUICK.prompts)
     else:
         prompts = default_prompts(quick=args.quick)
 
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
-    need_draft = any(m != "ar" and m != "hf-ar" for m in methods)
     log("loading models")
-    ctx = load_context(args.model, args.draft, need_draft)
-    config = BenchConfig(
-        model=args.model, draft=args.draft, methods=methods, max_new_tokens=max_new, repeats=repeats,
-        temperature=args.temperature, seed=args.seed, k=args.k, sweep=sweep, quick=args.quick,
-        threads=args.threads,
-    )
+    ctx = load_context(config)
     with _quiet_transformers():
         result = run_benchmark(ctx, prompts, config, log=log)
     result["config"]["seconds"] = time.perf_counter() - started
@@ -157,8 +145,6 @@ def _run(args, started: float) -> int:
     from . import report
 
     report.print_table(result)
-    for line in report.goal_checks(result):
-        print(line)
     plots: list[str] = []
     if args.plot:
         from .plots import write_plots

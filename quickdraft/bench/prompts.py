@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 KINDS = ("function-body", "repetitive", "docstring")
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets" / "bench"
-DEFAULT_PROMPTS_FILE = ASSETS_DIR / "default_prompts.jsonl"
+BENCH_ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets" / "bench"  # the stored prompt sets
+DEFAULT_PROMPTS_FILE = BENCH_ASSETS_DIR / "default_prompts.jsonl"
 MAX_PROMPT_CHARS = 420  # ~120 tokens: prompt + 128 new tokens stay inside the 256-token training window
 PER_KIND = 4
 

@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from ..machine import machine_info
 from . import card
 from .corpus import load_corpus
 from .data import cached_streams
@@ -50,21 +49,6 @@ def _busy() -> bool:
     except OSError:
         return False
 MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json")
-
-
-def hardware() -> dict:
-    import transformers
-
-    return {
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": sys.version.split()[0],
-    }
 
 
 class Pipeline:
@@ -107,7 +91,7 @@ class Pipeline:
     def update_results(self, **kw) -> dict:
         r = self.results()
         r.update(kw)
-        r.update(preset=self.preset.to_json(), seed=self.seed, hardware=hardware())
+        r.update(preset=self.preset.to_json(), seed=self.seed, hardware=machine_info())
         if getattr(self, "record_command", True) or "command" not in r:
             r["command"] = self.command
         self.results_path.write_text(json.dumps(r, indent=1))

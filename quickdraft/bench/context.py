@@ -1,0 +1,73 @@
+"""What the methods of one benchmark run share: the loaded models, the tokenizer, the EOS
+ids, the transformers copies of the models and the prompts' token ids."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from ..models.lm import CausalLM, eos_token_ids
+from .call_counter import CallCounter
+from .config import BenchConfig, BenchError
+from .prompts import BenchPrompt
+
+
+class BenchContext:
+    """The loaded models (our handles; transformers models lazily), the tokenizer, the EOS
+    ids, and timings the methods keep across runs (``prefill_timings``)."""
+
+    def __init__(self, target: CausalLM, tokenizer, draft: CausalLM | None = None,
+                 target_dir: Path | None = None, draft_dir: Path | None = None) -> None:
+        self.target = target
+        self.draft = draft
+        self.tokenizer = tokenizer
+        self.target_dir = Path(target_dir or target.model_dir)
+        self.draft_dir = Path(draft_dir or draft.model_dir) if (draft_dir or draft is not None) else None
+        self.eos_token_ids = eos_token_ids(target, tokenizer)
+        self._hf: dict[str, object] = {}
+        self.counters: dict[str, CallCounter] = {}
+        # seconds of each prompt's prefill, per transformers row (see HFMethod)
+        self.prefill_timings: dict[tuple, list[float]] = {}
+
+    def hf_model(self, which: str):
+        """The transformers model ("target" or "draft") loaded from the same directory, fp32,
+        its forward calls counted in ``counters[which]``."""
+        if which not in self._hf:
+            from ..models.lm import load_hf_model
+
+            path = self.target_dir if which == "target" else self.draft_dir
+            if path is None:
+                raise BenchError("hf-assisted needs a draft model; pass --draft")
+            model = load_hf_model(path, torch.float32).eval()
+            self.counters[which] = CallCounter(model)
+            self._hf[which] = model
+        return self._hf[which]
+
+
+def load_context(config: BenchConfig) -> BenchContext:
+    """Load the target (default: the embedded default), its tokenizer and, when a method of
+    ``config`` needs one, the draft (default: the embedded paired draft), as the generator
+    does (:func:`~quickdraft.pair.load_pair`: same backend choice and fallback to
+    transformers, same tokenizer check)."""
+    from ..pair import load_pair
+    from .registry import needs_draft
+
+    pair = load_pair(config.model, config.draft, needs_draft(config.methods), config.backend)
+    return BenchContext(pair.target, pair.tokenizer, pair.draft, pair.target_dir, pair.draft_dir)
+
+
+def encode_prompts(ctx: BenchContext, prompts: Sequence[BenchPrompt], room: int) -> list[torch.Tensor]:
+    """Token ids of every prompt, keeping the end of a prompt that leaves less than ``room``
+    tokens of context for generation."""
+    limit = ctx.target.context_length - room
+    if limit < 1:
+        raise BenchError(
+            f"--max-new-tokens leaves no room for a prompt in the model's {ctx.target.context_length}-token context"
+        )
+    out = []
+    for p in prompts:
+        ids = ctx.tokenizer(p.prompt)["input_ids"]
+        out.append(torch.tensor(ids[-limit:] or [ctx.eos_token_ids[0] if ctx.eos_token_ids else 0]))
+    return out

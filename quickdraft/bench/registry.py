@@ -1,0 +1,84 @@
+"""The benchmark's methods by name (``quickdraft bench --methods NAME,...``).
+
+Adding a method is one call::
+
+    from quickdraft.bench.methods import EngineMethod
+    from quickdraft.bench.registry import register_method
+
+    def ngram_rows(ctx, config, k):
+        return [EngineMethod("ngram", lambda ctx: NgramDrafter(...), k)]
+
+    register_method("ngram", ngram_rows, help="prompt lookup, no draft model")
+
+A factory ``factory(ctx, config, k)`` gets the :class:`~.context.BenchContext` (models,
+tokenizer), the run's :class:`~.config.BenchConfig` and the run's k (given or the cost
+model's choice), and returns the method's rows: objects with the :class:`~.methods.Method`
+interface, usually :class:`~.methods.EngineMethod` (our decode loop with a drafter and
+optionally an acceptance rule). Rows are told apart by their ``label`` (name + settings):
+return one row per setting to compare (e.g. one per k). Pass ``needs_draft=True`` when the
+method uses the draft model (``ctx.draft``), so the bench loads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .config import BenchConfig, BenchError
+from .context import BenchContext
+from .methods import EngineMethod, HFMethod, Method
+
+MethodFactory = Callable[[BenchContext, BenchConfig, int], list[Method]]
+
+
+@dataclass(frozen=True)
+class BenchMethod:
+    """A registered method: its rows' factory and whether it needs the draft model."""
+
+    name: str
+    factory: MethodFactory
+    needs_draft: bool = False
+    help: str = ""
+
+
+BENCH_METHODS: dict[str, BenchMethod] = {}
+
+
+def register_method(name: str, factory: MethodFactory, *, needs_draft: bool = False,
+                    help: str = "") -> None:
+    """Make ``name`` a benchmark method whose rows ``factory(ctx, config, k)`` returns."""
+    BENCH_METHODS[name] = BenchMethod(name, factory, needs_draft, help)
+
+
+def needs_draft(methods: Sequence[str]) -> bool:
+    """Whether any of these methods uses the draft model."""
+    return any(BENCH_METHODS[m].needs_draft for m in methods if m in BENCH_METHODS)
+
+
+def make_rows(ctx: BenchContext, config: BenchConfig, methods: Sequence[str], k: int) -> list[Method]:
+    """The rows of these methods, duplicates (same label) dropped."""
+    rows: list[Method] = []
+    for name in methods:
+        method = BENCH_METHODS[name]
+        if method.needs_draft and ctx.draft is None:
+            raise BenchError(f"method {name!r} needs a draft model; pass --draft PATH")
+        rows.extend(method.factory(ctx, config, k))
+    seen: set[str] = set()
+    return [r for r in rows if not (r.label in seen or seen.add(r.label))]
+
+
+def _draft_drafter(ctx: BenchContext):
+    from ..drafters import DraftModelDrafter
+
+    return DraftModelDrafter(ctx.draft, ctx.target.vocab_size)
+
+
+register_method("ar", lambda ctx, config, k: [EngineMethod("ar", None)],
+                help="plain decoding (our loop): the baseline of every speedup")
+register_method("draft", lambda ctx, config, k: [EngineMethod("draft", _draft_drafter, s)
+                                                 for s in sorted({k, *config.sweep})],
+                needs_draft=True, help="draft-model speculative decoding, at k and every --sweep k")
+register_method("hf-ar", lambda ctx, config, k: [HFMethod("hf-ar")],
+                help="transformers generate(), plain")
+register_method("hf-assisted", lambda ctx, config, k: [HFMethod("hf-assisted", k)],
+                needs_draft=True, help="transformers generate() with assistant_model (same draft and k)")

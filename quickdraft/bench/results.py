@@ -1,0 +1,227 @@
+"""From timed runs to result rows: what a run measured (:class:`RunOutput`), the row
+summaries (tokens/s, speedup, tau, acceptance, losslessness, cost model) and their
+definitions."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..stats import GenerationStats
+from .cost_model import StepCosts, predicted_speedup, where_time_goes
+
+
+@dataclass
+class RunOutput:
+    """One timed generation. ``prefill_samples`` (transformers rows): timings of that
+    prompt's prefill, collected over the whole run; decode time = total - their median."""
+
+    tokens: list[int]
+    decode_time: float
+    total_seconds: float
+    stats: GenerationStats | None = None
+    target_passes: int | None = None  # for rows without stats (transformers)
+    draft_passes: int | None = None
+    prefill_samples: list[float] | None = None
+
+    @property
+    def decode_seconds(self) -> float:
+        if self.prefill_samples:
+            return max(self.total_seconds - statistics.median(self.prefill_samples), 1e-9)
+        return self.decode_time
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def tokens_per_second(self) -> float:
+        if self.stats is not None:
+            return self.stats.tokens_per_second
+        return self.new_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def e2e_tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+
+
+DEFINITIONS = {
+    "tokens_per_second": "new tokens / decode seconds (prefill excluded); transformers rows: "
+                         "generate() time minus a separately measured generate(max_new_tokens=1) "
+                         "(+ one assistant pass over the prompt for hf-assisted)",
+    "e2e_tokens_per_second": "new tokens / total seconds including prefill",
+    "speedup": "median over prompts and repeats of the row's tokens/s / ar's tokens/s on the same "
+               "prompt in the same repeat (the rows alternate within each (repeat, prompt))",
+    "e2e_speedup": "the same with e2e tokens/s",
+    "mean_accepted_tokens": "new tokens / target passes, the prefill included (ar = 1; the first "
+                            "pass of draft and hf-assisted also verifies a draft); transformers "
+                            "rows count target forward calls with a hook",
+    "acceptance_rate": "accepted draft tokens / drafted tokens (hf-assisted: assistant forward calls "
+                       "as drafted tokens)",
+    "per_position_acceptance": "P(draft position i accepted), pooled over all runs",
+    "lossless": "greedy: token-identical to ar on every prompt and repeat; null when sampling",
+    "predicted_speedup": "cost model: (1 + sum_{i<k} a_i) * T_ar / (k * T_draft + T_verify(k+1)), "
+                         "from measured a_i and step costs, no overhead term",
+    "efficiency": "speedup / predicted_speedup",
+    "spread": "min, quartiles (q1, q3), median and max of a figure over the runs (prompts x "
+              "repeats; per-run tau for mean_accepted_tokens)",
+}
+
+
+def median(values):
+    """The median of the values that are not None (None if there are none)."""
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def spread(values) -> dict | None:
+    """``{"min", "q1", "median", "q3", "max", "n"}`` of the values that are not None."""
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return {"min": values[0], "q1": q1, "median": statistics.median(values), "q3": q3,
+            "max": values[-1], "n": len(values)}
+
+
+def _run_tau(o: RunOutput) -> float | None:
+    if o.stats is not None:
+        return o.stats.mean_accepted_tokens if o.stats.target_forward_passes else None
+    return o.new_tokens / o.target_passes if o.target_passes else None
+
+
+def first_mismatch(a: list[int], b: list[int]) -> int:
+    """Index of the first token where ``a`` and ``b`` differ (the shorter length if one is a
+    prefix of the other)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):  # lengths may differ
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _acceptance(row, flat: list[RunOutput]):
+    """(tau, acceptance rate, per-position acceptance) pooled over runs."""
+    pooled = GenerationStats()
+    passes = hf_tokens = drafted = ours_tokens = 0
+    for o in flat:
+        if o.stats is not None:
+            pooled.merge(o.stats)
+            ours_tokens += o.stats.new_tokens
+        elif o.target_passes:
+            passes += o.target_passes
+            hf_tokens += o.new_tokens
+            drafted += o.draft_passes or 0
+    if pooled.target_forward_passes:
+        tau = ours_tokens / pooled.target_forward_passes
+        return tau, (pooled.acceptance_rate if pooled.drafted_tokens else None), pooled.per_position_acceptance
+    if passes:
+        accepted = hf_tokens - passes
+        return hf_tokens / passes, ((accepted / drafted) if (row.k and drafted) else None), None
+    return None, None, None
+
+
+def _mismatches(row, runs, reference, prompt_ids: Sequence[str]) -> tuple[list[dict], list[str]]:
+    """Runs whose tokens differ from ar's (greedy): one dict each, and report lines."""
+    mismatches = []
+    for pi, per in enumerate(runs):
+        ref = reference[pi][0].tokens
+        for rep, o in enumerate(per):
+            if o.tokens != ref:
+                mismatches.append({"prompt": prompt_ids[pi], "repeat": rep,
+                                   "first_mismatch": first_mismatch(o.tokens, ref),
+                                   "tokens": len(o.tokens), "reference_tokens": len(ref)})
+    lines = [f"MISMATCH {row.label}: prompt {m['prompt']} repeat {m['repeat']}: first differs at "
+             f"token {m['first_mismatch']} ({m['tokens']} vs {m['reference_tokens']} tokens from ar)"
+             for m in mismatches[:5]]
+    if len(mismatches) > 5:
+        lines.append(f"MISMATCH {row.label}: ... {len(mismatches) - 5} more")
+    return mismatches, lines
+
+
+def summarise(rows, results: dict[str, list[list[RunOutput]]], prompt_ids: Sequence[str],
+              costs: StepCosts, k: int, greedy: bool) -> tuple[list[dict], list[str]]:
+    """One dict per row (see :data:`DEFINITIONS`) and the mismatch report lines.
+
+    ``results[label][prompt][repeat]`` holds the runs; the first row is ``ar``, the reference.
+    """
+    reference = results[rows[0].label]
+    mismatch_report: list[str] = []
+    out_rows = []
+    for row in rows:
+        runs = results[row.label]
+        flat = [o for per in runs for o in per]
+        # Pair each run with ar's run of the same prompt and repeat.
+        pairs = [(o, base) for per, ref in zip(runs, reference, strict=True)
+                 for o, base in zip(per, ref, strict=False)]
+        speedups = [o.tokens_per_second / b.tokens_per_second for o, b in pairs if b.tokens_per_second]
+        e2e_speedups = [o.e2e_tokens_per_second / b.e2e_tokens_per_second
+                        for o, b in pairs if b.e2e_tokens_per_second]
+        per_prompt = [median([o.tokens_per_second / b.tokens_per_second
+                              for o, b in zip(per, ref, strict=False) if b.tokens_per_second])
+                      for per, ref in zip(runs, reference, strict=True)]
+        tau, acceptance_rate, per_position = _acceptance(row, flat)
+        lossless, mismatches = None, []
+        if greedy:
+            mismatches, lines = _mismatches(row, runs, reference, prompt_ids)
+            lossless = not mismatches
+            mismatch_report += lines
+        # cost model
+        row_k = row.k
+        pred = eff = breakdown = None
+        step_costs = {"t_draft": costs.t_draft if row_k else None, "t_target": costs.t_ar,
+                      "t_draft_k_steps": costs.t_drafting(row_k) if row_k else None,
+                      "t_verify": costs.t_verify(row_k + 1) if row_k else None}
+        measured_step = median([o.decode_seconds / o.stats.decode_passes
+                                for o in flat if o.stats and o.stats.decode_passes])
+        if row.kind == "quickdraft":
+            if row_k and per_position is not None and row.name == "draft":
+                pred = predicted_speedup(row_k, costs, per_position=per_position[:row_k])
+                breakdown = where_time_goes(costs, row_k, measured_step)
+            elif not row_k:
+                pred = 1.0
+                if measured_step is not None:
+                    breakdown = {"k": 0, "verify_seconds": costs.t_ar, "measured_step_seconds": measured_step,
+                                 "overhead_seconds": measured_step - costs.t_ar}
+        speedup = median(speedups)
+        if pred and speedup is not None:
+            eff = speedup / pred
+        out_rows.append({
+            "method": row.name,
+            "settings": row.settings,
+            "label": row.label,
+            "k": row_k,
+            "implementation": row.kind,
+            "speculative": row.speculative,
+            "primary": row_k in (None, k),
+            "tokens_per_second": median([o.tokens_per_second for o in flat]),
+            "spread": {
+                "tokens_per_second": spread(o.tokens_per_second for o in flat),
+                "e2e_tokens_per_second": spread(o.e2e_tokens_per_second for o in flat),
+                "speedup": spread(speedups),
+                "e2e_speedup": spread(e2e_speedups),
+                "mean_accepted_tokens": spread(_run_tau(o) for o in flat),
+            },
+            "e2e_tokens_per_second": median([o.e2e_tokens_per_second for o in flat]),
+            "speedup": speedup,
+            "e2e_speedup": median(e2e_speedups),
+            "mean_accepted_tokens": tau,
+            "acceptance_rate": acceptance_rate,
+            "per_position_acceptance": per_position,
+            "lossless": lossless,
+            "mismatches": mismatches,
+            "step_costs": step_costs,
+            "predicted_speedup": pred,
+            "efficiency": eff,
+            "step_breakdown": breakdown,
+            "new_tokens_median": median([o.new_tokens for o in flat]),
+            "runs": len(flat),
+            "per_prompt_speedup": {prompt_ids[pi]: s for pi, s in enumerate(per_prompt)},
+            "runs_by_prompt": {
+                prompt_ids[pi]: [{"tokens_per_second": o.tokens_per_second, "new_tokens": o.new_tokens,
+                                  "decode_seconds": o.decode_seconds, "total_seconds": o.total_seconds}
+                                 for o in per]
+                for pi, per in enumerate(runs)
+            },
+        })
+    return out_rows, mismatch_report

@@ -1,0 +1,50 @@
+"""Load a target, its tokenizer and (optionally) a draft, as one step.
+
+:func:`load_pair` is what :meth:`SpeculativeGenerator.from_pretrained
+<quickdraft.generator.SpeculativeGenerator.from_pretrained>` and ``quickdraft bench`` both
+use, so a model that one of them runs, the other runs too (same backend choice, same
+fallback to transformers, same tokenizer check).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .generator import check_same_tokenizer, load_tokenizer
+from .models.lm import CausalLM, load_model
+from .models.loading import resolve_pair
+
+
+@dataclass
+class ModelPair:
+    """A loaded target, its tokenizer and an optional draft, with their directories."""
+
+    target: CausalLM
+    tokenizer: object
+    draft: CausalLM | None
+    target_dir: Path
+    draft_dir: Path | None
+
+
+def load_pair(
+    model: str | Path | None = None,
+    draft: str | Path | None = None,
+    need_draft: bool = True,
+    backend: str = "auto",
+) -> ModelPair:
+    """Load a target (default: the embedded default), its tokenizer and, when ``need_draft``,
+    a draft (default: the embedded target's paired draft).
+
+    ``backend`` is ``"auto"`` (native when it supports the checkpoint, else transformers),
+    ``"native"`` or ``"hf"``, applied to each model on its own. Raises ``ValueError`` when the
+    draft's tokenizer differs from the target's.
+    """
+    target_dir, draft_dir = resolve_pair(model, draft, need_draft)
+    target = load_model(target_dir, backend)
+    tokenizer = load_tokenizer(target_dir)
+    draft_lm = None
+    if draft_dir is not None:
+        check_same_tokenizer(tokenizer, load_tokenizer(draft_dir), str(target_dir), str(draft_dir))
+        draft_lm = load_model(draft_dir, backend)
+    return ModelPair(target, tokenizer, draft_lm, target_dir, draft_dir)
