@@ -13,6 +13,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -368,7 +369,7 @@ def train_loop(
                     "loss": last_loss})
             if interrupted:
                 bar.write(f"[train] stopped at step {done}/{stage.steps}: checkpoint saved; "
-                          "continue with --resume")
+                          "continue with --resume", file=sys.stderr)
                 break
     bar.close()
     model.eval()
