@@ -16,6 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..cli import positive_int
 from ..models.registry import ASSETS_DIR, PACKAGE_DIR
 from .presets import PRESETS
 from .textdata import TrainInputError
@@ -81,17 +82,17 @@ def _configure_draft(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="size of a new Llama draft: small (1 layer, 256 wide; default), "
                             "tiny, or JSON (a file or inline) with hidden_size, "
                             "num_hidden_layers, num_attention_heads, intermediate_size")
-    p.add_argument("--steps", type=int, default=1000, help="optimizer steps (default 1000)")
-    p.add_argument("--seq-len", type=int, default=512,
+    p.add_argument("--steps", type=positive_int, default=1000, help="optimizer steps (default 1000)")
+    p.add_argument("--seq-len", type=positive_int, default=512,
                    help="tokens per training window, at most the target's context (default 512)")
-    p.add_argument("--batch-size", type=int, default=4, help="windows per step (default 4)")
+    p.add_argument("--batch-size", type=positive_int, default=4, help="windows per step (default 4)")
     p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
     p.add_argument("--warmup", type=int, default=20, help="warmup steps (default 20)")
     p.add_argument("--kl-weight", type=float, default=1.0)
     p.add_argument("--ce-weight", type=float, default=0.1)
-    p.add_argument("--ckpt-every", type=int, default=50, help="checkpoint interval (steps)")
-    p.add_argument("--log-every", type=int, default=10, help="log interval (steps)")
-    p.add_argument("--eval-tokens", type=int, default=32768,
+    p.add_argument("--ckpt-every", type=positive_int, default=50, help="checkpoint interval (steps)")
+    p.add_argument("--log-every", type=positive_int, default=10, help="log interval (steps)")
+    p.add_argument("--eval-tokens", type=positive_int, default=32768,
                    help="held-out tokens scored for the agreement figure (default 32768)")
     p.add_argument("--seed", type=int, default=0, help="draft init and batch order")
     p.add_argument("--work-dir", type=Path, default=None,

@@ -11,6 +11,7 @@ TARGET`` finds the draft without writing into the target's directory.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -183,6 +184,8 @@ def run_train_draft(args, command: str, log=print) -> int:
             f"draft is in {out}; continue with the same command and --resume")
         return 130
     # Held-out agreement and decode cost of the saved (bf16 -> fp32) weights: what users run.
+    if args.threads == "auto":  # the tuner's last choice is no basis for a timing
+        torch.set_num_threads(min(2, os.cpu_count() or 1))
     saved = load_model_fp32(out)
     heldout = evaluate(saved, tokens.heldout, None, seq_len, args.eval_tokens, teacher=teacher)
     with (out / "train_log.jsonl").open("a") as f:
