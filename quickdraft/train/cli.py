@@ -49,7 +49,7 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="also train on the stdlib test suites (excluded by default)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint of the stage(s) being run")
-    p.add_argument("--threads", default="2",
+    p.add_argument("--threads", type=_threads, default=2,
                    help="torch CPU threads (default 2); 'auto' picks 1 or 2 per step by measured "
                         "step time, which avoids 2-thread slowdowns when the CPU is shared")
     p.add_argument("--init-target", type=Path, default=None,
@@ -167,7 +167,7 @@ def run_train(args) -> int:
                 "installed package; --force without --out overwrites the embedded family)")
         args.out = ASSETS_DIR
     check_out(args.out, args.force)
-    threads = args.threads if args.threads == "auto" else int(args.threads)
+    threads = args.threads
     torch.set_num_threads(2 if threads == "auto" else threads)
     preset = get_preset(args.preset, target_steps=args.target_steps,
                         draft_steps=args.draft_steps)
