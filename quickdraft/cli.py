@@ -259,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    args._argv = sys.argv[1:] if argv is None else list(argv)  # model cards quote the command
     try:
         return args.func(args) or 0
     except (CliError, CheckpointError, UnsupportedModelError, ContextOverflowError, ValueError) as exc:

@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from quickdraft.models.registry import ASSETS_DIR  # noqa: E402
 from quickdraft.train import cli as train_cli  # noqa: E402
 from quickdraft.train.corpus import is_validation, list_source_files, load_corpus  # noqa: E402
 from quickdraft.train.presets import DRAFT_NAME, TARGET_NAME, get_preset  # noqa: E402
@@ -272,8 +273,7 @@ def test_resume_continues_exactly(tmp_path):
 
 # ------------------------------------------------------------------------ embedded models
 
-_ASSETS = Path(__file__).resolve().parent.parent / "quickdraft" / "assets" / "models"
-_HAVE_ASSETS = all((_ASSETS / n / "model.safetensors").exists() for n in (TARGET_NAME, DRAFT_NAME))
+_HAVE_ASSETS = all((ASSETS_DIR / n / "model.safetensors").exists() for n in (TARGET_NAME, DRAFT_NAME))
 
 
 @pytest.mark.skipif(not _HAVE_ASSETS, reason="embedded models not trained yet")

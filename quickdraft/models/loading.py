@@ -10,7 +10,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from .config import ModelConfig
-from .registry import default_target, find_embedded, paired_draft
+from .registry import default_target, find_draft_dir, find_embedded
 from .transformer import Transformer, rope_inv_freq
 
 
@@ -82,7 +82,7 @@ def resolve_pair(
     model: str | Path | None, draft: str | Path | None, need_draft: bool
 ) -> tuple[Path, Path | None]:
     """Directories of a target (default: the embedded default) and, when ``need_draft``, of
-    its draft (default: the embedded target's paired draft)."""
+    its draft (default: the target's paired draft, see ``registry.find_draft_dir``)."""
     if model is None:
         embedded = default_target()
         if embedded is None:
@@ -92,11 +92,13 @@ def resolve_pair(
     if not need_draft:
         return target_dir, None
     if draft is None:
-        embedded = find_embedded(str(model))
-        paired = paired_draft(embedded) if embedded else None
+        paired = find_draft_dir(target_dir)
         if paired is None:
-            raise CheckpointError(f"model {model} has no paired draft; pass --draft PATH or use plain decoding")
-        draft = paired.name
+            raise CheckpointError(
+                f"model {model} has no paired draft; pass --draft PATH, train one with "
+                f"`quickdraft train draft --target {model} --out DIR`, or use plain decoding"
+            )
+        return target_dir, paired
     return target_dir, resolve_model_dir(draft)
 
 

@@ -6,16 +6,24 @@ Each model lives in ``quickdraft/assets/models/<name>/`` as a Hugging Face direc
 
     {"name": "qd-stdlib-target", "role": "target", "default": true,
      "draft": "qd-stdlib-draft", "params": 24000000, "description": "..."}
+
+A draft's ``quickdraft.json`` names its ``"target"``. :func:`find_draft_dir` pairs a target
+directory with its draft by the rules in its docstring; ``quickdraft train draft`` writes
+the draft's file and records the pair in the user's pairing file, so a draft can be paired
+with a target whose directory cannot be written.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets" / "models"
+PACKAGE_DIR = Path(__file__).resolve().parent.parent
+ASSETS_DIR = PACKAGE_DIR / "assets" / "models"
 META_FILE = "quickdraft.json"
+PAIRS_FILE = "drafts.json"
 
 
 @dataclass(frozen=True)
@@ -29,6 +37,7 @@ class EmbeddedModel:
     default: bool = False
     draft: str | None = None
     description: str = ""
+    target: str | None = None  # for a draft: the target it was made for
 
     def to_json(self) -> dict:
         return {
@@ -38,6 +47,7 @@ class EmbeddedModel:
             "params": self.params,
             "default": self.default,
             "draft": self.draft,
+            "target": self.target,
             "description": self.description,
         }
 
@@ -57,6 +67,7 @@ def list_models(assets_dir: Path = ASSETS_DIR) -> list[EmbeddedModel]:
                     default=bool(meta.get("default", False)),
                     draft=meta.get("draft"),
                     description=meta.get("description", ""),
+                    target=meta.get("target"),
                 )
             )
     return sorted(models, key=lambda m: (m.role != "target", m.name))
@@ -76,3 +87,74 @@ def default_target() -> EmbeddedModel | None:
 def paired_draft(target: EmbeddedModel) -> EmbeddedModel | None:
     """The draft model paired with an embedded target, or None."""
     return find_embedded(target.draft) if target.draft else None
+
+
+def read_meta(model_dir: Path) -> dict:
+    """A model directory's ``quickdraft.json`` ({} when it has none or it is unreadable)."""
+    try:
+        meta = json.loads((Path(model_dir) / META_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def user_config_dir() -> Path:
+    """Per-user settings: ``$QUICKDRAFT_CONFIG_DIR``, else ``$XDG_CONFIG_HOME/quickdraft``,
+    else ``~/.config/quickdraft``."""
+    if os.environ.get("QUICKDRAFT_CONFIG_DIR"):
+        return Path(os.environ["QUICKDRAFT_CONFIG_DIR"])
+    base = os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config"
+    return Path(base) / "quickdraft"
+
+
+def _read_pairs() -> dict[str, str]:
+    try:
+        pairs = json.loads((user_config_dir() / PAIRS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return pairs if isinstance(pairs, dict) else {}
+
+
+def register_draft(target_dir: Path, draft_dir: Path) -> Path:
+    """Record in the user's pairing file that ``draft_dir`` is the draft of ``target_dir``
+    (the latest registration wins). Returns the file."""
+    path = user_config_dir() / PAIRS_FILE
+    pairs = _read_pairs()
+    pairs[str(Path(target_dir).resolve())] = str(Path(draft_dir).resolve())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(pairs, indent=1) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def find_draft_dir(target_dir: Path) -> Path | None:
+    """The directory of the draft paired with the target in ``target_dir``, or None.
+
+    First match wins:
+
+    1. the target's ``quickdraft.json`` names a ``"draft"``: an embedded model name, or a
+       directory (relative to the target's directory, or absolute);
+    2. an embedded draft whose ``quickdraft.json`` names this embedded target as ``"target"``;
+    3. the user's pairing file (``user_config_dir()/drafts.json``, written by
+       ``quickdraft train draft``), if that draft still names this target directory as
+       its ``"target_path"``.
+    """
+    target_dir = Path(target_dir)
+    meta = read_meta(target_dir)
+    if meta.get("draft"):
+        embedded = find_embedded(meta["draft"])
+        if embedded is not None:
+            return embedded.path
+        path = target_dir / Path(meta["draft"]).expanduser()
+        if path.is_dir():
+            return path
+    if meta.get("name") and target_dir.resolve().parent == ASSETS_DIR.resolve():
+        for m in list_models():
+            if m.role == "draft" and m.target == meta["name"]:
+                return m.path
+    key = str(target_dir.resolve())
+    draft = _read_pairs().get(key)
+    if draft and read_meta(Path(draft)).get("target_path") == key:
+        return Path(draft)
+    return None

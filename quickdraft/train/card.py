@@ -219,3 +219,105 @@ def write_card(model_dir: Path, role: str, results: dict) -> None:
         "",
     ]
     (model_dir / "README.md").write_text("\n".join(lines))
+
+
+def _fmt(v, spec: str = ".4f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def write_distill_card(out: Path, r: dict) -> None:
+    """README.md of a student distilled by ``quickdraft train draft`` (see ``draft.py``)."""
+    cfg = json.loads((out / "config.json").read_text())
+    tr, data, hw = r["train"], r["data"], r["hardware"]
+    st = r["stage"]
+    ev, ms = r.get("heldout"), r.get("decode_ms")
+    status = (f"**Stopped by Ctrl-C at step {tr['steps_done']} of {st['steps']}** (resume with "
+              "the same command and `--resume`); held-out figures are measured at the end."
+              if tr["interrupted"] else f"{tr['steps_done']} of {st['steps']} steps done.")
+    lines = [
+        f"# {out.name}",
+        "",
+        f"A {r['kind']} model for the target `{r['target']}` ({r['target_params']:,} "
+        f"parameters), distilled by `quickdraft train draft`: loss = {r['kl_weight']} x "
+        f"KL(target || draft) at temperature 1 + {r['ce_weight']} x CE, the target frozen in "
+        "fp32. It uses the target's tokenizer (files copied verbatim). "
+        + ("Initialised from `" + r["init"] + "`." if r["init"] else "Trained from a random "
+           "initialisation.") + f" {status}",
+        "",
+        "`quickdraft.json` names the target; `quickdraft generate --model TARGET` finds this "
+        "draft through it and the user's pairing file (see `models/registry.find_draft_dir`).",
+        "",
+        "## Architecture",
+        "",
+        f"`{cfg.get('architectures', ['?'])[0]}`, **{r['params']:,} parameters** (tied "
+        "embeddings counted once), stored as bf16 safetensors, trained in fp32.",
+        "",
+        "| field | value |", "|---|---|", _fmt_arch(cfg),
+        "",
+        "## Held-out results",
+        "",
+    ]
+    if ev:
+        lines += [
+            f"Teacher-forced on {ev['tokens']:,} held-out tokens in windows of {r['seq_len']}, "
+            "with the saved weights:",
+            "",
+            "| metric | value |", "|---|---|",
+            f"| greedy agreement with the target (argmax equal) | {ev['greedy_agreement']:.2%} |",
+            f"| KL(target \\|\\| draft) (nats/token) | {ev['kl_from_target']:.4f} |",
+            f"| cross-entropy (nats/token) | {ev['loss']:.4f} |",
+            "",
+            "| positions | tokens | cross-entropy |", "|---|---:|---:|",
+            *[f"| {b['start']}-{b['end']} | {b['tokens']:,} | {_fmt(b['loss'])} |"
+              for b in ev["position_buckets"]],
+        ]
+    else:
+        lines += ["(not measured: training was stopped)"]
+    lines += ["", "## Decode cost", ""]
+    if ms:
+        lines += [
+            f"Cached decode step, batch 1, fp32, {ms['threads']} threads, {ms['steps']} steps "
+            f"after a {ms['prompt_len']}-token prompt, median of {ms['repeats']} interleaved "
+            "rounds (`trainer.measure_decode`, transformers) on the training machine:",
+            "",
+            "| model | ms / token |", "|---|---:|",
+            f"| target | {ms['target']:.3f} |", f"| draft | {ms['draft']:.3f} |",
+            "",
+            f"draft / target cost ratio: **{ms['ratio']:.3f}**",
+        ]
+    else:
+        lines += ["(not measured: training was stopped)"]
+    lines += [
+        "",
+        "## Training",
+        "",
+        f"- {tr['steps_done']} steps of batch {st['batch_size']} x {r['seq_len']} tokens "
+        f"({tr['tokens']:,} tokens), AdamW (betas 0.9/0.95, weight decay "
+        f"{st['weight_decay']}), peak lr {st['lr']}, {st['warmup']} warmup steps then cosine "
+        f"to {st['min_lr_ratio']:.0%}, grad clip {st['grad_clip']}, seed {r['seed']}",
+        f"- time: {tr['train_time_s'] / 60:.1f} min of optimizer steps; final train objective "
+        f"{_fmt(tr['final_train_loss'])}",
+        f"- hardware: {hw['platform']}, {hw['cpu_count']} CPUs, torch {hw['torch']}, "
+        f"transformers {hw['transformers']}, Python {hw['python']}",
+        f"- command: `{r['command']}`",
+        "- log: `train_log.jsonl`; loss curve: `loss_curve.png`",
+        "",
+        "![loss curve](loss_curve.png)",
+        "",
+        "## Data",
+        "",
+        f"{data['files']:,} files, {data['bytes']:,} bytes from {', '.join(data['sources'])} "
+        f"({data['skipped']} files or JSONL lines skipped: not UTF-8, binary or without a "
+        "`text` field). Held-out documents are never trained on.",
+        "",
+        "| split | documents | bytes | tokens |", "|---|---:|---:|---:|",
+        f"| train | {data['split']['train_documents']:,} | {data['split']['train_bytes']:,} | "
+        f"{data['split']['train_tokens']:,} |",
+        f"| held-out | {data['split']['heldout_documents']:,} | "
+        f"{data['split']['heldout_bytes']:,} | {data['split']['heldout_tokens']:,} |",
+        "",
+        f"Split: {data['split']['method']}. sha256 of the documents: `{data['sha256']}`. "
+        "Every file with its size: `data_manifest.json`.",
+        "",
+    ]
+    (out / "README.md").write_text("\n".join(lines))

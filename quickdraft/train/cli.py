@@ -1,4 +1,9 @@
-"""``quickdraft train``: reproduce the embedded model family (tokenizer, target, draft).
+"""``quickdraft train``: reproduce the embedded model family (tokenizer, target, draft),
+and ``quickdraft train draft``: distil a draft for any target.
+
+Training never writes into the installed package unless told to: ``--out`` is required,
+and a directory inside the package needs ``--force`` (``quickdraft train --force`` alone
+rebuilds the embedded family in place).
 
 Wire it into a parent parser with :func:`add_train_parser`; or run standalone with
 ``python -m quickdraft.train.cli --out DIR``.
@@ -11,15 +16,19 @@ import shlex
 import sys
 from pathlib import Path
 
+from ..cli import positive_int
+from ..models.registry import ASSETS_DIR, PACKAGE_DIR
 from .presets import PRESETS
-
-ASSETS_MODELS = Path(__file__).resolve().parent.parent / "assets" / "models"
+from .textdata import TrainInputError
 
 
 def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    p.add_argument("--out", type=Path, default=ASSETS_MODELS,
-                   help="where the model directories go (default: the package's embedded "
-                        "models dir, %(default)s)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="where the model directories go (required: training never writes into "
+                        "the package unless you pass --force)")
+    p.add_argument("--force", action="store_true",
+                   help="allow writing into the installed package; without --out: overwrite the "
+                        f"embedded family in {ASSETS_DIR}")
     p.add_argument("--work-dir", type=Path, default=None,
                    help="checkpoints, token caches and logs (default: runs/train when --out is "
                         "the package assets dir, else OUT/_work)")
@@ -40,7 +49,7 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="also train on the stdlib test suites (excluded by default)")
     p.add_argument("--resume", action="store_true",
                    help="continue from the latest checkpoint of the stage(s) being run")
-    p.add_argument("--threads", default="2",
+    p.add_argument("--threads", type=_threads, default=2,
                    help="torch CPU threads (default 2); 'auto' picks 1 or 2 per step by measured "
                         "step time, which avoids 2-thread slowdowns when the CPU is shared")
     p.add_argument("--init-target", type=Path, default=None,
@@ -50,20 +59,99 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def add_train_parser(subparsers) -> argparse.ArgumentParser:
-    """Add the ``train`` sub-command to an argparse ``subparsers`` object."""
-    p = subparsers.add_parser(
-        "train", help="train the embedded model family (tokenizer, target, draft)",
-        description=__doc__.splitlines()[0])
-    _configure(p)
-    p.set_defaults(func=run_train)
+def _threads(text: str) -> int | str:
+    if text == "auto":
+        return text
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer or 'auto', got {text}")
+    return int(text)
+
+
+def _configure_draft(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--target", required=True,
+                   help="the target: embedded name, HF directory or hub id (Llama, Qwen2, "
+                        "Mistral, GPT-2, or any causal LM transformers loads)")
+    p.add_argument("--out", type=Path, required=True, help="the draft's directory")
+    p.add_argument("--data", nargs="+", required=True, metavar="PATH",
+                   help="text, source or JSONL ('text' field) files, directories of them "
+                        "(recursive), or 'stdlib' (the embedded corpus' train split)")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--init", default=None,
+                       help="start from this draft: embedded name or directory, with the target's tokenizer")
+    start.add_argument("--config", default="small",
+                       help="size of a new Llama draft: small (1 layer, 256 wide; default), "
+                            "tiny, or JSON (a file or inline) with hidden_size, "
+                            "num_hidden_layers, num_attention_heads, intermediate_size")
+    p.add_argument("--steps", type=positive_int, default=1000, help="optimizer steps (default 1000)")
+    p.add_argument("--seq-len", type=positive_int, default=512,
+                   help="tokens per training window, at most the target's context (default 512)")
+    p.add_argument("--batch-size", type=positive_int, default=4, help="windows per step (default 4)")
+    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    p.add_argument("--warmup", type=int, default=20, help="warmup steps (default 20)")
+    p.add_argument("--kl-weight", type=float, default=1.0)
+    p.add_argument("--ce-weight", type=float, default=0.1)
+    p.add_argument("--ckpt-every", type=positive_int, default=50, help="checkpoint interval (steps)")
+    p.add_argument("--log-every", type=positive_int, default=10, help="log interval (steps)")
+    p.add_argument("--eval-tokens", type=positive_int, default=32768,
+                   help="held-out tokens scored for the agreement figure (default 32768)")
+    p.add_argument("--seed", type=int, default=0, help="draft init and batch order")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="checkpoints and log (default: OUT-work next to OUT)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest checkpoint (same settings and data)")
+    p.add_argument("--force", action="store_true",
+                   help="allow an --out inside the installed package or a non-empty directory")
+    p.add_argument("--threads", type=_threads, default=None,
+                   help="torch CPU threads, or 'auto' (1 or 2 per step by measured speed)")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     return p
 
 
+def add_train_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``train`` sub-command (and ``train draft``) to an argparse ``subparsers``."""
+    p = subparsers.add_parser(
+        "train", help="train the embedded model family, or a draft for any target (train draft)",
+        description=__doc__.split("\n\n")[0])
+    _configure(p)
+    p.set_defaults(func=run_train)
+    sub = p.add_subparsers(dest="train_command", metavar="draft")
+    d = sub.add_parser("draft", help="distil a draft model for any target",
+                       description="Distil a draft for a target: KL(target || draft) + CE on "
+                                   "your text, with the target's tokenizer.")
+    _configure_draft(d)
+    d.set_defaults(func=run_train_draft)
+    return p
+
+
+def check_out(out: Path, force: bool) -> None:
+    """Refuse to write into the installed package without ``--force``."""
+    if not force and Path(out).resolve().is_relative_to(PACKAGE_DIR):
+        raise TrainInputError(f"--out {out} is inside the installed quickdraft package; pass "
+                              "another directory, or --force to overwrite what is shipped")
+
+
 def default_work_dir(out: Path) -> Path:
-    if Path(out).resolve() == ASSETS_MODELS.resolve():
+    if Path(out).resolve() == ASSETS_DIR.resolve():
         return Path("runs") / "train"
     return Path(out) / "_work"
+
+
+def _command(args) -> str:
+    """The command line as typed, for model cards."""
+    argv = getattr(args, "_argv", None) or sys.argv[1:]
+    if argv and argv[0] == "train":
+        argv = argv[1:]
+    return ("quickdraft train " + shlex.join(argv)).strip()
+
+
+def run_train_draft(args) -> int:
+    from transformers.utils import logging
+
+    from .draft import run_train_draft as run
+
+    check_out(args.out, args.force)
+    logging.disable_progress_bar()  # transformers' load/save bars: noise next to ours
+    return run(args, _command(args), log=lambda m: print(m, file=sys.stderr, flush=True))
 
 
 def run_train(args) -> int:
@@ -72,15 +160,19 @@ def run_train(args) -> int:
     from .pipeline import STAGES, Pipeline
     from .presets import get_preset
 
-    threads = args.threads if args.threads == "auto" else int(args.threads)
+    if args.out is None:
+        if not args.force:
+            raise TrainInputError(
+                "pass --out DIR for the trained models (training never writes into the "
+                "installed package; --force without --out overwrites the embedded family)")
+        args.out = ASSETS_DIR
+    check_out(args.out, args.force)
+    threads = args.threads
     torch.set_num_threads(2 if threads == "auto" else threads)
     preset = get_preset(args.preset, target_steps=args.target_steps,
                         draft_steps=args.draft_steps)
     work = args.work_dir or default_work_dir(args.out)
-    argv = getattr(args, "_argv", None) or sys.argv[1:]
-    if argv and argv[0] == "train":
-        argv = argv[1:]
-    command = "quickdraft train " + shlex.join(argv)
+    command = _command(args)
     pipe = Pipeline(args.out, work, preset, seed=args.seed, corpus_root=args.corpus_root,
                     max_files=args.max_files, include_tests=args.include_tests,
                     resume=args.resume, command=command.strip(),
@@ -101,7 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["train", *argv]
     args = parser.parse_args(argv)
     args._argv = argv
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ValueError as exc:  # bad input (TrainInputError, CheckpointError): one line
+        print(f"quickdraft: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

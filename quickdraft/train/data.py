@@ -15,15 +15,16 @@ import numpy as np
 
 
 def encode_docs(tok, texts: list[str]) -> np.ndarray:
-    """Token stream ``EOT doc EOT doc ...`` as uint16."""
-    eot = tok.convert_tokens_to_ids(tok.eos_token)
-    assert len(tok) <= 65536, "uint16 stream needs vocab <= 65536"
-    encs = tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
-    parts = []
-    for e in encs:
-        parts.append(np.array([eot], dtype=np.uint16))
-        parts.append(np.asarray(e.ids, dtype=np.uint16))
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint16)
+    """Token stream ``EOS doc EOS doc ...`` (no EOS if the tokenizer has none): uint16, or
+    uint32 for vocabularies over 65536 tokens."""
+    eos = [] if tok.eos_token_id is None else [tok.eos_token_id]
+    dtype = np.uint16 if len(tok) <= 65536 else np.uint32
+    if getattr(tok, "is_fast", False):
+        ids = [e.ids for e in tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
+    else:
+        ids = tok(texts, add_special_tokens=False)["input_ids"] if texts else []
+    parts = [np.asarray(eos + doc, dtype=dtype) for doc in ids]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 
 def tokenizer_fingerprint(tok_dir: Path) -> str:

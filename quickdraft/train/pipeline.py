@@ -20,14 +20,14 @@ from pathlib import Path
 
 import torch
 
+from ..generator import load_tokenizer
 from ..machine import machine_info
 from . import card
 from .corpus import load_corpus
 from .data import cached_streams
 from .presets import DRAFT_NAME, TARGET_NAME, Preset
-from .tokenizer import load_tokenizer, save_tokenizer, token_byte_lengths, train_tokenizer
+from .tokenizer import save_tokenizer, token_byte_lengths, train_tokenizer
 from .trainer import (
-    ThreadTuner,
     build_model,
     count_params,
     evaluate,
@@ -35,6 +35,7 @@ from .trainer import (
     make_distill_loss,
     measure_decode,
     save_model_bf16,
+    thread_tuner,
     train_loop,
 )
 
@@ -48,7 +49,12 @@ def _busy() -> bool:
         return os.getloadavg()[0] > 1.5
     except OSError:
         return False
-MODEL_FILES = ("config.json", "model.safetensors", "generation_config.json")
+
+
+def _stop_if_interrupted(summary: dict) -> None:
+    """Ctrl-C during a stage: its checkpoint is saved; end the run (``--resume`` continues)."""
+    if summary["interrupted"]:
+        raise KeyboardInterrupt
 
 
 class Pipeline:
@@ -70,10 +76,7 @@ class Pipeline:
 
     def tuner(self):
         """A ThreadTuner for ``threads == "auto"`` (fixed count otherwise)."""
-        if self.threads == "auto":
-            return ThreadTuner(max_threads=min(2, os.cpu_count() or 1))
-        torch.set_num_threads(int(self.threads))
-        return None
+        return thread_tuner(self.threads)
 
     def eval_threads(self):
         if self.threads == "auto":
@@ -221,6 +224,7 @@ class Pipeline:
         summary = train_loop(model, train, p.target_stage, p.seq_len, self.seed, wd,
                              wd / "train_log.jsonl", resume=self.resume, desc="target",
                              progress=self.progress, tuner=self.tuner())
+        _stop_if_interrupted(summary)
         self.eval_threads()
         bl = token_byte_lengths(tok)
         v = evaluate(model, val, bl, p.seq_len, p.eval_max_tokens)
@@ -245,6 +249,7 @@ class Pipeline:
         summary = train_loop(model, train, p.draft_stage, p.seq_len, self.seed + 1, wd,
                              wd / "train_log.jsonl", loss_fn=loss_fn, resume=self.resume,
                              desc="draft", progress=self.progress, tuner=self.tuner())
+        _stop_if_interrupted(summary)
         self.eval_threads()
         bl = token_byte_lengths(tok)
         v = evaluate(model, val, bl, p.seq_len, p.eval_max_tokens, teacher=teacher)

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 TARGET_NAME = "qd-stdlib-target"
 DRAFT_NAME = "qd-stdlib-draft"
@@ -48,7 +48,6 @@ class Preset:
     eval_max_tokens: int | None = None  # validation tokens scored at the end (None = all)
     train_eval_tokens: int = 32768  # train tokens scored at the end (for the card)
     decode_steps: int = 64
-    extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -76,12 +76,6 @@ def mark_fast_tokenizer_class(out_dir: Path) -> None:
     cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 
-def load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path))
-
-
 def token_byte_lengths(tok) -> list[int]:
     """UTF-8 byte length of every token id (0 for the special token)."""
     from tokenizers import pre_tokenizers  # noqa: F401  (ensures tokenizers is importable)

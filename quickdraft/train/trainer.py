@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,32 +29,39 @@ from .presets import Arch, Preset, Stage
 # ---------------------------------------------------------------------------- models
 
 
-def llama_config(arch: Arch, preset: Preset, eot_id: int = 0):
+def llama_config(arch: Arch, vocab_size: int, max_positions: int, bos_id=0, eos_id=0,
+                 pad_id=0):
+    """A tied-embedding ``LlamaConfig`` of the given size."""
     from transformers import LlamaConfig
 
     return LlamaConfig(
-        vocab_size=preset.vocab_size,
+        vocab_size=vocab_size,
         hidden_size=arch.hidden_size,
         num_hidden_layers=arch.num_hidden_layers,
         num_attention_heads=arch.num_attention_heads,
         num_key_value_heads=arch.num_key_value_heads or arch.num_attention_heads,
         intermediate_size=arch.intermediate_size,
-        max_position_embeddings=max(512, preset.seq_len),
+        max_position_embeddings=max_positions,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
         tie_word_embeddings=True,
-        bos_token_id=eot_id,
-        eos_token_id=eot_id,
-        pad_token_id=eot_id,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
     )
 
 
-def build_model(arch: Arch, preset: Preset, seed: int):
+def build_llama(config, seed: int):
+    """A freshly initialised fp32 ``LlamaForCausalLM`` (init depends only on ``seed``)."""
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(llama_config(arch, preset))
-    return model.float()
+    return LlamaForCausalLM(config).float()
+
+
+def build_model(arch: Arch, preset: Preset, seed: int):
+    """A model of the embedded family (its tokenizer's ``<|endoftext|>`` is id 0)."""
+    return build_llama(llama_config(arch, preset.vocab_size, max(512, preset.seq_len)), seed)
 
 
 def count_params(model) -> int:
@@ -76,9 +87,11 @@ def save_model_bf16(model, out_dir: Path) -> None:
 
 
 def load_model_fp32(model_dir: Path):
-    from transformers import AutoModelForCausalLM
+    """A checkpoint as an fp32 ``transformers`` model in eval mode, through the runtime's
+    loader (safetensors only, never remote code)."""
+    from ..models.lm import load_hf_model
 
-    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    return load_hf_model(Path(model_dir), torch.float32).eval()
 
 
 # ---------------------------------------------------------------------------- schedule
@@ -228,6 +241,42 @@ class ThreadTuner:
         self.avg[self.current] = seconds if old is None else 0.6 * old + 0.4 * seconds
 
 
+def thread_tuner(threads: int | str) -> ThreadTuner | None:
+    """A ThreadTuner for ``threads == "auto"``; otherwise fix the thread count, no tuner."""
+    if threads == "auto":
+        return ThreadTuner(max_threads=min(2, os.cpu_count() or 1))
+    torch.set_num_threads(int(threads))
+    return None
+
+
+# ---------------------------------------------------------------------------- Ctrl-C
+
+
+class StopRequest:
+    """Turns the first SIGINT (Ctrl-C) into a request to stop after the current step.
+
+    The loop checks ``requested`` between steps, so the checkpoint it then writes holds a
+    whole number of optimizer steps; a second Ctrl-C interrupts at once as usual.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+        signal.signal(signal.SIGINT, self._previous)  # the next Ctrl-C is a hard interrupt
+
+    def __enter__(self) -> StopRequest:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None and signal.getsignal(signal.SIGINT) == self._handle:
+            signal.signal(signal.SIGINT, self._previous)
+
+
 # ---------------------------------------------------------------------------- loop
 
 
@@ -245,7 +294,11 @@ def train_loop(
     progress: bool = True,
     tuner: ThreadTuner | None = None,
 ) -> dict:
-    """Train ``model`` for ``stage.steps`` steps; returns a summary dict."""
+    """Train ``model`` for ``stage.steps`` steps; returns a summary dict.
+
+    Ctrl-C stops after the current step with a checkpoint (``interrupted`` in the summary);
+    ``resume`` continues from the latest checkpoint exactly as if never stopped.
+    """
     from tqdm import tqdm
 
     ckpt_root = Path(work_dir) / "checkpoints"
@@ -274,7 +327,8 @@ def train_loop(
                dynamic_ncols=True, mininterval=2.0)
     ema_tps = None
     last_loss = float("nan")
-    with log_path.open("a") as log:
+    interrupted, done = False, start
+    with log_path.open("a") as log, StopRequest() as stop:
         for step in range(start, stage.steps):
             if tuner is not None:
                 tuner.choose(step)
@@ -308,13 +362,19 @@ def train_loop(
                        **{k: round(v, 5) for k, v in extra.items()}}
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
-            if done % stage.ckpt_every == 0 or done == stage.steps:
+            interrupted = stop.requested and done < stage.steps
+            if done % stage.ckpt_every == 0 or done == stage.steps or interrupted:
                 save_checkpoint(ckpt_root, model, opt, {
                     "step": done, "elapsed_s": elapsed, "tokens": tokens, "seed": seed,
                     "loss": last_loss})
+            if interrupted:
+                bar.write(f"[train] stopped at step {done}/{stage.steps}: checkpoint saved; "
+                          "continue with --resume", file=sys.stderr)
+                break
     bar.close()
     model.eval()
-    return {"steps": stage.steps, "tokens": tokens, "train_time_s": round(elapsed, 1),
+    return {"steps": stage.steps, "steps_done": done,
+            "interrupted": interrupted, "tokens": tokens, "train_time_s": round(elapsed, 1),
             "final_train_loss": last_loss, "resumed_from": ck.name if ck else None}
 
 
@@ -325,16 +385,18 @@ POSITION_BUCKETS = (0, 256, 512, 1024, 2048, 4096)
 
 
 @torch.no_grad()
-def evaluate(model, stream: np.ndarray, byte_lengths: list[int], seq_len: int,
+def evaluate(model, stream: np.ndarray, byte_lengths: list[int] | None, seq_len: int,
              max_tokens: int | None = None, teacher=None) -> dict:
     """Mean loss (nats/token) and bits per byte over ``stream``.
+
+    Without ``byte_lengths`` (a tokenizer whose token bytes are not known) ``bpb`` is None.
 
     bpb = total nats / (ln 2 * UTF-8 bytes of the predicted tokens); over a whole split that
     byte count is exactly the split's UTF-8 size (the separator token has 0 bytes).
     With ``teacher``: also KL(teacher || model) and greedy (argmax) agreement.
     """
     model.eval()
-    blen = torch.tensor(byte_lengths, dtype=torch.float64)
+    blen = None if byte_lengths is None else torch.tensor(byte_lengths, dtype=torch.float64)
     edges = [e for e in POSITION_BUCKETS if e < seq_len] + [seq_len]
     bucket_nats = [0.0] * (len(edges) - 1)
     bucket_tok = [0] * (len(edges) - 1)
@@ -353,15 +415,17 @@ def evaluate(model, stream: np.ndarray, byte_lengths: list[int], seq_len: int,
             part = tok_nats[edges[b] : edges[b + 1]]
             bucket_nats[b] += part.sum().item()
             bucket_tok[b] += part.numel()
-        nbytes += blen[labels[0]].sum().item()
+        if blen is not None:
+            nbytes += blen[labels[0]].sum().item()
         ntok += labels.numel()
         if teacher is not None:
             t_logp = F.log_softmax(teacher(input_ids=inp).logits.float(), dim=-1)
             kl_sum += (t_logp.exp() * (t_logp - logp)).sum().item()
             agree += (t_logp.argmax(-1) == logp.argmax(-1)).sum().item()
-    out = {"tokens": ntok, "bytes": int(nbytes), "loss": nats / max(ntok, 1),
-           "bpb": nats / (math.log(2) * max(nbytes, 1)),
-           "bytes_per_token": nbytes / max(ntok, 1),
+    known = blen is not None
+    out = {"tokens": ntok, "bytes": int(nbytes) if known else None, "loss": nats / max(ntok, 1),
+           "bpb": nats / (math.log(2) * max(nbytes, 1)) if known else None,
+           "bytes_per_token": nbytes / max(ntok, 1) if known else None,
            "position_buckets": [
                {"start": edges[b], "end": edges[b + 1], "tokens": bucket_tok[b],
                 "loss": bucket_nats[b] / bucket_tok[b] if bucket_tok[b] else None}

@@ -1,0 +1,116 @@
+"""Training a student on a frozen target: what every drafter trained on a target shares.
+
+A :class:`DistillTask` is the student (a draft model today; early-exit heads, a prophet
+transformer or Medusa heads later), its loss on a batch and how it is saved. Around it
+this module provides the teacher (the target, fp32, frozen), the tokenised data
+(:mod:`.textdata`), the settings check that makes ``--resume`` safe, and the training run
+(:func:`.trainer.train_loop`: tqdm progress, checkpoints, Ctrl-C). Cards: :mod:`.card`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..generator import load_tokenizer
+from ..models.loading import CheckpointError, read_hf_config, resolve_model_dir
+from .data import encode_docs
+from .presets import Stage
+from .textdata import TextData, TrainInputError
+from .trainer import load_model_fp32, thread_tuner, train_loop
+
+
+@dataclass
+class DistillTask:
+    """A student trained to imitate a frozen teacher.
+
+    ``loss_fn(student, batch)`` gets token windows ``[B, L + 1]`` and returns ``(loss,
+    {name: float})`` (see ``trainer.make_distill_loss``); ``save(dir)`` writes a directory
+    the runtime loads.
+    """
+
+    kind: str
+    teacher: torch.nn.Module
+    student: torch.nn.Module
+    loss_fn: Callable
+    save: Callable[[Path], None]
+
+
+def load_checkpoint_dir(name_or_path: str | Path) -> tuple[torch.nn.Module, Path, object]:
+    """A model as ``(fp32 transformers model, directory, tokenizer)``: an embedded name, a
+    directory or a hub id. Raises CheckpointError (one line) when it cannot be loaded."""
+    model_dir = resolve_model_dir(name_or_path)
+    read_hf_config(model_dir)  # no config.json, or remote code: a clear message
+    tok = load_tokenizer(model_dir)
+    try:
+        model = load_model_fp32(model_dir)
+    except (OSError, ValueError, KeyError) as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        raise CheckpointError(
+            f"cannot load {name_or_path}: {str(exc).splitlines()[0][:160]}") from None
+    return model, model_dir, tok
+
+
+def load_teacher(target: str | Path) -> tuple[torch.nn.Module, Path, object]:
+    """The target as a frozen fp32 teacher: ``(model, directory, tokenizer)``."""
+    teacher, target_dir, tok = load_checkpoint_dir(target)
+    return teacher.requires_grad_(False), target_dir, tok
+
+
+def context_length(model) -> int:
+    cfg = model.config
+    return int(getattr(cfg, "max_position_embeddings", None) or cfg.n_positions)
+
+
+@dataclass
+class TokenData:
+    """Token streams of the train and held-out text, and the data manifest with counts."""
+
+    train: np.ndarray
+    heldout: np.ndarray
+    manifest: dict
+
+
+def tokenize(data: TextData, tok, seq_len: int) -> TokenData:
+    """Encode both splits (``EOS doc EOS doc ...``); the train stream must hold a window."""
+    train = encode_docs(tok, [t for _, t in data.train])
+    heldout = encode_docs(tok, [t for _, t in data.heldout])
+    if train.size < seq_len + 1:
+        raise TrainInputError(
+            f"the training text has {train.size} tokens, fewer than --seq-len + 1 = "
+            f"{seq_len + 1}; add data or lower --seq-len")
+    manifest = data.manifest()
+    manifest["split"].update(train_tokens=int(train.size), heldout_tokens=int(heldout.size))
+    return TokenData(train, heldout, manifest)
+
+
+def check_settings(work_dir: Path, settings: dict, resume: bool) -> None:
+    """Record the settings batches and weights depend on; ``resume`` must not change them."""
+    path = Path(work_dir) / "run.json"
+    if resume and path.exists():
+        old = json.loads(path.read_text())
+        changed = [f"{k}: {old.get(k)} -> {v}" for k, v in settings.items() if old.get(k) != v]
+        if changed:
+            raise TrainInputError(
+                f"--resume: the checkpoints in {work_dir} were made with other settings "
+                f"({'; '.join(changed[:3])}); use the same ones, or drop --resume to start over")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings, indent=1) + "\n")
+
+
+def train(task: DistillTask, tokens: TokenData, stage: Stage, seq_len: int, seed: int,
+          work_dir: Path, resume: bool = False, progress: bool = True,
+          threads: int | str | None = None) -> dict:
+    """Run the training loop on the task's student; the summary says if Ctrl-C stopped it."""
+    task.teacher.eval()
+    tuner = thread_tuner(threads) if threads is not None else None
+    work_dir = Path(work_dir)
+    return train_loop(task.student, tokens.train, stage, seq_len, seed, work_dir,
+                      work_dir / "train_log.jsonl", loss_fn=task.loss_fn, resume=resume,
+                      desc=task.kind, progress=progress, tuner=tuner)

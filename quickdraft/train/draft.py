@@ -1,0 +1,203 @@
+"""``quickdraft train draft``: distil a draft model for any target the runtime loads.
+
+The draft is a small Llama (sized by ``--config``) or an existing model (``--init``) with
+the target's tokenizer, trained on KL(target || draft) + a small CE term over the user's
+text. The result is a Hugging Face directory with the target's tokenizer files, a model
+card and a ``quickdraft.json`` naming its target; the pair is also recorded in the user's
+pairing file (``models.registry.register_draft``), so ``quickdraft generate --model
+TARGET`` finds the draft without writing into the target's directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, fields
+from pathlib import Path
+
+import torch
+
+from ..generator import check_same_tokenizer
+from ..models.loading import resolve_model_dir
+from ..models.registry import META_FILE, PACKAGE_DIR, read_meta, register_draft
+from . import card
+from .distill import (
+    DistillTask,
+    check_settings,
+    context_length,
+    load_checkpoint_dir,
+    load_teacher,
+    tokenize,
+    train,
+)
+from .pipeline import hardware
+from .presets import PRESETS, Arch, Stage
+from .textdata import TrainInputError, read_text_data
+from .trainer import (
+    build_llama,
+    count_params,
+    evaluate,
+    llama_config,
+    load_model_fp32,
+    make_distill_loss,
+    measure_decode,
+    save_model_bf16,
+)
+
+# --config names: the embedded family's draft and the tiny smoke-test draft
+DRAFT_SIZES = {"small": PRESETS["default"].draft, "tiny": PRESETS["tiny"].draft}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+                   "vocab.txt", "chat_template.jinja", "chat_template.json")
+
+
+def draft_arch(spec: str) -> Arch:
+    """``small``, ``tiny``, a JSON file or inline JSON with :class:`Arch` fields."""
+    if spec in DRAFT_SIZES:
+        return DRAFT_SIZES[spec]
+    text = Path(spec).read_text() if Path(spec).is_file() else spec
+    try:
+        values = json.loads(text)
+        return Arch(**values)
+    except (ValueError, TypeError) as exc:
+        names = ", ".join(f.name for f in fields(Arch))
+        raise TrainInputError(
+            f"--config {spec!r}: {exc}; use small, tiny, or JSON with the fields {names}"
+        ) from None
+
+
+def build_student(args, teacher, target_dir: Path, tok):
+    """The draft to train: ``--init`` (same tokenizer) or a fresh Llama of ``--config``."""
+    vocab = teacher.get_output_embeddings().weight.shape[0]
+    context = context_length(teacher)
+    if args.init is not None:
+        student, init_dir, init_tok = load_checkpoint_dir(args.init)
+        check_same_tokenizer(tok, init_tok, str(target_dir), str(init_dir))
+        rows = student.get_output_embeddings().weight.shape[0]
+        if rows != vocab:
+            raise TrainInputError(f"--init {init_dir} has {rows} output logits but the target "
+                                  f"has {vocab}; pass a draft of the target's vocabulary size")
+        if hasattr(student.config, "rope_theta"):  # RoPE: any length; learned positions: not
+            student.config.max_position_embeddings = context
+        return student.train().requires_grad_(True)
+    eos = teacher.config.eos_token_id
+    eos = tok.eos_token_id if eos is None else eos
+    bos = teacher.config.bos_token_id
+    pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if isinstance(eos, int) else None)
+    cfg = llama_config(draft_arch(args.config), vocab, context, bos_id=bos, eos_id=eos, pad_id=pad)
+    return build_llama(cfg, args.seed)
+
+
+def check_out_dir(out: Path, target_dir: Path, force: bool) -> None:
+    """Never overwrite a directory that is not a draft of ours, nor the target."""
+    if out.resolve() == target_dir.resolve():
+        raise TrainInputError("--out is the target's directory; pass a new directory for the draft")
+    if out.is_file():
+        raise TrainInputError(f"--out {out} is a file; pass a directory")
+    if out.is_dir() and any(out.iterdir()) and read_meta(out).get("role") != "draft" and not force:
+        raise TrainInputError(f"--out {out} is not empty and holds no quickdraft draft; pass a "
+                              "new directory, or --force to write into it")
+
+
+def default_work_dir(out: Path) -> Path:
+    """Checkpoints go next to the draft (``OUT-work``); for a draft written into the
+    package, under ``runs/`` in the current directory."""
+    if out.resolve().is_relative_to(PACKAGE_DIR):
+        return Path("runs") / "train-draft" / out.name
+    return out.parent / f"{out.name}-work"
+
+
+def copy_tokenizer(target_dir: Path, out: Path) -> None:
+    """The target's tokenizer files, verbatim: the draft's vocabulary is the target's."""
+    for name in TOKENIZER_FILES:
+        if (target_dir / name).is_file():
+            shutil.copyfile(target_dir / name, out / name)
+
+
+def write_meta(out: Path, target: str, target_dir: Path, params: int) -> None:
+    target_name = read_meta(target_dir).get("name") or target
+    meta = {"name": out.name, "role": "draft", "default": False, "draft": None,
+            "params": int(params),
+            "description": f"Draft distilled from {target_name} by `quickdraft train draft` "
+                           "(KL(target || draft) + CE).",
+            "target": target_name, "target_path": str(target_dir.resolve())}
+    (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def run_train_draft(args, command: str, log=print) -> int:
+    """Run ``quickdraft train draft``; returns the exit code (130 when Ctrl-C stopped it)."""
+    out = Path(args.out)
+    check_out_dir(out, resolve_model_dir(args.target), args.force)
+    teacher, target_dir, tok = load_teacher(args.target)
+    context = context_length(teacher)
+    seq_len = args.seq_len
+    if seq_len > context:
+        raise TrainInputError(f"--seq-len {seq_len} is longer than the target's context "
+                              f"({context}); pass at most {context}")
+    data = read_text_data(args.data)
+    tokens = tokenize(data, tok, seq_len)
+    student = build_student(args, teacher, target_dir, tok)
+    stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+                  ckpt_every=args.ckpt_every, log_every=args.log_every)
+    work = Path(args.work_dir) if args.work_dir else default_work_dir(out)
+    check_settings(work, {
+        "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
+        "init": str(args.init) if args.init else None,
+        "config": None if args.init else asdict(draft_arch(args.config)),
+        "seq_len": seq_len, "batch_size": args.batch_size, "lr": args.lr,
+        "warmup": args.warmup, "seed": args.seed, "kl_weight": args.kl_weight,
+        "ce_weight": args.ce_weight}, args.resume)
+    split = tokens.manifest["split"]
+    log(f"[train draft] target {target_dir} ({count_params(teacher):,} params, context "
+        f"{context}); draft {count_params(student):,} params; {split['train_tokens']:,} train "
+        f"/ {split['heldout_tokens']:,} held-out tokens; {args.steps} steps of "
+        f"{args.batch_size} x {seq_len}")
+
+    def save(d: Path) -> None:
+        save_model_bf16(student, d)
+        copy_tokenizer(target_dir, d)
+        write_meta(d, args.target, target_dir, count_params(student))
+
+    task = DistillTask("draft", teacher, student,
+                       make_distill_loss(teacher, args.kl_weight, args.ce_weight), save)
+    summary = train(task, tokens, stage, seq_len, args.seed, work, resume=args.resume,
+                    progress=not args.no_progress, threads=args.threads)
+    out.mkdir(parents=True, exist_ok=True)
+    task.save(out)
+    if not out.resolve().is_relative_to(PACKAGE_DIR):  # an embedded draft pairs by name
+        register_draft(target_dir, out)
+    shutil.copyfile(work / "train_log.jsonl", out / "train_log.jsonl")
+    (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
+    report = {"kind": "draft", "command": command, "target": args.target,
+              "target_dir": str(target_dir), "target_params": count_params(teacher),
+              "params": count_params(student), "init": str(args.init) if args.init else None,
+              "seq_len": seq_len, "seed": args.seed, "stage": asdict(stage),
+              "kl_weight": args.kl_weight, "ce_weight": args.ce_weight,
+              "train": summary, "data": {k: v for k, v in tokens.manifest.items()
+                                         if k != "file_list"},
+              "files": tokens.manifest["file_list"], "hardware": hardware()}
+    if summary["interrupted"]:
+        card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")
+        card.write_distill_card(out, report)
+        log(f"[train draft] stopped at step {summary['steps_done']}/{args.steps}; a usable "
+            f"draft is in {out}; continue with the same command and --resume")
+        return 130
+    # Held-out agreement and decode cost of the saved (bf16 -> fp32) weights: what users run.
+    if args.threads == "auto":  # the tuner's last choice is no basis for a timing
+        torch.set_num_threads(min(2, os.cpu_count() or 1))
+    saved = load_model_fp32(out)
+    heldout = evaluate(saved, tokens.heldout, None, seq_len, args.eval_tokens, teacher=teacher)
+    with (out / "train_log.jsonl").open("a") as f:
+        f.write(json.dumps({"event": "eval", "step": summary["steps_done"],
+                            "loss": heldout["loss"]}) + "\n")
+    ms = measure_decode({"target": teacher, "draft": saved}, steps=32, prompt_len=32, repeats=3)
+    ms.update(steps=32, prompt_len=32, repeats=3, threads=torch.get_num_threads(),
+              ratio=ms["draft"] / ms["target"])
+    report.update(heldout=heldout, decode_ms=ms)
+    card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")
+    card.write_distill_card(out, report)
+    log(f"[train draft] held-out: greedy agreement {heldout['greedy_agreement']:.1%}, "
+        f"KL {heldout['kl_from_target']:.4f}, loss {heldout['loss']:.4f}; decode cost "
+        f"draft/target {ms['ratio']:.3f}; draft saved to {out}")
+    return 0

@@ -1,0 +1,209 @@
+"""quickdraft train draft: a draft for any target, pairing, resume after Ctrl-C, bad input;
+and training never writes into the package unless told (issue #8)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import build_tokenizer, save_llama
+from safetensors.torch import load_file
+
+from quickdraft import cli
+from quickdraft.models.registry import ASSETS_DIR, PACKAGE_DIR, find_draft_dir, register_draft
+
+CODE = '''def mean(values):
+    """The arithmetic mean of a non-empty sequence."""
+    total = 0
+    for v in values:
+        total += v
+    return total / len(values)
+
+
+class Counter:
+    def __init__(self):
+        self.counts = {}
+
+    def add(self, key):
+        self.counts[key] = self.counts.get(key, 0) + 1
+'''
+
+
+@pytest.fixture(autouse=True)
+def user_config(tmp_path, monkeypatch):
+    """Pairings go to a per-test config dir, never the user's."""
+    monkeypatch.setenv("QUICKDRAFT_CONFIG_DIR", str(tmp_path / "config"))
+    return tmp_path / "config"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny random Llama target with its own tokenizer, and a data directory."""
+    root = tmp_path_factory.mktemp("train_draft")
+    tok = build_tokenizer(root / "target")
+    save_llama(root / "target", len(tok), layers=2, hidden=64, seed=0, eos=tok.eos_token_id,
+               scale=20.0)
+    data = root / "data"
+    (data / "pkg").mkdir(parents=True)
+    for i in range(12):
+        (data / "pkg" / f"mod{i}.py").write_text(CODE.replace("mean", f"mean{i}") * 2)
+    rows = [{"text": CODE.replace("Counter", f"Tally{i}")} for i in range(6)] + [{"id": 1}]
+    (data / "extra.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (data / "blob.bin").write_bytes(bytes(range(256)))  # binary: skipped
+    return root
+
+
+def train_draft(setup, out: Path, *extra: str) -> int:
+    return cli.main(["train", "draft", "--target", str(setup / "target"), "--out", str(out),
+                     "--data", str(setup / "data"), "--config", "tiny", "--steps", "6",
+                     "--seq-len", "32", "--batch-size", "2", "--ckpt-every", "3",
+                     "--eval-tokens", "256", "--threads", "1", "--no-progress", *extra])
+
+
+def test_train_draft_end_to_end_pairs_and_is_lossless(setup, tmp_path, user_config):
+    from quickdraft.generator import SpeculativeGenerator
+    from quickdraft.models.lm import load_model
+    from quickdraft.models.loading import resolve_pair
+
+    out = tmp_path / "draft"
+    assert train_draft(setup, out) == 0
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "quickdraft.json",
+            "loss_curve.png", "train_log.jsonl", "data_manifest.json"} <= names
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["max_position_embeddings"] == 256  # the target's context
+    meta = json.loads((out / "quickdraft.json").read_text())
+    assert meta["role"] == "draft" and meta["target_path"] == str((setup / "target").resolve())
+    assert load_model(out).backend == "native"
+    # the data manifest counts the .py files and the JSONL records, not the binary
+    manifest = json.loads((out / "data_manifest.json").read_text())
+    assert manifest["files"] == 13 and manifest["skipped"] == 2
+    assert manifest["split"]["train_tokens"] > 0 and manifest["split"]["heldout_tokens"] > 0
+    card = (out / "README.md").read_text()
+    assert "greedy agreement" in card and "draft / target cost ratio" in card
+    assert "quickdraft train draft --target" in card and "6 of 6 steps" in card
+    # generate --model TARGET finds the draft (pairing file), and greedy output is unchanged
+    assert resolve_pair(str(setup / "target"), None, need_draft=True)[1] == out
+    spec = SpeculativeGenerator.from_pretrained(str(setup / "target"))
+    plain = SpeculativeGenerator.from_pretrained(str(setup / "target"), method="ar")
+    for prompt in ("def mean(values):", "class Counter:\n    def"):
+        a = spec.generate(prompt, max_new_tokens=40)
+        b = plain.generate(prompt, max_new_tokens=40)
+        assert a.token_ids == b.token_ids and a.stats.drafted_tokens > 0
+
+
+def test_interrupted_then_resumed_equals_uninterrupted(setup, tmp_path, monkeypatch, capsys):
+    from quickdraft.models.lm import load_model
+    from quickdraft.train import trainer
+
+    assert train_draft(setup, tmp_path / "a") == 0
+    real = trainer.sample_batch
+
+    def ctrl_c_at_step_4(stream, batch_size, seq_len, seed, step):
+        if step == 3:  # a real SIGINT through the real handler, during the 4th step
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(stream, batch_size, seq_len, seed, step)
+
+    monkeypatch.setattr(trainer, "sample_batch", ctrl_c_at_step_4)
+    assert train_draft(setup, tmp_path / "b") == 130
+    assert "stopped at step 4/6" in capsys.readouterr().err
+    assert load_model(tmp_path / "b").vocab_size > 0  # the stopped run left a usable draft
+    assert "Stopped by Ctrl-C at step 4" in (tmp_path / "b" / "README.md").read_text()
+    monkeypatch.setattr(trainer, "sample_batch", real)
+    assert train_draft(setup, tmp_path / "b", "--resume") == 0
+    a = load_file(tmp_path / "a-work" / "checkpoints" / "step-000006" / "model.safetensors")
+    b = load_file(tmp_path / "b-work" / "checkpoints" / "step-000006" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=1e-6), k
+    # resuming with other settings is refused
+    assert train_draft(setup, tmp_path / "b", "--resume", "--lr", "1e-2") == 2
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("quickdraft: error:"), err
+    return err[0]
+
+
+def test_bad_input_is_one_line_exit_2(setup, tmp_path, capsys):
+    base = ["train", "draft", "--steps", "1", "--seq-len", "16", "--no-progress"]
+    target, data = str(setup / "target"), str(setup / "data")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "binary").mkdir()
+    (tmp_path / "binary" / "x.bin").write_bytes(b"\x00\xff" * 10)
+    (tmp_path / "noconfig").mkdir()
+    other = tmp_path / "other-init"  # a draft with another tokenizer
+    tok = build_tokenizer(other, vocab_size=280)
+    save_llama(other, len(tok), layers=1, hidden=32, seed=1, eos=tok.eos_token_id)
+    cases = {
+        "not loadable": ["--target", str(tmp_path / "missing"), "--data", data],
+        "no config.json": ["--target", str(tmp_path / "noconfig"), "--data", data],
+        "no data files": ["--target", target, "--data", str(tmp_path / "empty")],
+        "no data path": ["--target", target, "--data", str(tmp_path / "nope.txt")],
+        "no usable text": ["--target", target, "--data", str(tmp_path / "binary")],
+        "inside package": ["--target", target, "--data", data],
+        "other tokenizer": ["--target", target, "--data", data, "--init", str(other)],
+        "seq-len over context": ["--target", target, "--data", data, "--seq-len", "4096"],
+    }
+    messages = {}
+    capsys.readouterr()
+    for case, args in cases.items():
+        out = ASSETS_DIR / "qd-test-draft" if case == "inside package" else tmp_path / case
+        size = [] if "--init" in args else ["--config", "tiny"]
+        assert cli.main([*base, *size, "--out", str(out), *args]) == 2, case
+        messages[case] = _one_line_error(capsys)
+        assert not out.exists(), case
+    assert "inside the installed quickdraft package" in messages["inside package"]
+    assert "different tokenizers" in messages["other tokenizer"]
+    assert "no usable text" in messages["no usable text"]
+    assert "no data files" in messages["no data files"]
+
+
+def test_train_never_writes_into_the_package_unless_forced(tmp_path, capsys, monkeypatch):
+    from quickdraft.train import pipeline
+
+    def refuse(*args, **kwargs):  # guard: if the check regresses, fail instead of training
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(pipeline.Pipeline, "__init__", refuse)
+    assert cli.main(["train", "--preset", "tiny", "--no-progress"]) == 2
+    assert "--out" in _one_line_error(capsys)
+    assert cli.main(["train", "--preset", "tiny", "--out", str(ASSETS_DIR)]) == 2
+    assert "--force" in _one_line_error(capsys)
+    assert cli.main(["train", "--preset", "tiny", "--out", str(PACKAGE_DIR / "x")]) == 2
+    _one_line_error(capsys)
+    with pytest.raises(AssertionError, match="training started"):  # --force is allowed
+        cli.main(["train", "--preset", "tiny", "--force"])
+
+
+def test_pairing_rules(tmp_path):
+    target, draft = tmp_path / "t", tmp_path / "d"
+    target.mkdir()
+    draft.mkdir()
+    assert find_draft_dir(target) is None
+    # the user's pairing file counts only while the draft still names this target
+    register_draft(target, draft)
+    assert find_draft_dir(target) is None
+    (draft / "quickdraft.json").write_text(json.dumps(
+        {"role": "draft", "target_path": str(target.resolve())}))
+    assert find_draft_dir(target) == draft.resolve()
+    # the target's own quickdraft.json wins, a path relative to the target's directory
+    (tmp_path / "d2").mkdir()
+    (target / "quickdraft.json").write_text(json.dumps({"draft": "../d2"}))
+    assert find_draft_dir(target).resolve() == (tmp_path / "d2").resolve()
+
+
+def test_data_stdlib_is_the_corpus_train_split_with_its_validation_held_out():
+    from quickdraft.train.corpus import load_corpus
+    from quickdraft.train.textdata import read_text_data
+
+    data = read_text_data(["stdlib"])
+    corpus = load_corpus()
+    assert [n for n, _ in data.train] == [n for n, _ in corpus.train]
+    assert [n for n, _ in data.heldout] == [n for n, _ in corpus.val]
+    assert data.manifest()["files"] == len(corpus.train) + len(corpus.val)
