@@ -59,23 +59,20 @@ def exact_distribution(lm: NativeLM, params: SamplingParams, n: int = 3) -> dict
 class NoResidual(SpeculativeSampling):
     """WRONG: on rejection, resample from p instead of norm(max(p - q, 0))."""
 
-    def __call__(self, draft_tokens, draft_probs, target_logits):
-        verdict = super().__call__(draft_tokens, draft_probs, target_logits)
-        if verdict.accepted < len(draft_tokens):
-            p = probabilities(target_logits[verdict.accepted], self.params)
-            return Verdict(verdict.accepted, sample(p, self.generator))
-        return verdict
+    def update(self, p, q):
+        return p
 
 
 class AcceptWhenPAtLeastQ(SpeculativeSampling):
     """WRONG: accept x deterministically when p(x) >= q(x) instead of with prob min(1, p/q)."""
 
-    def __call__(self, draft_tokens, draft_probs, target_logits):
+    def __call__(self, proposal, target_logits):
         p = probabilities(target_logits, self.params)
-        for i, x in enumerate(draft_tokens.tolist()):
+        draft_probs = proposal.probs
+        for i, x in enumerate(proposal.tokens.tolist()):
             if p[i, x] < draft_probs[i, x]:
-                return Verdict(i, sample(residual_distribution(p[i], draft_probs[i]), self.generator))
-        return Verdict(len(draft_tokens), sample(p[-1], self.generator))
+                return Verdict(list(range(i)), sample(residual_distribution(p[i], draft_probs[i]), self.generator))
+        return Verdict(list(range(proposal.size)), sample(p[-1], self.generator))
 
 
 class FixedDrafter:
@@ -83,13 +80,16 @@ class FixedDrafter:
 
     name = "fixed"
 
+    def verify_width(self, k):
+        return k + 1
+
     def start(self, prompt, params, generator, max_len):
         pass
 
     def propose(self, sequence, k):
-        return Proposal(torch.tensor([2, 4, 1, 0][:k]))
+        return Proposal.chain(torch.tensor([2, 4, 1, 0][:k]))
 
-    def verified(self, n_valid):
+    def verified(self, length, path):
         pass
 
 
