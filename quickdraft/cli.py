@@ -8,6 +8,8 @@ import os
 import sys
 from pathlib import Path
 
+from .drafters.factory import METHODS
+
 EXIT_USAGE = 2
 GREEN, RESET = "\033[32m", "\033[0m"
 
@@ -87,8 +89,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     prompt = read_prompt(args)
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend)
+    if args.multi_draft_rule == "spectr" and sampling.greedy:
+        raise CliError("--multi-draft-rule spectr needs sampling (--temperature > 0); greedy multi-draft "
+                       "already follows the target's argmax through the tree")
+    method_options = draft_options(args)
+    gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend, method_options,
+                                               args.multi_draft_rule)
     k = args.num_speculative_tokens
+    if args.show_tree:
+        from .show_tree import TreeRecorder
+
+        gen.drafter = TreeRecorder(gen.drafter)
     if args.auto_k and args.method == "draft":
         from .bench.autok import auto_k
 
@@ -104,7 +115,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.json:
         out = gen.generate(prompt, **options)
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "stats": out.stats.to_dict()}))
-        return 0
+        return show_tree(gen) if args.show_tree else 0
     stats = GenerationStats()
     color = use_color(args.color)
     for chunk in gen.stream(prompt, stats=stats, **options):
@@ -112,9 +123,46 @@ def cmd_generate(args: argparse.Namespace) -> int:
             sys.stdout.write(f"{GREEN}{text}{RESET}" if color and from_draft else text)
         sys.stdout.flush()
     sys.stdout.write("\n")
-    legend = f" | {GREEN}green{RESET} = accepted draft tokens" if color and args.method == "draft" else ""
-    print(f"[{args.method}] {stats.summary()}{legend}", file=sys.stderr)
+    legend = f" | {GREEN}green{RESET} = accepted draft tokens" if color and args.method != "ar" else ""
+    print(f"[{gen.drafter.name}] {stats.summary()}{legend}", file=sys.stderr)
+    return show_tree(gen) if args.show_tree else 0
+
+
+def show_tree(gen) -> int:
+    """Print the first step's proposal tree on stderr (stdout keeps the completion)."""
+    from .show_tree import render_tree
+
+    recorder = gen.drafter
+    if recorder.proposal is None:
+        print("no step proposed anything to draw", file=sys.stderr)
+        return 0
+    decode = lambda t: gen.tokenizer.decode([t], clean_up_tokenization_spaces=False)  # noqa: E731
+    print(render_tree(recorder.proposal, recorder.path, decode), file=sys.stderr)
     return 0
+
+
+def draft_options(args: argparse.Namespace):
+    """The method settings of ``generate`` (and bench) flags; checks them before loading."""
+    from .drafters import DraftOptions
+
+    try:
+        return DraftOptions(args.tree, args.tree_children, args.num_drafts, args.ngram_max, args.ngram_min)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def add_method_options(parser: argparse.ArgumentParser) -> None:
+    """Flags shaping the tree, multi-draft and n-gram methods."""
+    parser.add_argument("--tree", default="2,2,1",
+                        help="tree method: children per level (e.g. 2,2,1) or dynamic:N (best N nodes); default 2,2,1")
+    parser.add_argument("--tree-children", choices=["sample", "top"], default="sample",
+                        help="static tree children when sampling: i.i.d. draft samples (default) or the draft's top-k")
+    parser.add_argument("--num-drafts", type=positive_int, default=3,
+                        help="multi-draft: sequences sampled from the draft, merged into one tree (default 3)")
+    parser.add_argument("--multi-draft-rule", choices=["mss", "spectr"], default="mss",
+                        help="sampled verification: multi-step speculative sampling (default) or SpecTr K-SEQ")
+    parser.add_argument("--ngram-max", type=positive_int, default=3, help="n-gram: longest tail to look up (default 3)")
+    parser.add_argument("--ngram-min", type=positive_int, default=1, help="n-gram: shortest tail to look up (default 1)")
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -142,8 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--model", help="target: embedded name, HF directory or hub id (default: embedded default)")
     gen.add_argument("--draft", help="draft model with the target's tokenizer (default: the target's paired draft)")
-    gen.add_argument("--method", choices=["ar", "draft"], default="draft",
-                     help="ar = plain decoding, draft = speculative with a draft model (default)")
+    gen.add_argument("--method", choices=list(METHODS), default="draft",
+                     help="ar = plain decoding, draft = draft-model chain (default), ngram = prompt lookup, "
+                     "tree = draft-model token tree, multi-draft = N sampled drafts, hybrid = ngram else draft")
+    add_method_options(gen)
+    gen.add_argument("--show-tree", action="store_true",
+                     help="draw the first step's proposal tree with the accepted nodes marked (stderr)")
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", help="read the prompt from a UTF-8 file")

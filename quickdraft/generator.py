@@ -9,15 +9,13 @@ from pathlib import Path
 import torch
 
 from .detokenize import IncrementalDetokenizer
-from .drafters import Drafter, DraftModelDrafter, NoDrafter
+from .drafters import METHODS, NEEDS_DRAFT, Drafter, DraftOptions, NoDrafter, make_drafter
 from .engine import ContextOverflowError, decode
 from .models.lm import CausalLM, load_model
 from .models.loading import CheckpointError, resolve_pair
 from .sampling import SamplingParams
 from .stats import GenerationStats
 from .stopping import StopConditions, cut_at_stop
-
-METHODS = ("ar", "draft")
 
 
 @dataclass
@@ -68,10 +66,11 @@ class SpeculativeGenerator:
     >>> out.text, out.stats.mean_accepted_tokens
     """
 
-    def __init__(self, target: CausalLM, tokenizer, drafter: Drafter | None = None) -> None:
+    def __init__(self, target: CausalLM, tokenizer, drafter: Drafter | None = None, acceptance: str = "mss") -> None:
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter or NoDrafter()
+        self.acceptance = acceptance  # the sampling rule: mss, or spectr for multi-draft
         eos = list(target.eos_token_ids)
         if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:
             eos.append(tokenizer.eos_token_id)
@@ -84,19 +83,23 @@ class SpeculativeGenerator:
         draft: str | Path | None = None,
         method: str = "draft",
         backend: str = "auto",
+        options: DraftOptions = DraftOptions(),
+        acceptance: str = "mss",
     ) -> SpeculativeGenerator:
-        """Load a target (default: the embedded default) and, for ``method="draft"``, a draft
-        (default: the embedded target's paired draft)."""
+        """Load a target (default: the embedded default) and, for the methods that need one
+        (draft, tree, multi-draft, hybrid), a draft (default: the embedded target's paired
+        draft). ``options`` shape the method (tree, number of drafts, n-gram sizes);
+        ``acceptance`` is the sampling rule (mss, or spectr for multi-draft)."""
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-        target_dir, draft_dir = resolve_pair(model, draft, need_draft=method == "draft")
+        target_dir, draft_dir = resolve_pair(model, draft, need_draft=method in NEEDS_DRAFT)
         target = load_model(target_dir, backend)
         tokenizer = load_tokenizer(target_dir)
-        drafter: Drafter | None = None
-        if draft_dir is not None:
+        draft_model = None
+        if draft_dir is not None and method in NEEDS_DRAFT:
             check_same_tokenizer(tokenizer, load_tokenizer(draft_dir), str(target_dir), str(draft_dir))
-            drafter = DraftModelDrafter(load_model(draft_dir, backend), target.vocab_size)
-        return cls(target, tokenizer, drafter)
+            draft_model = load_model(draft_dir, backend)
+        return cls(target, tokenizer, make_drafter(method, draft_model, target.vocab_size, options), acceptance)
 
     def encode(self, prompt: str | Sequence[int], truncate: bool = False, room: int = 1) -> torch.Tensor:
         """Token ids of ``prompt`` (tokenised as ``AutoTokenizer`` does with default arguments).
@@ -134,6 +137,7 @@ class SpeculativeGenerator:
             drafter=self.drafter,
             params=sampling,
             num_speculative_tokens=num_speculative_tokens,
+            acceptance=self.acceptance,
             stats=stats,
         )
 

@@ -93,25 +93,25 @@ class FixedDrafter:
         pass
 
 
-def empirical_pvalue(target, drafter, params, rule_cls=None, k=2):
+def empirical_pvalue(target, drafter, params, rule_cls=None, k=2, n_samples=N_SAMPLES):
     counts: Counter = Counter()
-    for seed in range(N_SAMPLES):
+    for seed in range(n_samples):
         p = SamplingParams(params.temperature, params.top_k, params.top_p, seed=seed)
         rule = rule_cls(p, p.generator()) if rule_cls else None
         steps = decode(target, PROMPT, StopConditions(3), drafter=drafter, params=p,
                        num_speculative_tokens=k, acceptance=rule)
         counts[tuple(t for s in steps for t in s.tokens)] += 1
     exact = exact_distribution(target, params)
-    assert sum(counts[c] for c, prob in exact.items() if prob > 0) == N_SAMPLES, "sample outside the support"
+    assert sum(counts[c] for c, prob in exact.items() if prob > 0) == n_samples, "sample outside the support"
     # Chi-square needs expected counts >= 5: pool the rarer sequences into one cell.
-    common = [c for c, prob in exact.items() if prob * N_SAMPLES >= 5]
-    rare = [c for c, prob in exact.items() if 0 < prob * N_SAMPLES < 5]
+    common = [c for c, prob in exact.items() if prob * n_samples >= 5]
+    rare = [c for c, prob in exact.items() if 0 < prob * n_samples < 5]
     observed = [counts[c] for c in common]
-    expected = [exact[c] * N_SAMPLES for c in common]
+    expected = [exact[c] * n_samples for c in common]
     if rare:
         observed.append(sum(counts[c] for c in rare))
-        expected.append(sum(exact[c] for c in rare) * N_SAMPLES)
-    scale = N_SAMPLES / sum(expected)  # float rounding of the enumerated probabilities
+        expected.append(sum(exact[c] for c in rare) * n_samples)
+    scale = n_samples / sum(expected)  # float rounding of the enumerated probabilities
     return chisquare(observed, [e * scale for e in expected]).pvalue
 
 

@@ -24,6 +24,18 @@ class DraftOptions:
     ngram_max: int = 3
     ngram_min: int = 1
 
+    def __post_init__(self) -> None:
+        """One-line errors for bad settings, before any model is loaded."""
+        parse_tree(self.tree)
+        if self.tree_children not in ("sample", "top"):
+            raise ValueError(f"tree children must be sample or top, got {self.tree_children!r}")
+        if self.num_drafts < 1:
+            raise ValueError(f"--num-drafts must be >= 1, got {self.num_drafts}")
+        if not 1 <= self.ngram_min <= self.ngram_max:
+            raise ValueError(
+                f"n-gram sizes need 1 <= --ngram-min <= --ngram-max, got {self.ngram_min} and {self.ngram_max}"
+            )
+
 
 def draft_shape(method: str, options: DraftOptions) -> Shape:
     if method == "tree":
@@ -32,8 +44,6 @@ def draft_shape(method: str, options: DraftOptions) -> Shape:
             return StaticTree(shape.widths, sample=False)
         return shape
     if method == "multi-draft":
-        if options.num_drafts < 1:
-            raise ValueError(f"--num-drafts must be >= 1, got {options.num_drafts}")
         return MultiDraft(options.num_drafts)
     return Shape()
 
@@ -48,7 +58,7 @@ def make_drafter(
         return NoDrafter()
     if method == "ngram":
         return NgramDrafter(options.ngram_max, options.ngram_min)
-    shape = draft_shape(method, options)  # checks the options before a missing draft
+    shape = draft_shape(method, options)
     if draft is None:
         raise ValueError(f"--method {method} needs a draft model (--draft); ngram and ar need none")
     model_drafter = DraftModelDrafter(draft, target_vocab_size, shape)

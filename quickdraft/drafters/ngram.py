@@ -18,9 +18,7 @@ class NgramDrafter:
 
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1) -> None:
         if not 1 <= ngram_min <= ngram_max:
-            raise ValueError(
-                f"n-gram sizes need 1 <= --ngram-min <= --ngram-max, got {ngram_min} and {ngram_max}"
-            )
+            raise ValueError(f"n-gram sizes need 1 <= ngram_min <= ngram_max, got {ngram_min} and {ngram_max}")
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
         self.name = f"ngram({ngram_max}..{ngram_min})"
 
