@@ -109,8 +109,8 @@ def choose_k(args: argparse.Namespace, gen) -> tuple[int | None, str | None]:
     if args.num_speculative_tokens is not None:
         ignored = "; --auto-k ignored" if args.auto_k else ""
         return args.num_speculative_tokens, f"from -k{ignored}"
-    if not isinstance(gen.drafter, DraftModelDrafter):
-        return gen.num_speculative_tokens, "default"
+    if args.method != "draft" or not isinstance(gen.drafter, DraftModelDrafter):
+        return gen.num_speculative_tokens, "default"  # the cost model knows chains only
     choice = gen.tune_num_speculative_tokens(remeasure=args.remeasure, log=notice)
     if choice.measured:
         notice(f"k={choice.k} (cost model: predicted {choice.predicted_speedup:.2f}x over plain decoding)")
@@ -122,9 +122,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .quiet import quiet_transformers
 
     prompt = read_prompt(args)
+    if args.multi_draft_rule == "spectr" and args.temperature == 0:
+        raise CliError("--multi-draft-rule spectr needs sampling (--temperature > 0); greedy multi-draft "
+                       "already follows the target's argmax through the tree")
+    method_options = draft_options(args)
     with quiet_transformers():
-        gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend)
+        gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend,
+                                                   method_options, args.multi_draft_rule)
     k, k_source = choose_k(args, gen)
+    if args.show_tree:
+        from .show_tree import TreeRecorder
+
+        gen.drafter = TreeRecorder(gen.drafter)
     seed = args.seed
     if seed is None and args.temperature > 0:
         seed = random.SystemRandom().randrange(2**31)  # reported, so a sampled run can be repeated
@@ -167,7 +176,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         out = stream.result()
         print(json.dumps({"text": out.text, "token_ids": out.token_ids, "settings": settings,
                           "stats": out.stats.to_dict()}))
-        return 0
+        return show_tree(gen) if args.show_tree else 0
     color = use_color(args.color)
     write_stream(stream, color)
     sys.stdout.write("\n")
@@ -175,7 +184,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     print(f"[{settings_label(settings)}] {stats.summary()}"
           + (f" | {green('green', True)} = accepted draft tokens" if color and k is not None else ""),
           file=sys.stderr)
-    return 0
+    return show_tree(gen) if args.show_tree else 0
 
 
 def settings_label(settings: dict) -> str:
@@ -194,8 +203,45 @@ def settings_label(settings: dict) -> str:
     return ", ".join(parts)
 
 
+def show_tree(gen) -> int:
+    """Print the first step's proposal tree on stderr (stdout keeps the completion)."""
+    from .show_tree import render_tree
+
+    recorder = gen.drafter
+    if recorder.proposal is None:
+        print("no step proposed anything to draw", file=sys.stderr)
+        return 0
+    decode = lambda t: gen.tokenizer.decode([t], clean_up_tokenization_spaces=False)  # noqa: E731
+    print(render_tree(recorder.proposal, recorder.path, decode), file=sys.stderr)
+    return 0
+
+
+def draft_options(args: argparse.Namespace):
+    """The method settings of ``generate`` (and bench) flags; checks them before loading."""
+    from .drafters import DraftOptions
+
+    try:
+        return DraftOptions(args.tree, args.tree_children, args.num_drafts, args.ngram_max, args.ngram_min)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def add_method_options(parser: argparse.ArgumentParser) -> None:
+    """Flags shaping the tree, multi-draft and n-gram methods."""
+    parser.add_argument("--tree", default="2,2,1",
+                        help="tree method: children per level (e.g. 2,2,1) or dynamic:N (best N nodes); default 2,2,1")
+    parser.add_argument("--tree-children", choices=["sample", "top"], default="sample",
+                        help="static tree children when sampling: i.i.d. draft samples (default) or the draft's top-k")
+    parser.add_argument("--num-drafts", type=positive_int, default=3,
+                        help="multi-draft: sequences sampled from the draft, merged into one tree (default 3)")
+    parser.add_argument("--multi-draft-rule", choices=["mss", "spectr"], default="mss",
+                        help="sampled verification: multi-step speculative sampling (default) or SpecTr K-SEQ")
+    parser.add_argument("--ngram-max", type=positive_int, default=3, help="n-gram: longest tail to look up (default 3)")
+    parser.add_argument("--ngram-min", type=positive_int, default=1, help="n-gram: shortest tail to look up (default 1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from .generator import METHODS
+    from .drafters.factory import METHODS
 
     parser = Parser(
         prog="quickdraft",
@@ -217,6 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--draft", help="draft model with the target's tokenizer (default: the target's paired draft)")
     gen.add_argument("--method", choices=list(METHODS), default="draft",
                      help="; ".join(f"{name} = {what}" for name, what in METHODS.items()))
+    add_method_options(gen)
+    gen.add_argument("--show-tree", action="store_true",
+                     help="draw the first step's proposal tree with the accepted nodes marked (stderr)")
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", help="read the prompt from a UTF-8 file")

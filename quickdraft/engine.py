@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafters.base import EMPTY, Drafter, NoDrafter
+from .drafters.base import Drafter, NoDrafter
 from .models.lm import CausalLM
+from .proposal import EMPTY, Proposal, tree_attention
 from .sampling import SamplingParams
 from .stats import GenerationStats
 from .stopping import StopConditions
@@ -40,13 +41,15 @@ def decode(
     drafter: Drafter | None = None,
     params: SamplingParams = SamplingParams(),
     num_speculative_tokens: int = 4,
-    acceptance: AcceptanceRule | None = None,
+    acceptance: AcceptanceRule | str | None = None,
     stats: GenerationStats | None = None,
 ) -> Iterator[Step]:
     """Generate after ``prompt`` (``[T]`` token ids), yielding each step's tokens.
 
-    ``stats`` (if given) is filled in as generation proceeds; it is complete when the
-    iterator is exhausted.
+    ``num_speculative_tokens`` bounds the depth of each proposal (the drafter decides its
+    shape); ``acceptance`` is a rule, or the name of the lossless sampling rule ("mss",
+    "spectr"). ``stats`` (if given) is filled in as generation proceeds; it is complete
+    when the iterator is exhausted.
     """
     if num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
@@ -56,8 +59,10 @@ def decode(
     drafter = drafter or NoDrafter()
     stats = stats if stats is not None else GenerationStats()
     generator = params.generator()
-    acceptance = acceptance or acceptance_for(params, generator)
-    max_len = min(target.context_length, prompt.numel() + stop.max_new_tokens + num_speculative_tokens + 1)
+    if not callable(acceptance):
+        acceptance = acceptance_for(params, generator, acceptance or "mss")
+    width = drafter.verify_width(num_speculative_tokens)
+    max_len = min(target.context_length, prompt.numel() + stop.max_new_tokens) + width
     if prompt.numel() >= target.context_length:
         raise ContextOverflowError(
             f"the prompt has {prompt.numel()} tokens but the model's context is {target.context_length}; "
@@ -67,8 +72,9 @@ def decode(
 
     started = time.perf_counter()
     target.reset(max_len)
-    # Plain decoding feeds one token a step; speculative steps feed k draft tokens + 1.
-    target.prepare(1 if isinstance(drafter, NoDrafter) else num_speculative_tokens + 1)
+    # Plain decoding feeds one token a step; speculative steps feed the proposal + 1, padded
+    # to the drafter's verify width so that every such pass uses the kernels prepared here.
+    pad_width = target.prepare(width)
     drafter.start(prompt, params, generator, max_len)
 
     # The sequence buffer holds prompt + emitted tokens; the target's cache holds a prefix
@@ -105,21 +111,39 @@ def decode(
             stats.finish_reason = finish
             break
 
-        # Never draft past the token budget or the context: a step yields up to k+1 tokens.
+        # Never draft past the token budget or the context: a step yields up to depth + 1 tokens.
         k = min(num_speculative_tokens, stop.max_new_tokens - stop.count - 1, room - 1)
         proposal = drafter.propose(sequence[:length], k) if k > 0 else EMPTY
-        drafted = proposal.tokens.numel()
-        fed = torch.cat([sequence[target.length : length], proposal.tokens])
-        target_logits = target.extend(fed, logits=drafted + 1)
-        verdict = acceptance(proposal.tokens, proposal.probs, target_logits)
-        stats.record_step(drafted, verdict.accepted)
-        # Keep what the target has now seen and accepted; drop the rest from both caches.
-        target.crop(length + verdict.accepted)
-        drafter.verified(length + verdict.accepted)
-        pending = proposal.tokens[: verdict.accepted].tolist() + [verdict.next_token]
-        drafted_in_chunk = verdict.accepted
+        target_logits = _verify_pass(target, sequence, length, proposal, pad_width)
+        verdict = acceptance(proposal, target_logits)
+        path = verdict.path
+        stats.record_step(proposal.depth, len(path))
+        # Keep what the target has now seen and accepted (the accepted nodes' KV moved into
+        # place after the prefix); drop the rest, in the drafter's cache too.
+        target.compact(length, path)
+        drafter.verified(length, path)
+        pending = proposal.tokens[path].tolist() + [verdict.next_token]
+        drafted_in_chunk = len(path)
         if decode_started is None:
             decode_started = time.perf_counter()
             stats.prefill_seconds = stats.time_to_first_token = decode_started - started
 
     stats.decode_seconds = time.perf_counter() - (decode_started or started)
+
+
+def _verify_pass(target: CausalLM, sequence: torch.Tensor, length: int, proposal: Proposal, width: int) -> torch.Tensor:
+    """One target pass over what its cache lacks plus the proposal: logits ``[n + 1, V]``.
+
+    A pass of 2 to ``width`` - 1 tokens (``width``: what the target prepared its kernels
+    for, 0 for none) is padded up to ``width`` with nodes that see only the prefix and themselves, so its products have the
+    prepared row count; their logits and KV rows are dropped.
+    """
+    n = proposal.size
+    fed = torch.cat([sequence[target.length : length], proposal.tokens])
+    pad = width - fed.numel() if 1 < fed.numel() < width else 0
+    if pad:
+        fed = torch.cat([fed, fed.new_zeros(pad)])
+    if proposal.is_chain and not pad:
+        return target.extend(fed, logits=n + 1)
+    positions, mask = tree_attention(proposal, target.length, length, pad)
+    return target.extend(fed, logits=n + 1 + pad, positions=positions, mask=mask)[: n + 1]

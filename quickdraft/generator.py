@@ -17,7 +17,15 @@ from pathlib import Path
 import torch
 
 from .detokenize import IncrementalDetokenizer
-from .drafters import Drafter, DraftModelDrafter, NoDrafter
+from .drafters import (
+    METHODS,
+    NEEDS_DRAFT,
+    Drafter,
+    DraftModelDrafter,
+    DraftOptions,
+    NoDrafter,
+    make_drafter,
+)
 from .engine import ContextOverflowError, Step, decode
 from .models.lm import CausalLM, eos_token_ids
 from .models.loading import CheckpointError, check_tokenizer_files, first_line
@@ -25,12 +33,6 @@ from .sampling import SamplingParams
 from .stats import GenerationStats
 from .stopping import StopConditions, cut_at_stop
 
-#: Decoding methods by name, with what each does (the CLI's ``--method`` choices). A new
-#: method adds an entry here and a drafter/acceptance rule in ``from_pretrained``.
-METHODS = {
-    "ar": "plain decoding (no drafter)",
-    "draft": "speculative decoding with a draft model (default)",
-}
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
 
@@ -169,12 +171,14 @@ class SpeculativeGenerator:
         tokenizer,
         drafter: Drafter | None = None,
         num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
+        acceptance: str = "mss",
     ) -> None:
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter or NoDrafter()
         self.eos_token_ids = eos_token_ids(target, tokenizer)
         self.num_speculative_tokens = num_speculative_tokens
+        self.acceptance = acceptance  # the sampling rule: mss, or spectr for multi-draft
 
     @classmethod
     def from_pretrained(
@@ -183,18 +187,20 @@ class SpeculativeGenerator:
         draft: str | Path | None = None,
         method: str = "draft",
         backend: str = "auto",
+        options: DraftOptions = DraftOptions(),
+        acceptance: str = "mss",
     ) -> SpeculativeGenerator:
-        """Load a target (default: the embedded default) and, for ``method="draft"``, a draft
-        (default: the embedded target's paired draft)."""
+        """Load a target (default: the embedded default) and, for the methods that need one
+        (draft, tree, multi-draft, hybrid), a draft (default: the embedded target's paired
+        draft). ``options`` shape the method (tree, number of drafts, n-gram sizes);
+        ``acceptance`` is the sampling rule (mss, or spectr for multi-draft)."""
         from .pair import load_pair  # pair.py imports this module's tokenizer helpers
 
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-        pair = load_pair(model, draft, need_draft=method == "draft", backend=backend)
-        drafter: Drafter | None = None
-        if pair.draft is not None:
-            drafter = DraftModelDrafter(pair.draft, pair.target.vocab_size)
-        return cls(pair.target, pair.tokenizer, drafter)
+        pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend)
+        drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options)
+        return cls(pair.target, pair.tokenizer, drafter, acceptance=acceptance)
 
     def encode(self, prompt: str | Sequence[int], truncate: bool = False, room: int = 1) -> torch.Tensor:
         """Token ids of ``prompt`` (tokenised as ``AutoTokenizer`` does with default arguments).
@@ -261,7 +267,7 @@ class SpeculativeGenerator:
         k = self.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
         conditions = StopConditions(max_new_tokens, self.eos_token_ids, stop_strings(stop), self.tokenizer)
         return decode(self.target, ids, conditions, drafter=self.drafter, params=params,
-                      num_speculative_tokens=k, stats=stats)
+                      num_speculative_tokens=k, acceptance=self.acceptance, stats=stats)
 
     def generate(
         self,

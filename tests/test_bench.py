@@ -95,11 +95,11 @@ def test_cli_end_to_end(tiny_family, tmp_path, capsys):
 class AcceptEverything:
     """A deliberately lossy acceptance rule: keeps every proposal."""
 
-    lossless = False
+    name = "accept-everything"
 
-    def __call__(self, draft_tokens, draft_probs, target_logits):
-        k = draft_tokens.shape[0]
-        return Verdict(k, int(target_logits[k].argmax()))
+    def __call__(self, proposal, target_logits):
+        k = proposal.size
+        return Verdict(list(range(k)), int(target_logits[k].argmax()))
 
 
 def test_lossy_method_is_caught(ctx, tiny_family, monkeypatch, capsys):

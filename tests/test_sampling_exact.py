@@ -59,23 +59,20 @@ def exact_distribution(lm: NativeLM, params: SamplingParams, n: int = 3) -> dict
 class NoResidual(SpeculativeSampling):
     """WRONG: on rejection, resample from p instead of norm(max(p - q, 0))."""
 
-    def __call__(self, draft_tokens, draft_probs, target_logits):
-        verdict = super().__call__(draft_tokens, draft_probs, target_logits)
-        if verdict.accepted < len(draft_tokens):
-            p = probabilities(target_logits[verdict.accepted], self.params)
-            return Verdict(verdict.accepted, sample(p, self.generator))
-        return verdict
+    def update(self, p, q):
+        return p
 
 
 class AcceptWhenPAtLeastQ(SpeculativeSampling):
     """WRONG: accept x deterministically when p(x) >= q(x) instead of with prob min(1, p/q)."""
 
-    def __call__(self, draft_tokens, draft_probs, target_logits):
+    def __call__(self, proposal, target_logits):
         p = probabilities(target_logits, self.params)
-        for i, x in enumerate(draft_tokens.tolist()):
+        draft_probs = proposal.probs
+        for i, x in enumerate(proposal.tokens.tolist()):
             if p[i, x] < draft_probs[i, x]:
-                return Verdict(i, sample(residual_distribution(p[i], draft_probs[i]), self.generator))
-        return Verdict(len(draft_tokens), sample(p[-1], self.generator))
+                return Verdict(list(range(i)), sample(residual_distribution(p[i], draft_probs[i]), self.generator))
+        return Verdict(list(range(proposal.size)), sample(p[-1], self.generator))
 
 
 class FixedDrafter:
@@ -83,35 +80,38 @@ class FixedDrafter:
 
     name = "fixed"
 
+    def verify_width(self, k):
+        return k + 1
+
     def start(self, prompt, params, generator, max_len):
         pass
 
     def propose(self, sequence, k):
-        return Proposal(torch.tensor([2, 4, 1, 0][:k]))
+        return Proposal.chain(torch.tensor([2, 4, 1, 0][:k]))
 
-    def verified(self, n_valid):
+    def verified(self, length, path):
         pass
 
 
-def empirical_pvalue(target, drafter, params, rule_cls=None, k=2):
+def empirical_pvalue(target, drafter, params, rule_cls=None, k=2, n_samples=N_SAMPLES):
     counts: Counter = Counter()
-    for seed in range(N_SAMPLES):
+    for seed in range(n_samples):
         p = SamplingParams(params.temperature, params.top_k, params.top_p, seed=seed)
         rule = rule_cls(p, p.generator()) if rule_cls else None
         steps = decode(target, PROMPT, StopConditions(3), drafter=drafter, params=p,
                        num_speculative_tokens=k, acceptance=rule)
         counts[tuple(t for s in steps for t in s.tokens)] += 1
     exact = exact_distribution(target, params)
-    assert sum(counts[c] for c, prob in exact.items() if prob > 0) == N_SAMPLES, "sample outside the support"
+    assert sum(counts[c] for c, prob in exact.items() if prob > 0) == n_samples, "sample outside the support"
     # Chi-square needs expected counts >= 5: pool the rarer sequences into one cell.
-    common = [c for c, prob in exact.items() if prob * N_SAMPLES >= 5]
-    rare = [c for c, prob in exact.items() if 0 < prob * N_SAMPLES < 5]
+    common = [c for c, prob in exact.items() if prob * n_samples >= 5]
+    rare = [c for c, prob in exact.items() if 0 < prob * n_samples < 5]
     observed = [counts[c] for c in common]
-    expected = [exact[c] * N_SAMPLES for c in common]
+    expected = [exact[c] * n_samples for c in common]
     if rare:
         observed.append(sum(counts[c] for c in rare))
-        expected.append(sum(exact[c] for c in rare) * N_SAMPLES)
-    scale = N_SAMPLES / sum(expected)  # float rounding of the enumerated probabilities
+        expected.append(sum(exact[c] for c in rare) * n_samples)
+    scale = n_samples / sum(expected)  # float rounding of the enumerated probabilities
     return chisquare(observed, [e * scale for e in expected]).pvalue
 
 

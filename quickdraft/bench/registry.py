@@ -82,3 +82,34 @@ register_method("hf-ar", lambda ctx, config, k: [HFMethod("hf-ar")],
                 help="transformers generate(), plain")
 register_method("hf-assisted", lambda ctx, config, k: [HFMethod("hf-assisted", k)],
                 needs_draft=True, help="transformers generate() with assistant_model (same draft and k)")
+
+
+# Token trees, multi-draft and n-gram drafting (issue 10): one row per setting worth comparing.
+def _drafter_rows(method: str, variants: list[dict]) -> MethodFactory:
+    """Rows of ``method`` built by ``make_drafter``; a variant's ``rule`` (spectr) only
+    applies when sampling and is skipped for greedy runs."""
+    from ..drafters import DraftOptions, make_drafter
+
+    def factory(ctx, config, k):
+        rows = []
+        for settings in variants:
+            rule = settings.get("rule", "mss")
+            if rule != "mss" and config.temperature == 0:
+                continue
+            options = DraftOptions(**{key: v for key, v in settings.items() if key != "rule"})
+            rows.append(EngineMethod(
+                method, lambda c, o=options: make_drafter(method, c.draft, c.target.vocab_size, o), k,
+                settings={"k": k, **settings}, acceptance=lambda params, r=rule: r))
+        return rows
+
+    return factory
+
+
+register_method("ngram", _drafter_rows("ngram", [{"ngram_max": 3}]),
+                help="prompt lookup over prompt + output (no draft model)")
+register_method("tree", _drafter_rows("tree", [{"tree": "2,1,1"}, {"tree": "2,2,1"}, {"tree": "dynamic:6"}]),
+                needs_draft=True, help="the draft model expands a token tree")
+register_method("multi-draft", _drafter_rows("multi-draft", [{"num_drafts": 2}, {"num_drafts": 2, "rule": "spectr"}]),
+                needs_draft=True, help="sampled drafts merged into one tree (mss; spectr when sampling)")
+register_method("hybrid", _drafter_rows("hybrid", [{"ngram_max": 3}]), needs_draft=True,
+                help="n-gram continuation when one matches, else the draft model")

@@ -1,6 +1,11 @@
-"""Drafters propose tokens; the engine's one loop verifies them with an acceptance rule."""
+"""Drafters propose token trees; the engine's one loop verifies them with an acceptance rule."""
 
 from .base import EMPTY, Drafter, NoDrafter, Proposal
 from .draft_model import DraftModelDrafter
+from .factory import METHODS, NEEDS_DRAFT, DraftOptions, make_drafter
+from .ngram import NgramDrafter
 
-__all__ = ["EMPTY", "Drafter", "DraftModelDrafter", "NoDrafter", "Proposal"]
+__all__ = [
+    "EMPTY", "METHODS", "NEEDS_DRAFT", "DraftModelDrafter", "DraftOptions", "Drafter", "NgramDrafter",
+    "NoDrafter", "Proposal", "make_drafter",
+]

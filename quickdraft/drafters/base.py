@@ -2,41 +2,39 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from ..proposal import EMPTY, Proposal
 from ..sampling import SamplingParams
 
-
-@dataclass
-class Proposal:
-    """``tokens`` ``[k]`` proposed after the sequence; ``probs`` ``[k, V]`` the distribution
-    each was drawn from, or None for a deterministic drafter (q is then one-hot)."""
-
-    tokens: torch.Tensor
-    probs: torch.Tensor | None = None
-
-
-EMPTY = Proposal(torch.empty(0, dtype=torch.long))
+__all__ = ["EMPTY", "Drafter", "NoDrafter", "Proposal"]
 
 
 class Drafter(Protocol):
-    """Proposes continuations. The engine calls, per generation:
-
-    ``start`` once with the prompt; then per step ``propose`` with the whole sequence so far
-    (prompt + emitted tokens) and ``verified`` with how many leading tokens of that sequence
-    plus the proposal are now final, so the drafter can roll its own state back.
-    """
+    """Proposes continuations as token trees (a chain is a tree). The engine calls, per
+    generation, ``verify_width`` and ``start`` once, then per step ``propose`` and
+    ``verified``. ``name`` labels the method in summaries (e.g. ``tree(2,2,1)``)."""
 
     name: str
 
-    def start(self, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator, max_len: int) -> None: ...
+    def verify_width(self, k: int) -> int:
+        """The most tokens one verify pass feeds the target for proposals of depth <= ``k``:
+        the most nodes + 1 (1 for a drafter that never proposes). The target prepares its
+        kernels for this width."""
 
-    def propose(self, sequence: torch.Tensor, k: int) -> Proposal: ...
+    def start(self, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator, max_len: int) -> None:
+        """A new generation after ``prompt``; ``max_len`` bounds the sequence + one proposal.
+        ``params`` and ``generator`` are the target's: a drafter that samples uses them."""
 
-    def verified(self, n_valid: int) -> None: ...
+    def propose(self, sequence: torch.Tensor, k: int) -> Proposal:
+        """A tree of depth <= ``k`` after ``sequence`` (prompt + emitted tokens so far);
+        ``EMPTY`` for nothing (the step is then a plain step)."""
+
+    def verified(self, length: int, path: list[int]) -> None:
+        """The first ``length`` tokens of the sequence were final before the last proposal;
+        of it, the nodes ``path`` (root down) were accepted. Roll own state back to that."""
 
 
 class NoDrafter:
@@ -44,11 +42,14 @@ class NoDrafter:
 
     name = "ar"
 
+    def verify_width(self, k: int) -> int:
+        return 1
+
     def start(self, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator, max_len: int) -> None:
         pass
 
     def propose(self, sequence: torch.Tensor, k: int) -> Proposal:
         return EMPTY
 
-    def verified(self, n_valid: int) -> None:
+    def verified(self, length: int, path: list[int]) -> None:
         pass

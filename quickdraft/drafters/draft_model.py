@@ -1,29 +1,36 @@
-"""A smaller model with the same tokenizer drafts k tokens autoregressively."""
+"""A smaller model with the same tokenizer drafts a chain, a token tree or several drafts."""
 
 from __future__ import annotations
 
 import torch
 
 from ..models.lm import CausalLM
-from ..sampling import SamplingParams, choose
-from .base import Proposal
+from ..proposal import Proposal
+from ..sampling import SamplingParams
+from .shapes import Node, Shape
 
 
 class DraftModelDrafter:
-    """Leviathan / Chen speculative decoding's drafter.
+    """Leviathan / Chen speculative decoding's drafter, grown into trees by a ``Shape``.
 
-    The draft keeps its own KV cache. Its last proposal is never fed to it (nothing needs its
-    logits), so after a full acceptance the next ``propose`` feeds two tokens at once (that
-    proposal and the target's bonus token): the catch-up costs no extra pass.
+    The draft keeps its own KV cache. It scores the proposal level by level: one pass over
+    the nodes whose children the shape wants (a chain: one node a pass), with the tree
+    mask when the nodes are not a chain. The last level is never fed (nothing needs its
+    logits), so after a full acceptance the next ``propose`` feeds the last accepted node
+    and the target's bonus token in one pass: the catch-up costs no extra pass.
     """
 
-    name = "draft"
-
-    def __init__(self, model: CausalLM, target_vocab_size: int) -> None:
+    def __init__(self, model: CausalLM, target_vocab_size: int, shape: Shape | None = None) -> None:
         self.model = model
         self.vocab_size = target_vocab_size
+        self.shape = shape or Shape()
+        self.name = self.shape.name
         self.params = SamplingParams()
         self.generator = torch.Generator()
+        self._slots: dict[int, int] = {}  # node -> offset of its KV row after the prefix
+
+    def verify_width(self, k: int) -> int:
+        return self.shape.width(k) + 1
 
     def start(self, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator, max_len: int) -> None:
         self.params, self.generator = params, generator
@@ -31,28 +38,80 @@ class DraftModelDrafter:
         if prompt.shape[0] > 1:
             self.model.extend(prompt[:-1], logits="none")
 
-    def _logits(self, tokens: torch.Tensor) -> torch.Tensor:
-        logits = self.model.extend(tokens, logits="last")[-1]
+    def _present(self, logits: torch.Tensor) -> torch.Tensor:
         # Same tokenizer, padded vocabularies may differ: present logits over the target's ids.
-        size = logits.shape[0]
+        size = logits.shape[-1]
         if size > self.vocab_size:
-            return logits[: self.vocab_size]
+            return logits[..., : self.vocab_size]
         if size < self.vocab_size:
-            return torch.cat([logits, logits.new_full((self.vocab_size - size,), float("-inf"))])
+            return torch.cat([logits, logits.new_full((*logits.shape[:-1], self.vocab_size - size), float("-inf"))], -1)
         return logits
 
-    def propose(self, sequence: torch.Tensor, k: int) -> Proposal:
-        logits = self._logits(sequence[self.model.length :])
-        tokens: list[int] = []
-        probs: list[torch.Tensor] = []
-        for i in range(k):
-            token, dist = choose(logits, self.params, self.generator)
-            tokens.append(token)
-            if dist is not None:
-                probs.append(dist)
-            if i + 1 < k:
-                logits = self._logits(torch.tensor([token]))
-        return Proposal(torch.tensor(tokens, dtype=torch.long), torch.stack(probs) if probs else None)
+    def _score(self, nodes: list[Node], grow: list[int], start: int, chain: bool) -> torch.Tensor:
+        """Feed the nodes ``grow`` to the draft (after the prefix of ``start`` tokens and the
+        nodes fed before); their logits ``[len(grow), V]``."""
+        tokens = torch.tensor([nodes[i].token for i in grow])
+        fed = len(self._slots)
+        for j, i in enumerate(grow):
+            self._slots[i] = fed + j
+        if chain:
+            return self._present(self.model.extend(tokens, logits="all"))
+        total = fed + len(grow)
+        mask = torch.zeros(len(grow), start + total, dtype=torch.bool)
+        mask[:, :start] = True
+        depths = []
+        for row, i in enumerate(grow):
+            depth, node = 0, i
+            while node >= 0:
+                mask[row, start + self._slots[node]] = True
+                node, depth = nodes[node].parent, depth + 1
+            depths.append(depth - 1)
+        positions = start + torch.tensor(depths)
+        return self._present(self.model.extend(tokens, logits="all", positions=positions, mask=mask))
 
-    def verified(self, n_valid: int) -> None:
-        self.model.crop(n_valid)
+    def _last_fed(self) -> int:
+        return max(self._slots, key=self._slots.get) if self._slots else -1
+
+    def propose(self, sequence: torch.Tensor, k: int) -> Proposal:
+        start = sequence.shape[0]
+        logits = self._present(self.model.extend(sequence[self.model.length :], logits="last"))
+        self._slots = {}
+        nodes: list[Node] = []
+        frontier, chain = [-1], True  # chain: every node fed so far is an ancestor of the next
+        depth_limit = self.shape.depth(k)
+        for depth in range(depth_limit):
+            new: list[int] = []
+            for row, index in enumerate(frontier):
+                parent = nodes[index] if index >= 0 else None
+                for node in self.shape.children(depth, parent, index, logits[row], self.params, self.generator):
+                    new.append(len(nodes))
+                    nodes.append(node)
+            if depth + 1 == depth_limit:
+                break
+            frontier = self.shape.frontier(depth, nodes, new)
+            chain = chain and len(frontier) == 1 and nodes[frontier[0]].parent == (self._last_fed())
+            logits = self._score(nodes, frontier, start, chain)
+        keep = self.shape.finish(nodes, k)
+        return self._proposal(nodes, keep)
+
+    def _proposal(self, nodes: list[Node], keep: list[int]) -> Proposal:
+        if len(keep) < len(nodes):  # renumber the kept nodes (their order stays topological)
+            new_index = {old: new for new, old in enumerate(keep)}
+            self._slots = {new_index[i]: s for i, s in self._slots.items() if i in new_index}
+            nodes = [nodes[i] for i in keep]
+            for node in nodes:
+                node.parent = new_index.get(node.parent, -1)
+        tokens = torch.tensor([n.token for n in nodes], dtype=torch.long)
+        parents = torch.tensor([n.parent for n in nodes], dtype=torch.long)
+        sampled = bool(nodes) and nodes[0].q is not None
+        probs = torch.stack([n.q for n in nodes]) if sampled else None
+        counts = torch.tensor([n.count for n in nodes]) if any(n.count > 1 for n in nodes) else None
+        return Proposal(tokens, parents, probs, counts)
+
+    def verified(self, length: int, path: list[int]) -> None:
+        keep = []
+        for node in path:  # the accepted nodes the draft has scored: a prefix of the path
+            if node not in self._slots:
+                break
+            keep.append(self._slots[node])
+        self.model.compact(length, keep)

@@ -1,4 +1,4 @@
-"""Preallocated key/value cache with per-row lengths and rollback."""
+"""Preallocated key/value cache addressed by slot; lengths live with its users."""
 
 from __future__ import annotations
 
@@ -35,3 +35,11 @@ class KVCache:
         # Advanced indices around a slice put the indexed dims first: target is [B, T, H, D].
         self.k[layer][rows, :, slots] = k.transpose(1, 2)
         self.v[layer][rows, :, slots] = v.transpose(1, 2)
+
+    def move(self, src: torch.Tensor, dst: int, row: int = 0) -> None:
+        """Copy the slots ``src`` of ``row`` (every layer) to ``dst .. dst + len(src) - 1``:
+        compacts the accepted path of a token tree into place. Sources may overlap the
+        destination (they are read before writing)."""
+        end = dst + src.shape[0]
+        self.k[:, row, :, dst:end] = self.k[:, row, :, src]
+        self.v[:, row, :, dst:end] = self.v[:, row, :, src]

@@ -1,7 +1,8 @@
-"""Engine-facing model handles: one sequence, a KV cache, ``extend`` and ``crop``.
+"""Engine-facing model handles: one sequence, a KV cache, ``extend``, ``crop``, ``compact``.
 
-The decode loop only needs these three operations, so any backend that offers them can
-be a target or a draft: the native runtime (default) or any ``transformers`` causal LM.
+The decode loop only needs these operations, so any backend that offers them can be a
+target or a draft: the native runtime (default; token trees too) or any ``transformers``
+causal LM (chains only).
 """
 
 from __future__ import annotations
@@ -35,17 +36,37 @@ class CausalLM(Protocol):
     def reset(self, max_len: int | None = None) -> None:
         """Start a new sequence with room for ``max_len`` tokens."""
 
-    def prepare(self, step_tokens: int) -> None:
+    def prepare(self, step_tokens: int) -> int:
         """Most ``extend`` calls will feed ``step_tokens`` tokens (k + 1 for a target
-        verifying k draft tokens): prepare the kernels for that width."""
+        verifying k draft tokens): prepare the kernels for that width. Returns the width
+        shorter steps should be padded to (0: padding does not pay here)."""
 
-    def extend(self, tokens: torch.Tensor, logits: str | int = "all") -> torch.Tensor:
+    def extend(
+        self,
+        tokens: torch.Tensor,
+        logits: str | int = "all",
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Append ``tokens`` (``[T]``) to the cache and return their logits: ``[T, V]`` for
         ``"all"``, ``[n, V]`` for an int ``n`` (the last n tokens), ``[1, V]`` for ``"last"``,
-        None for ``"none"`` (prefill of a draft)."""
+        None for ``"none"`` (prefill of a draft).
+
+        ``positions`` (``[T]``, default: contiguous after the cache) and a boolean ``mask``
+        (``[T, length + T]``, True = attend; default causal) feed a token tree: its nodes
+        sit in consecutive cache slots but at position prefix + depth."""
 
     def crop(self, length: int) -> None:
         """Roll the cache back to its first ``length`` tokens."""
+
+    def compact(self, length: int, keep: list[int]) -> None:
+        """Keep the first ``length`` tokens, then the tokens at slots ``length + keep[i]``
+        moved to ``length + i`` (the accepted path of a tree); drop the rest."""
+
+
+TREES_NEED_NATIVE = (
+    "the transformers backend verifies chains only; token trees need the native runtime (--backend native)"
+)
 
 
 def eos_token_ids(target: CausalLM, tokenizer) -> list[int]:
@@ -80,27 +101,45 @@ class NativeLM:
         self._positions = torch.arange(self.context_length)[None]
 
     def reset(self, max_len: int | None = None) -> None:
-        max_len = min(max_len or self.context_length, self.context_length)
+        # Slots may run a tree's width past the context (positions never do).
+        max_len = max_len or self.context_length
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = self.model.new_cache(1, max_len)
         self.length = 0
 
-    def prepare(self, step_tokens: int) -> None:
-        if self.decode_linears:
-            prepack_decode_linears(self.model, step_tokens)
+    def prepare(self, step_tokens: int) -> int:
+        if not self.decode_linears:
+            return 0
+        prepack_decode_linears(self.model, step_tokens)
+        return step_tokens
 
     @torch.inference_mode()
-    def extend(self, tokens: torch.Tensor, logits: str | int = "all") -> torch.Tensor:
+    def extend(
+        self,
+        tokens: torch.Tensor,
+        logits: str | int = "all",
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if self.cache is None:
             self.reset()
         end = self.length + tokens.shape[-1]
-        positions = self._positions[:, self.length : end]
-        out = self.model(tokens.view(1, -1), positions, self.cache, logits=logits)
+        slots = self._positions[:, self.length : end] if end <= self.context_length else None
+        if slots is None or positions is not None:
+            slots = torch.arange(self.length, end)[None]
+        positions = slots if positions is None else positions.view(1, -1)
+        out = self.model(tokens.view(1, -1), positions, self.cache, slots=slots,
+                         mask=None if mask is None else mask[None], logits=logits)
         self.length = end
         return None if out.logits is None else out.logits[0]
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
+
+    def compact(self, length: int, keep: list[int]) -> None:
+        if keep != list(range(len(keep))):
+            self.cache.move(torch.tensor(keep) + length, length)
+        self.length = min(self.length, length + len(keep))
 
 
 class HFCausalLM:
@@ -125,11 +164,19 @@ class HFCausalLM:
         self.past = DynamicCache()
         self.length = 0
 
-    def prepare(self, step_tokens: int) -> None:
-        pass  # transformers picks its kernels per call
+    def prepare(self, step_tokens: int) -> int:
+        return 0  # transformers picks its kernels per call
 
     @torch.inference_mode()
-    def extend(self, tokens: torch.Tensor, logits: str | int = "all") -> torch.Tensor:
+    def extend(
+        self,
+        tokens: torch.Tensor,
+        logits: str | int = "all",
+        positions: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if mask is not None or positions is not None:
+            raise ValueError(TREES_NEED_NATIVE)
         if self.past is None:
             self.reset()
         keep = 0 if logits == "all" else (1 if isinstance(logits, str) else logits)  # 0 keeps all
@@ -148,6 +195,11 @@ class HFCausalLM:
             # A negative count means "drop this many" in transformers 4.x and 5.x alike.
             self.past.crop(length - self.length)
             self.length = length
+
+    def compact(self, length: int, keep: list[int]) -> None:
+        if keep != list(range(len(keep))):
+            raise ValueError(TREES_NEED_NATIVE)
+        self.crop(length + len(keep))
 
 
 def load_hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):

@@ -1,0 +1,152 @@
+"""How a draft model grows a proposal: a chain, a static tree, a dynamic tree, N drafts.
+
+A shape picks, level by level, the children of the nodes the draft model has just scored
+(``children``), which of them to score next (``frontier``) and, at the end, which nodes
+to keep (``finish``). The draft model drafter runs the levels; the shapes only choose.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import SamplingParams, choose, probabilities
+
+
+@dataclass
+class Node:
+    parent: int  # index of the parent node, -1 for the root
+    token: int
+    q: torch.Tensor | None  # the draft distribution it was drawn from; None: chosen deterministically
+    count: int = 1  # draws merged into this node (multi-draft)
+    score: float = 0.0  # cumulative draft log-probability of its path (dynamic trees)
+
+
+def draws(q: torch.Tensor, n: int, generator: torch.Generator) -> list[tuple[int, int]]:
+    """``n`` i.i.d. draws from ``q`` merged into (token, count), in order of first draw."""
+    counts: dict[int, int] = {}
+    for token in torch.multinomial(q, n, replacement=True, generator=generator).tolist():
+        counts[token] = counts.get(token, 0) + 1
+    return list(counts.items())
+
+
+class Shape:
+    """A chain: one child per node, the draft's own choice (argmax, or a sample from q)."""
+
+    name = "draft"
+
+    def depth(self, k: int) -> int:
+        return k
+
+    def width(self, k: int) -> int:
+        """The most nodes of a proposal of depth <= ``k``."""
+        return k
+
+    def root_count(self) -> int:
+        return 1
+
+    def children(
+        self, depth: int, parent: Node | None, index: int, logits: torch.Tensor,
+        params: SamplingParams, generator: torch.Generator,
+    ) -> list[Node]:
+        token, q = choose(logits, params, generator)
+        return [Node(index, token, q)]
+
+    def frontier(self, depth: int, nodes: list[Node], new: list[int]) -> list[int]:
+        return new
+
+    def finish(self, nodes: list[Node], k: int) -> list[int]:
+        return list(range(len(nodes)))
+
+
+class StaticTree(Shape):
+    """SpecInfer's bounded expansion ``<w1, w2, ...>``: ``w_d`` children per node at depth d,
+    the draft's top-w (deterministic, one-hot q) or ``w`` i.i.d. samples from q merged
+    (sampling with ``sample=True``; fewer children when draws repeat)."""
+
+    def __init__(self, widths: tuple[int, ...], sample: bool = True) -> None:
+        self.widths, self.sample = widths, sample
+        self.name = f"tree({','.join(map(str, widths))}{'' if sample else ',top'})"
+
+    def depth(self, k: int) -> int:
+        return min(k, len(self.widths))
+
+    def width(self, k: int) -> int:
+        return sum(math.prod(self.widths[: d + 1]) for d in range(self.depth(k)))
+
+    def children(self, depth, parent, index, logits, params, generator):
+        w = self.widths[depth]
+        if self.sample and not params.greedy:
+            q = probabilities(logits, params)
+            return [Node(index, t, q, c) for t, c in draws(q, w, generator)]
+        return [Node(index, t, None) for t in torch.topk(logits, w).indices.tolist()]
+
+
+class MultiDraft(Shape):
+    """``n`` sequences sampled i.i.d. from the draft, merged into one tree (shared prefixes
+    once): a node reached by c sequences gets c draws for its children. Greedy decoding
+    only walks the tree, so it draws from the unwarped draft distribution for variety."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.name = f"multi-draft({n})"
+
+    def width(self, k: int) -> int:
+        return self.n * k
+
+    def root_count(self) -> int:
+        return self.n
+
+    def children(self, depth, parent, index, logits, params, generator):
+        count = parent.count if parent is not None else self.n
+        q = logits.float().softmax(-1) if params.greedy else probabilities(logits, params)
+        keep = None if params.greedy else q
+        return [Node(index, t, keep, c) for t, c in draws(q, count, generator)]
+
+
+class DynamicTree(Shape):
+    """EAGLE-2: every scored node gets its top-``branch`` children, scored by cumulative
+    draft log-probability; the best ``branch`` new nodes of a level are scored next; the
+    best ``n`` nodes overall are kept (a child never outscores its parent, so the kept set
+    contains every kept node's ancestors). Children are deterministic (one-hot q)."""
+
+    def __init__(self, n: int, branch: int = 4) -> None:
+        self.n, self.branch = n, min(branch, n)
+        self.name = f"tree(dynamic:{n})"
+
+    def width(self, k: int) -> int:
+        return min(self.n, sum(self.branch ** (d + 1) for d in range(k)))
+
+    def children(self, depth, parent, index, logits, params, generator):
+        logp = logits.float().log_softmax(-1)
+        top = torch.topk(logp, self.branch)
+        base = parent.score if parent is not None else 0.0
+        return [Node(index, t, None, 1, base + s) for t, s in zip(top.indices.tolist(), top.values.tolist())]
+
+    def frontier(self, depth, nodes, new):
+        return sorted(sorted(new, key=lambda i: -nodes[i].score)[: self.branch])
+
+    def finish(self, nodes, k):
+        return sorted(sorted(range(len(nodes)), key=lambda i: -nodes[i].score)[: self.n])
+
+
+def parse_tree(text: str) -> Shape:
+    """``"2,2,1"`` (static widths) or ``"dynamic:N"``; a one-line error otherwise."""
+    spec = text.strip()
+    try:
+        if spec.startswith("dynamic:"):
+            n = int(spec.split(":", 1)[1])
+            if n >= 1:
+                return DynamicTree(n)
+        else:
+            widths = tuple(int(w) for w in spec.split(","))
+            if widths and all(w >= 1 for w in widths):
+                return StaticTree(widths)
+    except ValueError:
+        pass
+    raise ValueError(
+        f"--tree {text!r} is not a tree shape; give children per level like 2,2,1 "
+        "(each >= 1) or dynamic:N (N >= 1 nodes)"
+    )

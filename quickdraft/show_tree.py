@@ -1,0 +1,55 @@
+"""``generate --show-tree``: draw one step's proposal tree with the accepted path marked."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .proposal import Proposal
+from .sampling import SamplingParams
+
+
+class TreeRecorder:
+    """Wraps a drafter and keeps the first non-empty proposal with its accepted path."""
+
+    def __init__(self, drafter) -> None:
+        self.drafter = drafter
+        self.name = drafter.name
+        self.proposal: Proposal | None = None
+        self.path: list[int] | None = None
+        self._current: Proposal | None = None
+
+    def verify_width(self, k: int) -> int:
+        return self.drafter.verify_width(k)
+
+    def start(self, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator, max_len: int) -> None:
+        self.drafter.start(prompt, params, generator, max_len)
+
+    def propose(self, sequence: torch.Tensor, k: int) -> Proposal:
+        self._current = self.drafter.propose(sequence, k)
+        return self._current
+
+    def verified(self, length: int, path: list[int]) -> None:
+        if self.proposal is None and self._current is not None and self._current.size:
+            self.proposal, self.path = self._current, list(path)
+        self.drafter.verified(length, path)
+
+
+def render_tree(proposal: Proposal, path: list[int], show: Callable[[int], str]) -> str:
+    """Text drawing of the tree, one node a line; accepted nodes are marked ``[x]``."""
+    kids = proposal.children()
+    accepted = set(path)
+    lines = [f"proposal: {proposal.size} nodes, depth {proposal.depth}, accepted {len(path)} "
+             "([x] = accepted by the target)"]
+
+    def walk(node: int, indent: str) -> None:
+        children = kids.get(node, [])
+        for i, child in enumerate(children):
+            last = i == len(children) - 1
+            mark = "[x]" if child in accepted else "[ ]"
+            lines.append(f"{indent}{'`-- ' if last else '|-- '}{mark} {show(int(proposal.tokens[child]))!r}")
+            walk(child, indent + ("    " if last else "|   "))
+
+    walk(-1, "")
+    return "\n".join(lines)
