@@ -258,7 +258,7 @@ def model_fingerprint(lm: CausalLM) -> dict | None:
 
 def machine_fingerprint() -> dict:
     """What identifies the machine for the cache: CPU, cores, torch threads and version."""
-    from .runner import cpu_model
+    from ..machine import cpu_model
 
     return {
         "cpu": cpu_model(),
