@@ -78,7 +78,9 @@ def build_student(args, teacher, target_dir: Path, tok):
         if rows != vocab:
             raise TrainInputError(f"--init {init_dir} has {rows} output logits but the target "
                                   f"has {vocab}; pass a draft of the target's vocabulary size")
-        if hasattr(student.config, "rope_theta"):  # RoPE: any length; learned positions: not
+        learned = any(n.endswith(("wpe.weight", "embed_positions.weight"))
+                      for n, _ in student.named_parameters())
+        if not learned:  # rotary positions extend to any length; a learned table does not
             student.config.max_position_embeddings = context
         return student.train().requires_grad_(True)
     eos = teacher.config.eos_token_id
