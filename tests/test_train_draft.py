@@ -207,3 +207,18 @@ def test_data_stdlib_is_the_corpus_train_split_with_its_validation_held_out():
     assert [n for n, _ in data.train] == [n for n, _ in corpus.train]
     assert [n for n, _ in data.heldout] == [n for n, _ in corpus.val]
     assert data.manifest()["files"] == len(corpus.train) + len(corpus.val)
+
+
+def test_init_draft_gets_the_targets_context(setup, tmp_path):
+    init = tmp_path / "init"  # a draft with the target's tokenizer and a shorter context
+    tok = build_tokenizer(init)
+    save_llama(init, len(tok), layers=1, hidden=32, seed=2, eos=tok.eos_token_id)
+    cfg = json.loads((init / "config.json").read_text())
+    (init / "config.json").write_text(json.dumps({**cfg, "max_position_embeddings": 64}))
+    out = tmp_path / "draft"
+    assert cli.main(["train", "draft", "--target", str(setup / "target"), "--out", str(out),
+                     "--data", str(setup / "data"), "--init", str(init), "--steps", "1",
+                     "--seq-len", "128", "--batch-size", "1", "--eval-tokens", "128",
+                     "--no-progress"]) == 0
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 256
+    assert "Initialised from" in (out / "README.md").read_text()

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..generator import check_same_tokenizer
+from ..machine import machine_info
 from ..models.loading import resolve_model_dir
 from ..models.registry import META_FILE, PACKAGE_DIR, read_meta, register_draft
 from . import card
@@ -31,7 +32,6 @@ from .distill import (
     tokenize,
     train,
 )
-from .pipeline import hardware
 from .presets import PRESETS, Arch, Stage
 from .textdata import TrainInputError, read_text_data
 from .trainer import (
@@ -78,7 +78,9 @@ def build_student(args, teacher, target_dir: Path, tok):
         if rows != vocab:
             raise TrainInputError(f"--init {init_dir} has {rows} output logits but the target "
                                   f"has {vocab}; pass a draft of the target's vocabulary size")
-        if hasattr(student.config, "rope_theta"):  # RoPE: any length; learned positions: not
+        learned = any(n.endswith(("wpe.weight", "embed_positions.weight"))
+                      for n, _ in student.named_parameters())
+        if not learned:  # rotary positions extend to any length; a learned table does not
             student.config.max_position_embeddings = context
         return student.train().requires_grad_(True)
     eos = teacher.config.eos_token_id
@@ -176,7 +178,7 @@ def run_train_draft(args, command: str, log=print) -> int:
               "kl_weight": args.kl_weight, "ce_weight": args.ce_weight,
               "train": summary, "data": {k: v for k, v in tokens.manifest.items()
                                          if k != "file_list"},
-              "files": tokens.manifest["file_list"], "hardware": hardware()}
+              "files": tokens.manifest["file_list"], "hardware": machine_info()}
     if summary["interrupted"]:
         card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")
         card.write_distill_card(out, report)

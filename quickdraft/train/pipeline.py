@@ -51,10 +51,6 @@ def _busy() -> bool:
         return False
 
 
-def _stop_if_interrupted(summary: dict) -> None:
-    """Ctrl-C during a stage: its checkpoint is saved; end the run (``--resume`` continues)."""
-    if summary["interrupted"]:
-        raise KeyboardInterrupt
 
 
 class Pipeline:
@@ -308,3 +304,9 @@ class Pipeline:
                  f"(ratio {ms['ratio']:.3f})")
         self.update_results(decode_ms=ms)
         self.write_cards()
+
+
+def _stop_if_interrupted(summary: dict) -> None:
+    """Ctrl-C during a stage: its checkpoint is saved; end the run (``--resume`` continues)."""
+    if summary["interrupted"]:
+        raise KeyboardInterrupt
