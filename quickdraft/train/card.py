@@ -64,6 +64,50 @@ def plot_loss(log_path: Path, png_path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def position_table(buckets: list[dict], before: list[dict] | None = None,
+                   before_label: str = "before") -> list[str]:
+    """Markdown rows of loss by position in the context window (optionally against ``before``)."""
+    head = "| positions | tokens | cross-entropy |" + (f" {before_label} |" if before else "")
+    rows = [head, "|---|---:|---:|" + ("---:|" if before else "")]
+    for i, b in enumerate(buckets):
+        extra = f" {_fmt(before[i]['loss'])} |" if before and i < len(before) else ""
+        rows.append(f"| {b['start']}-{b['end']} | {b['tokens']:,} | {_fmt(b['loss'])} |{extra}")
+    return rows
+
+
+def plot_position_buckets(curves: dict[str, list[dict]], png_path: Path, title: str) -> None:
+    """Validation loss per position bucket, one line per model: is long context learned?"""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    for label, buckets in curves.items():
+        names = [f"{b['start']}-{b['end']}" for b in buckets]
+        ax.plot(names, [b["loss"] for b in buckets], marker="o", label=label)
+    ax.set_xlabel("position in the context window (tokens)")
+    ax.set_ylabel("validation nats / token")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)
+
+
+EVAL_KEYS = ("tokens", "loss", "bpb", "greedy_agreement", "kl_from_target", "position_buckets")
+
+
+def record_eval(model_dir: Path, evaluation: dict, seq_len: int) -> None:
+    """Keep a model's held-out figures in its ``quickdraft.json`` (``eval``): what the card
+    reports, readable by tools and tests (e.g. which context length was measured)."""
+    path = Path(model_dir) / "quickdraft.json"
+    meta = json.loads(path.read_text()) if path.exists() else {}
+    meta["eval"] = {"seq_len": seq_len, **{k: evaluation[k] for k in EVAL_KEYS if k in evaluation}}
+    path.write_text(json.dumps(meta, indent=2) + "\n")
+
+
 def write_meta(model_dir: Path, role: str, params: int, description: str) -> None:
     meta = {
         "name": model_dir.name,
@@ -104,11 +148,11 @@ def write_card(model_dir: Path, role: str, results: dict) -> None:
          "(loss = KL(target || draft) at temperature 1"
          f" + {results['preset']['ce_weight']} x CE; target frozen)."),
         "",
-        "A small Llama-architecture causal LM trained from scratch by `quickdraft train` on the "
-        "Python standard library, so speculative decoding works offline. It continues code with "
+        "A small Llama-architecture causal LM trained by `quickdraft train` on the Python "
+        "standard library, so speculative decoding works offline. It continues code with "
         "Python-shaped text (indentation, `def`/`class`, stdlib identifiers); at this size and "
-        "a ~30-minute CPU training budget it is not a useful code generator on its own, and "
-        "it is not a general-purpose model. Its job is to be a cheap, real target/draft pair.",
+        "a CPU training budget of about an hour it is not a useful code generator on its own, "
+        "and it is not a general-purpose model. Its job is to be a cheap, real target/draft pair.",
         "",
         "## Architecture",
         "",
@@ -145,6 +189,27 @@ def write_card(model_dir: Path, role: str, results: dict) -> None:
         ]
         if "greedy_agreement" in c:
             lines += [f"| greedy agreement with target, code only | {c['greedy_agreement']:.2%} |"]
+    buckets = ev.get("position_buckets")
+    if buckets:
+        before = results.get(f"{role}_init_val", {}).get("position_buckets")
+        curves = {model_dir.name: buckets}
+        if before:
+            curves[f"before ({results.get(f'{role}_init', 'init')})"] = before
+        plot_position_buckets(curves, model_dir / "position_loss.png",
+                              f"{model_dir.name}: validation loss by position")
+        lines += [
+            "",
+            f"### Loss by position (windows of {results['preset']['seq_len']} tokens)",
+            "",
+            "Validation cross-entropy by position in the context window: flat or falling means "
+            "the model uses the longer context instead of degrading past a shorter training "
+            "window." + (" The last column is the model this one was continued from, scored "
+                         "the same way." if before else ""),
+            "",
+            *position_table(buckets, before, "before"),
+            "",
+            "![loss by position](position_loss.png)",
+        ]
     lines += [
         "",
         "bits per byte = total validation nats / (ln 2 x UTF-8 bytes of the predicted tokens); "
@@ -179,6 +244,10 @@ def write_card(model_dir: Path, role: str, results: dict) -> None:
         "",
         "## Training",
         "",
+        *([f"- continued from `{results[f'{role}_init']}` (its weights and tokenizer) at "
+           f"windows of {results['preset']['seq_len']} tokens, so that every position of the "
+           f"{cfg['max_position_embeddings']}-token context is trained"]
+          if results.get(f"{role}_init") else []),
         f"- steps: {r['steps']}, batch {r['batch_size']} x {results['preset']['seq_len']} tokens "
         f"({r['tokens']:,} tokens seen), AdamW (betas 0.9/0.95, weight decay "
         f"{r['weight_decay']}), peak lr {r['lr']}, {r['warmup']} warmup steps then cosine to "
@@ -267,9 +336,7 @@ def write_distill_card(out: Path, r: dict) -> None:
             f"| KL(target \\|\\| draft) (nats/token) | {ev['kl_from_target']:.4f} |",
             f"| cross-entropy (nats/token) | {ev['loss']:.4f} |",
             "",
-            "| positions | tokens | cross-entropy |", "|---|---:|---:|",
-            *[f"| {b['start']}-{b['end']} | {b['tokens']:,} | {_fmt(b['loss'])} |"
-              for b in ev["position_buckets"]],
+            *position_table(ev["position_buckets"]),
         ]
     else:
         lines += ["(not measured: training was stopped)"]

@@ -197,6 +197,8 @@ def run_train_draft(args, command: str, log=print) -> int:
     ms.update(steps=32, prompt_len=32, repeats=3, threads=torch.get_num_threads(),
               ratio=ms["draft"] / ms["target"])
     report.update(heldout=heldout, decode_ms=ms)
+    (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    card.record_eval(out, heldout, seq_len)
     card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")
     card.write_distill_card(out, report)
     log(f"[train draft] held-out: greedy agreement {heldout['greedy_agreement']:.1%}, "

@@ -145,6 +145,7 @@ class Pipeline:
             d = self.model_dir(name)
             if role in r and (d / "config.json").exists():
                 card.write_meta(d, role, r[role]["params"], card.DESCRIPTIONS[role])
+                card.record_eval(d, r[role]["val"], self.preset.seq_len)
                 card.plot_loss(d / "train_log.jsonl", d / "loss_curve.png", f"{name} training")
         self.write_cards()
 
@@ -184,6 +185,7 @@ class Pipeline:
                  "grad_clip": st.grad_clip, "command": self.command}
         self.update_results(**{role: entry})
         card.write_meta(d, role, entry["params"], card.DESCRIPTIONS[role])
+        card.record_eval(d, val, self.preset.seq_len)
         self.write_cards()
 
     def write_cards(self) -> None:
@@ -210,7 +212,12 @@ class Pipeline:
             model = load_model_fp32(self.init_target).float()
             model.config.max_position_embeddings = max(
                 model.config.max_position_embeddings, p.seq_len)
-            self.update_results(target_init=str(self.init_target))
+            # the "before" of the card: the init model scored on the same windows (once)
+            if not (self.resume and "target_init_val" in self.results()):
+                self.eval_threads()
+                before = evaluate(model, val, token_byte_lengths(tok), p.seq_len,
+                                  p.eval_max_tokens)
+                self.update_results(target_init=str(self.init_target), target_init_val=before)
         else:
             model = build_model(p.target, p, self.seed)
         self.log(f"[train] target: {count_params(model):,} params, {p.target_stage.steps} steps "
