@@ -7,7 +7,16 @@ import shlex
 import sys
 import time
 
-from .config import DEFAULT_METHODS, DEFAULT_THREADS, FULL, MAX_K, QUICK, BenchConfig, BenchError
+from .config import (
+    BACKENDS,
+    DEFAULT_METHODS,
+    DEFAULT_THREADS,
+    FULL,
+    MAX_K,
+    QUICK,
+    BenchConfig,
+    BenchError,
+)
 
 
 def _span(values) -> str:
@@ -27,6 +36,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--model", help="target: embedded name or directory (default: the embedded default)")
     p.add_argument("--draft", help="draft model (default: the target's paired embedded draft)")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="model runtime, as for generate: native, hf (transformers) or auto = native "
+                        "when it supports the checkpoint, else transformers (default auto)")
     p.add_argument("--methods", help=f"comma-separated methods (default: {','.join(DEFAULT_METHODS)})")
     p.add_argument("--prompts", metavar="FILE.jsonl",
                    help="JSON lines with 'id' and 'prompt' (default: the built-in validation-split set)")
@@ -77,7 +89,7 @@ def _parse_sweep(text: str | None) -> tuple[int, ...] | None:
 def command_line(args) -> str:
     """The ``quickdraft bench`` command equivalent to ``args`` (for the report)."""
     parts = ["quickdraft", "bench"]
-    for flag, dest in [("--model", "model"), ("--draft", "draft"), ("--methods", "methods"),
+    for flag, dest in [("--model", "model"), ("--draft", "draft"), ("--backend", "backend"), ("--methods", "methods"),
                        ("--prompts", "prompts"), ("--max-new-tokens", "max_new_tokens"),
                        ("--repeats", "repeats"), ("-k", "k"), ("--sweep", "sweep"), ("--json", "json"),
                        ("--plot", "plot"), ("--markdown", "markdown")]:
@@ -123,7 +135,7 @@ def _run(args, started: float) -> int:
     if methods == ():
         raise BenchError("--methods is empty")
     config = BenchConfig.create(
-        quick=args.quick, model=args.model, draft=args.draft, methods=methods,
+        quick=args.quick, model=args.model, draft=args.draft, backend=args.backend, methods=methods,
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, temperature=args.temperature,
         seed=args.seed, k=args.k, sweep=_parse_sweep(args.sweep), threads=args.threads,
     )
@@ -145,6 +157,8 @@ def _run(args, started: float) -> int:
     from . import report
 
     report.print_table(result)
+    for line in result["warnings"]:
+        print(f"warning: {line}", file=sys.stderr)
     plots: list[str] = []
     if args.plot:
         from .plots import write_plots

@@ -17,6 +17,15 @@ def _model_label(path: str | None) -> str:
     return f"`{path}`"
 
 
+def _backend(cfg: dict) -> str:
+    """The runtime the models ran on, and why when it was not asked for."""
+    backend = cfg.get("backend", "native")
+    name = "transformers" if backend == "hf" else "native"
+    if cfg.get("backend_requested") == "auto" and backend == "hf":
+        return f"{name} runtime (auto: the native runtime does not support this checkpoint)"
+    return f"{name} runtime"
+
+
 def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     if value is None:
         return "-"
@@ -78,6 +87,7 @@ def print_table(result: dict, console=None) -> None:
     cfg = result["config"]
     table = Table(caption=escape("medians over prompts and repeats; [min-max] over the runs"), title=f"quickdraft bench: {Path(cfg['model_dir']).name} "
                         f"(draft {Path(cfg['draft_dir']).name if cfg.get('draft_dir') else '-'}), "
+                        f"{_backend(cfg)}, "
                         f"{len(cfg['prompts'])} prompts x {cfg['repeats']} repeats, "
                         f"{cfg['max_new_tokens']} new tokens, T={cfg['temperature']}")
     for name, _ in COLUMNS:
@@ -135,6 +145,7 @@ def markdown_report(result: dict, plots: list[str] | None = None, command: str |
         "",
         f"- target: {_model_label(cfg['model_dir'])}",
         f"- draft: {_model_label(cfg.get('draft_dir'))}",
+        f"- runtime: {_backend(cfg)}",
         f"- machine: {m.get('cpu', m['processor'])}, {m['cpu_count']} CPUs, {m.get('threads', m.get('torch_threads'))} torch threads, "
         f"{m['platform']}; python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
         f"- date: {m['date_utc']}",
@@ -175,6 +186,8 @@ def markdown_report(result: dict, plots: list[str] | None = None, command: str |
         lines += ["", "## Per-position acceptance", ""]
         for r in pp:
             lines.append(f"- {r['label']}: " + ", ".join(f"{a:.2f}" for a in r["per_position_acceptance"]))
+    if result.get("warnings"):
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in result["warnings"]]
     if result.get("mismatches"):
         lines += ["", "## Mismatches against ar", ""] + [f"- {x}" for x in result["mismatches"]]
     lines += ["", "## Definitions", ""]

@@ -225,3 +225,10 @@ def summarise(rows, results: dict[str, list[list[RunOutput]]], prompt_ids: Seque
             },
         })
     return out_rows, mismatch_report
+
+
+def slower_than_plain(rows: Sequence[dict]) -> list[str]:
+    """One line for each speculative row whose speedup over plain decoding is below 1."""
+    return [f"{r['label']} is slower than plain decoding (ar) in this run: {r['speedup']:.2f}x its "
+            "tokens/s (median over prompts and repeats)"
+            for r in rows if r.get("speculative") and r.get("speedup") is not None and r["speedup"] < 1]

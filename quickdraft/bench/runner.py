@@ -22,7 +22,7 @@ from .config import BenchConfig, BenchError
 from .context import BenchContext, encode_prompts
 from .prompts import BenchPrompt
 from .registry import make_rows
-from .results import DEFINITIONS, RunOutput, median, summarise
+from .results import DEFINITIONS, RunOutput, median, slower_than_plain, summarise
 
 DEFAULT_K = 4  # without a draft to calibrate with
 
@@ -114,4 +114,5 @@ def run_benchmark(
             "predicted": {str(kk): v for kk, v in calibration.predicted.items()}},
         "results": out_rows,
         "mismatches": mismatch_report,
+        "warnings": slower_than_plain(out_rows),
     }
