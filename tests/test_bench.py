@@ -13,13 +13,12 @@ from quickdraft.bench.cli import add_bench_parser
 from quickdraft.bench.config import BenchConfig, BenchError
 from quickdraft.bench.context import load_context
 from quickdraft.bench.methods import EngineMethod
+from quickdraft.bench.prompt_sets import KINDS, build_short
 from quickdraft.bench.prompts import (
-    DEFAULT_PROMPTS_FILE,
-    KINDS,
     BenchPrompt,
     PromptFileError,
-    build_default_prompts,
-    default_prompts,
+    builtin_prompts,
+    category_file,
     load_prompts,
     quick_subset,
     save_prompts,
@@ -60,10 +59,13 @@ def test_cli_end_to_end(tiny_family, tmp_path, capsys):
     # measurements with their spread, no internal goals
     assert "goal" not in out.lower() and "NOT met" not in out and "[min-max]" in out
     result = json.loads((tmp_path / "out.json").read_text())
-    assert set(result) >= {"machine", "config", "results"}
-    rows = {r["label"]: r for r in result["results"]}
+    assert set(result) >= {"machine", "config", "results", "overall"}
+    assert [g["category"] for g in result["results"]] == ["custom"]  # the file names no category
+    rows = {r["label"]: r for r in result["overall"]["rows"]}
+    group = {r["label"]: r for r in result["results"][0]["rows"]}
+    assert set(group) == set(rows) and group["ar"]["predicted_speedup"] == 1.0
     assert set(rows) == {"ar", "draft k=3", "draft k=1", "hf-ar", "hf-assisted k=3"}
-    for r in result["results"]:
+    for r in result["results"][0]["rows"]:
         for key in ("method", "settings", "tokens_per_second", "speedup", "mean_accepted_tokens",
                     "acceptance_rate", "per_position_acceptance", "lossless", "step_costs",
                     "predicted_speedup", "efficiency"):
@@ -78,8 +80,8 @@ def test_cli_end_to_end(tiny_family, tmp_path, capsys):
         assert r["tokens_per_second"] > 0
     assert rows["ar"]["speedup"] == pytest.approx(1.0)
     assert rows["ar"]["mean_accepted_tokens"] == pytest.approx(1.0)
-    draft = rows["draft k=3"]
-    assert len(draft["per_position_acceptance"]) == 3
+    assert len(rows["draft k=3"]["per_position_acceptance"]) == 3
+    draft = group["draft k=3"]
     assert draft["mean_accepted_tokens"] >= 1.0 and draft["predicted_speedup"] > 0
     assert draft["efficiency"] == pytest.approx(draft["speedup"] / draft["predicted_speedup"])
     assert draft["step_costs"]["t_draft"] > 0 and draft["step_costs"]["t_verify"] > 0
@@ -113,7 +115,7 @@ def test_lossy_method_is_caught(ctx, tiny_family, monkeypatch, capsys):
         acceptance=lambda params: AcceptEverything())])
     config = BenchConfig(methods=("ar", "draft", "lossy"), max_new_tokens=12, repeats=1, k=4, threads=None)
     result = run_benchmark(ctx, PROMPTS, config)
-    rows = {r["method"]: r for r in result["results"]}
+    rows = {r["method"]: r for r in result["overall"]["rows"]}
     assert rows["draft"]["lossless"] is True
     assert rows["lossy"]["lossless"] is False
     assert rows["lossy"]["mismatches"] and any("lossy" in line for line in result["mismatches"])
@@ -131,7 +133,7 @@ def test_sampled_mode_reports_null_lossless(ctx):
     config = BenchConfig(methods=("ar", "draft"), max_new_tokens=8, repeats=1, k=2, temperature=0.8,
                          seed=3, threads=None)
     result = run_benchmark(ctx, PROMPTS[:1], config)
-    assert all(r["lossless"] is None for r in result["results"])
+    assert all(r["lossless"] is None for r in result["overall"]["rows"])
 
 
 def test_auto_k(ctx):
@@ -188,18 +190,18 @@ def test_bench_error_for_unknown_method(ctx):
         run_benchmark(ctx, PROMPTS, BenchConfig(methods=("ar", "zzz"), threads=None))
 
 
-def test_default_prompt_set():
-    assert DEFAULT_PROMPTS_FILE.is_file()
-    prompts = default_prompts()
+def test_short_category_is_the_former_default_set():
+    assert category_file("short").is_file()
+    prompts = builtin_prompts(("short",))
     assert len(prompts) >= 9 and len({p.id for p in prompts}) == len(prompts)
-    assert {p.kind for p in prompts} == set(KINDS)
+    assert {p.kind for p in prompts} == set(KINDS) and {p.category for p in prompts} == {"short"}
     assert all(p.source and len(p.prompt) <= 450 for p in prompts)
-    quick = default_prompts(quick=True)
-    assert len(quick) == 4 and {p.kind for p in quick} == set(KINDS)
+    quick = builtin_prompts(("short",), per_category=3)
+    assert len(quick) == 3 and {p.kind for p in quick} == set(KINDS)
     assert quick_subset(prompts, 2) == prompts[:2]
 
 
-def test_build_default_prompts_is_deterministic(tmp_path):
+def test_build_short_is_deterministic(tmp_path):
     body = "".join(
         f"def f{i}(x, y):\n    \"\"\"Add x and y ({i}).\"\"\"\n    z = x + y\n    z += {i}\n    w = z * 2\n    return w\n\n"
         for i in range(3)
@@ -207,7 +209,7 @@ def test_build_default_prompts_is_deterministic(tmp_path):
     table = "TABLE = {\n" + "".join(f"    'k{i}': {i},\n" for i in range(12)) + "}\n"
     for n in range(3):
         (tmp_path / f"mod{n}.py").write_text(body + table)
-    a, b = build_default_prompts(tmp_path), build_default_prompts(tmp_path)
+    a, b = build_short(tmp_path), build_short(tmp_path)
     assert a == b and {p.kind for p in a} == set(KINDS)
     doc = next(p for p in a if p.kind == "docstring")
     assert doc.prompt.endswith('"""')

@@ -64,7 +64,7 @@ def test_neox_falls_back_to_transformers(neox_pair, tmp_path, capsys):
     for line in result["warnings"]:  # slower methods are named on stderr, one line each
         assert f"warning: {line}\n" in captured.err
     assert result["config"]["backend"] == "hf" and result["config"]["backend_requested"] == "auto"
-    rows = {r["label"]: r for r in result["results"]}
+    rows = {r["label"]: r for r in result["overall"]["rows"]}
     assert set(rows) == {"ar", "draft k=2", "hf-ar"}
     assert all(r["lossless"] for r in rows.values())
 
@@ -96,3 +96,8 @@ def test_warns_when_a_method_is_slower_than_plain():
     lines = slower_than_plain(rows)
     assert len(lines) == 1 and "draft k=3" in lines[0] and "slower than plain decoding" in lines[0]
     assert "\n" not in lines[0]
+    # faster overall but slower in one category: named, with the category
+    groups = [{"category": "short", "rows": [dict(rows[3], speedup=1.6)]},
+              {"category": "long", "rows": [dict(rows[3], speedup=0.9)]}]
+    lines = slower_than_plain(rows[3:], groups)
+    assert lines == ["draft k=2 is slower than plain decoding (ar) on long 0.90x (1.30x over all categories)"]

@@ -2,7 +2,8 @@
 
 - :mod:`.cost_model` expected tokens per step, predicted speedup, best k (pure functions)
 - :mod:`.autok`      step-cost timing and ``auto_k`` (calibrate briefly, let the model choose k)
-- :mod:`.prompts`    the JSONL prompt format and the default validation-split prompt set
+- :mod:`.prompts`    the JSONL prompt format and the built-in prompt categories
+- :mod:`.prompt_sets` building the categories' stored files (short, long, out-of-domain)
 - :mod:`.config`     settings of a run, their defaults (full, ``--quick``) and checks
 - :mod:`.context`    what the rows share: models, tokenizer, EOS ids, prompt token ids
 - :mod:`.methods`    the rows: our decode loop with a drafter, transformers' ``generate()``
@@ -10,7 +11,7 @@
 - :mod:`.call_counter` forward calls of a transformers model
 - :mod:`.results`    runs -> row summaries, and their definitions
 - :mod:`.runner`     the measurement loop
-- :mod:`.report`     rich table, JSON, Markdown
+- :mod:`.report`     rich tables (per category, then over all), JSON, Markdown
 - :mod:`.plots`      PNG plots
 - :mod:`.cli`        ``add_bench_parser`` / ``run_bench``
 """

@@ -17,6 +17,7 @@ from .config import (
     BenchConfig,
     BenchError,
 )
+from .prompts import CATEGORIES, PromptFileError
 
 
 def _span(values) -> str:
@@ -40,8 +41,12 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    help="model runtime, as for generate: native, hf (transformers) or auto = native "
                         "when it supports the checkpoint, else transformers (default auto)")
     p.add_argument("--methods", help=f"comma-separated methods (default: {','.join(DEFAULT_METHODS)})")
+    p.add_argument("--categories", metavar="NAMES",
+                   help=f"comma-separated prompt categories: {', '.join(CATEGORIES)} (default: all; with "
+                        "--prompts, the file's 'category' values)")
     p.add_argument("--prompts", metavar="FILE.jsonl",
-                   help="JSON lines with 'id' and 'prompt' (default: the built-in validation-split set)")
+                   help="JSON lines with 'id' and 'prompt', optionally 'category' (default: the built-in "
+                        "categories)")
     p.add_argument("--max-new-tokens", type=int,
                    help=f"tokens per generation (default {FULL.max_new_tokens}; quick {QUICK.max_new_tokens})")
     p.add_argument("--repeats", type=int,
@@ -56,7 +61,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="DIR", help="write PNG plots and report.md into DIR")
     p.add_argument("--markdown", metavar="FILE", help="write the Markdown report here")
     p.add_argument("--quick", action="store_true",
-                   help=f"{QUICK.prompts} prompts, {QUICK.max_new_tokens} tokens, {QUICK.repeats} repeat, "
+                   help=f"{QUICK.prompts} prompts per category, {QUICK.max_new_tokens} tokens, {QUICK.repeats} repeat, "
                         f"k sweep {_span(QUICK.sweep)}")
     p.add_argument("--threads", type=int, help=f"torch CPU threads (default {DEFAULT_THREADS})")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -90,7 +95,7 @@ def command_line(args) -> str:
     """The ``quickdraft bench`` command equivalent to ``args`` (for the report)."""
     parts = ["quickdraft", "bench"]
     for flag, dest in [("--model", "model"), ("--draft", "draft"), ("--backend", "backend"), ("--methods", "methods"),
-                       ("--prompts", "prompts"), ("--max-new-tokens", "max_new_tokens"),
+                       ("--categories", "categories"), ("--prompts", "prompts"), ("--max-new-tokens", "max_new_tokens"),
                        ("--repeats", "repeats"), ("-k", "k"), ("--sweep", "sweep"), ("--json", "json"),
                        ("--plot", "plot"), ("--markdown", "markdown")]:
         value = getattr(args, dest, None)
@@ -109,8 +114,6 @@ def command_line(args) -> str:
 
 def run_bench(args) -> int:
     """Run the benchmark; bad input prints one line to stderr and returns 2."""
-    from .prompts import PromptFileError
-
     started = time.perf_counter()
     try:
         return _run(args, started)
@@ -128,7 +131,7 @@ def run_bench(args) -> int:
 
 def _run(args, started: float) -> int:
     from .context import load_context
-    from .prompts import default_prompts, load_prompts, quick_subset
+    from .prompts import builtin_prompts, load_prompts, parse_categories, select
     from .runner import run_benchmark
 
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods is not None else None
@@ -139,12 +142,11 @@ def _run(args, started: float) -> int:
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, temperature=args.temperature,
         seed=args.seed, k=args.k, sweep=_parse_sweep(args.sweep), threads=args.threads,
     )
+    per_category = QUICK.prompts if args.quick else FULL.prompts
     if args.prompts:
-        prompts = load_prompts(args.prompts)
-        if args.quick:
-            prompts = quick_subset(prompts, QUICK.prompts)
+        prompts = select(load_prompts(args.prompts), parse_categories(args.categories, None), per_category)
     else:
-        prompts = default_prompts(quick=args.quick)
+        prompts = builtin_prompts(parse_categories(args.categories) or CATEGORIES, per_category)
 
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     log("loading models")

@@ -23,14 +23,14 @@ class BenchError(ValueError):
 class Preset:
     """The defaults of a full run and of a ``--quick`` one."""
 
-    prompts: int | None  # prompts kept from the set (None: all)
+    prompts: int | None  # prompts kept per category (None: all)
     max_new_tokens: int
     repeats: int
     sweep: tuple[int, ...]  # extra draft rows at these k
 
 
 FULL = Preset(prompts=None, max_new_tokens=128, repeats=3, sweep=tuple(range(1, 9)))
-QUICK = Preset(prompts=4, max_new_tokens=64, repeats=1, sweep=())
+QUICK = Preset(prompts=2, max_new_tokens=64, repeats=1, sweep=())
 
 
 @dataclass

@@ -4,6 +4,7 @@ ids, the transformers copies of the models and the prompts' token ids."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -58,9 +59,23 @@ def load_context(config: BenchConfig) -> BenchContext:
     return BenchContext(pair.target, pair.tokenizer, pair.draft, pair.target_dir, pair.draft_dir)
 
 
-def encode_prompts(ctx: BenchContext, prompts: Sequence[BenchPrompt], room: int) -> list[torch.Tensor]:
-    """Token ids of every prompt, keeping the end of a prompt that leaves less than ``room``
-    tokens of context for generation."""
+@dataclass
+class EncodedPrompt:
+    """A prompt's token ids as run, and whether its beginning was cut to fit the context."""
+
+    ids: torch.Tensor
+    tokens: int  # before truncation
+    truncated: bool
+
+    @property
+    def dropped(self) -> int:
+        return self.tokens - int(self.ids.numel())
+
+
+def encode_prompts(ctx: BenchContext, prompts: Sequence[BenchPrompt], room: int) -> list[EncodedPrompt]:
+    """Token ids of every prompt. A prompt that leaves less than ``room`` tokens of the
+    model's context for generation keeps its end (as ``--truncate-prompt`` does), so every
+    row generates the same number of tokens; the truncation is recorded."""
     limit = ctx.target.context_length - room
     if limit < 1:
         raise BenchError(
@@ -68,6 +83,7 @@ def encode_prompts(ctx: BenchContext, prompts: Sequence[BenchPrompt], room: int)
         )
     out = []
     for p in prompts:
-        ids = ctx.tokenizer(p.prompt)["input_ids"]
-        out.append(torch.tensor(ids[-limit:] or [ctx.eos_token_ids[0] if ctx.eos_token_ids else 0]))
+        ids = ctx.tokenizer(p.prompt)["input_ids"] or [ctx.eos_token_ids[0] if ctx.eos_token_ids else 0]
+        kept = ids[-limit:]  # keep the end: it is what the continuation depends on
+        out.append(EncodedPrompt(torch.tensor(kept, dtype=torch.long), len(ids), len(kept) < len(ids)))
     return out

@@ -17,38 +17,38 @@ def _plt():
 
 
 def plot_speedup_vs_k(result: dict, path: Path) -> Path | None:
-    """Measured speedup of the draft rows against k, with the cost model's prediction
-    (from the measured step costs and the per-position acceptance of the largest-k row,
-    extrapolated geometrically past it) overlaid."""
-    rows = sorted((r for r in result["results"] if r["method"] == "draft" and r["speedup"] is not None),
-                  key=lambda r: r["k"])
-    if not rows:
+    """Measured speedup of the draft rows against k, one line per prompt category, with the
+    cost model's prediction for that category (from its measured step costs and the
+    per-position acceptance of its largest-k row, extrapolated geometrically past it)."""
+    groups = [(g, sorted((r for r in g["rows"] if r["method"] == "draft" and r["speedup"] is not None),
+                         key=lambda r: r["k"])) for g in result["results"]]
+    groups = [(g, rows) for g, rows in groups if rows]
+    if not groups:
         return None
     plt = _plt()
-    costs = StepCosts.from_dict(result["step_costs"])
-    widest = max(rows, key=lambda r: len(r.get("per_position_acceptance") or []))
-    per_position = widest.get("per_position_acceptance") or []
-    ks = [r["k"] for r in rows]
-    max_k = max(max(ks), 8)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    ax.plot(ks, [r["speedup"] for r in rows], "o-", label="measured")
-    if per_position:
-        pred_k = list(range(1, max_k + 1))
-        ax.plot(pred_k, [predicted_speedup(k, costs, per_position=per_position) for k in pred_k], "--",
-                label=f"cost model (a_i from k={widest['k']})")
-    own = [(r["k"], r["predicted_speedup"]) for r in rows if r["predicted_speedup"] is not None]
-    if own:
-        ax.scatter(*zip(*own, strict=True), marker="x", color="gray", label="cost model (each row's own a_i)")
+    for i, (group, rows) in enumerate(groups):
+        color = f"C{i}"
+        ks = [r["k"] for r in rows]
+        ax.plot(ks, [r["speedup"] for r in rows], "o-", color=color, label=f"{group['category']}: measured")
+        widest = max(rows, key=lambda r: len(r.get("per_position_acceptance") or []))
+        per_position = widest.get("per_position_acceptance") or []
+        if per_position:
+            costs = StepCosts.from_dict(group["step_costs"])
+            pred_k = list(range(1, max(max(ks), 8) + 1))
+            ax.plot(pred_k, [predicted_speedup(k, costs, per_position=per_position) for k in pred_k], "--",
+                    color=color, alpha=0.7, label=f"{group['category']}: cost model")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xlabel("k (draft tokens per step)")
     ax.set_ylabel("speedup vs ar (decode tokens/s)")
     ax.set_title("draft-model speculative decoding: speedup vs k")
-    ax.legend()
+    ax.legend(fontsize=7)
     return _save(plt, fig, ax, path)
 
 
 def plot_per_position(result: dict, path: Path) -> Path | None:
-    rows = [r for r in result["results"] if r.get("per_position_acceptance")]
+    """Per-position acceptance of each drafting row, over all categories."""
+    rows = [r for r in result["overall"]["rows"] if r.get("per_position_acceptance")]
     if not rows:
         return None
     plt = _plt()
@@ -59,13 +59,14 @@ def plot_per_position(result: dict, path: Path) -> Path | None:
     ax.set_xlabel("draft position i")
     ax.set_ylabel("P(position i accepted)")
     ax.set_ylim(0, 1.02)
-    ax.set_title("per-position acceptance")
+    ax.set_title("per-position acceptance (all categories)")
     ax.legend(fontsize=7)
     return _save(plt, fig, ax, path)
 
 
 def plot_tokens_per_second(result: dict, path: Path) -> Path | None:
-    rows = [r for r in result["results"] if r["tokens_per_second"] is not None]
+    """Median tokens/s of each row over all categories, its speedup on top."""
+    rows = [r for r in result["overall"]["rows"] if r["tokens_per_second"] is not None]
     if not rows:
         return None
     plt = _plt()

@@ -1,41 +1,34 @@
-"""Benchmark prompts: the JSONL format and the default set built from the validation split.
+"""Benchmark prompts: the JSONL format and the built-in prompt categories.
 
 A prompt file is JSON lines, one object per line with ``id`` and ``prompt`` (strings) and
-optionally ``kind`` and ``source``. Blank lines are ignored.
+optionally ``kind`` (the task: ``function-body``, ``docstring``, ``repetitive``, ...),
+``source``, ``category`` (results are reported per category; default ``custom``),
+``size`` (``short`` or ``long``) and ``origin`` (an object saying where the text comes
+from). Blank lines are ignored.
 
-The default set is built deterministically from the held-out (validation) files of the
-training corpus (:mod:`quickdraft.train.corpus`: the stdlib ``.py`` files whose path hash
-falls in the validation fraction), so the models never trained on these prompts. It covers
-three kinds of work:
+The built-in categories (``quickdraft bench --categories``), each a stored JSONL file in
+``quickdraft/assets/bench/`` built by :mod:`.prompt_sets`:
 
-- ``function-body``: the context before a function, its signature and docstring; the
-  model writes the body;
-- ``repetitive``: the start of a run of same-shaped lines (tables, constant lists,
-  registration calls); the model continues the pattern;
-- ``docstring``: the context, a signature and an opening ``\"\"\"``; the model writes the
-  docstring.
+- ``short``: up to ~120 tokens of context, from the validation split of the training
+  corpus (held-out stdlib files);
+- ``long``: 600-1500 tokens of context (counted with the embedded tokenizer), from the
+  same validation split;
+- ``out-of-domain``: Python the family never trained on, from third-party packages
+  (package, version, file and licence in each prompt's ``origin``), short and long.
 
-The set built on the interpreter that trained the shipped models is stored in
-``quickdraft/assets/bench/default_prompts.jsonl`` (the stdlib differs between Python
-versions, so the stored file is what ``quickdraft bench`` uses by default); rebuild it with
-``python -m quickdraft.bench.prompts --out FILE``.
+A prompt longer than the model's context allows is cut to its end by the benchmark, which
+says so in its output.
 """
 
 from __future__ import annotations
 
-import argparse
-import ast
-import hashlib
 import json
-import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-KINDS = ("function-body", "repetitive", "docstring")
+CATEGORIES = ("short", "long", "out-of-domain")
 BENCH_ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets" / "bench"  # the stored prompt sets
-DEFAULT_PROMPTS_FILE = BENCH_ASSETS_DIR / "default_prompts.jsonl"
-MAX_PROMPT_CHARS = 420  # ~120 tokens: prompt + 128 new tokens stay inside the 256-token training window
-PER_KIND = 4
+CUSTOM = "custom"
 
 
 class PromptFileError(ValueError):
@@ -44,13 +37,29 @@ class PromptFileError(ValueError):
 
 @dataclass(frozen=True)
 class BenchPrompt:
+    """One benchmark prompt; ``category`` groups the results."""
+
     id: str
     prompt: str
-    kind: str = "custom"
+    kind: str = CUSTOM
     source: str = ""
+    category: str = CUSTOM
+    size: str = ""  # "short" or "long" where a set has both
+    origin: dict | None = None  # where the text comes from (package, version, file, license)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        out = {"id": self.id, "prompt": self.prompt, "kind": self.kind, "source": self.source,
+               "category": self.category}
+        if self.size:
+            out["size"] = self.size
+        if self.origin:
+            out["origin"] = self.origin
+        return out
+
+
+def category_file(category: str) -> Path:
+    """The stored prompt file of a built-in category."""
+    return BENCH_ASSETS_DIR / f"{category}.jsonl"
 
 
 def load_prompts(path: str | Path) -> list[BenchPrompt]:
@@ -82,9 +91,12 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
             raise PromptFileError(f"{path}:{number}: 'prompt' must be a non-empty string")
         if pid in seen:
             raise PromptFileError(f"{path}:{number}: duplicate id {pid!r}")
+        origin = obj.get("origin")
+        if origin is not None and not isinstance(origin, dict):
+            raise PromptFileError(f"{path}:{number}: 'origin' must be a JSON object")
         seen.add(pid)
-        kind = obj.get("kind", "custom")
-        prompts.append(BenchPrompt(pid, prompt, str(kind), str(obj.get("source", ""))))
+        prompts.append(BenchPrompt(pid, prompt, str(obj.get("kind", CUSTOM)), str(obj.get("source", "")),
+                                   str(obj.get("category") or CUSTOM), str(obj.get("size", "")), origin))
     if not prompts:
         raise PromptFileError(f"prompt file {path} has no prompts")
     return prompts
@@ -98,168 +110,56 @@ def save_prompts(prompts: list[BenchPrompt], path: str | Path) -> None:
             f.write(json.dumps(p.to_json(), ensure_ascii=False) + "\n")
 
 
-def default_prompts(quick: bool = False) -> list[BenchPrompt]:
-    """The default prompt set (the stored file; built from the stdlib if it is missing).
-    ``quick`` keeps the first prompt of each kind plus one more function body."""
-    if DEFAULT_PROMPTS_FILE.is_file():
-        prompts = load_prompts(DEFAULT_PROMPTS_FILE)
-    else:
-        prompts = build_default_prompts()
-    return quick_subset(prompts) if quick else prompts
+def parse_categories(text: str | None, available: tuple[str, ...] | None = CATEGORIES) -> tuple[str, ...] | None:
+    """``--categories`` text (comma-separated) as names; None when not given. ``available``
+    None accepts any name (a prompt file's categories are checked when selecting)."""
+    if text is None:
+        return None
+    names = tuple(dict.fromkeys(c.strip() for c in text.split(",") if c.strip()))
+    if not names:
+        raise PromptFileError("--categories is empty")
+    unknown = [c for c in names if available is not None and c not in available]
+    if unknown:
+        raise PromptFileError(f"unknown category {unknown[0]!r}; choose from: {', '.join(available)}")
+    return names
+
+
+def builtin_prompts(categories: tuple[str, ...] = CATEGORIES, per_category: int | None = None) -> list[BenchPrompt]:
+    """The stored prompts of these built-in categories, in this order; ``per_category``
+    keeps that many of each (:func:`quick_subset`)."""
+    prompts: list[BenchPrompt] = []
+    for category in parse_categories(",".join(categories)):
+        prompts += [p for p in load_prompts(category_file(category)) if p.category == category]
+    return select(prompts, None, per_category)
+
+
+def select(prompts: list[BenchPrompt], categories: tuple[str, ...] | None = None,
+           per_category: int | None = None) -> list[BenchPrompt]:
+    """The prompts of these categories (all when None), grouped by category in order of
+    first appearance; ``per_category`` keeps that many of each (:func:`quick_subset`)."""
+    order = list(dict.fromkeys(p.category for p in prompts))
+    if categories is not None:
+        missing = [c for c in categories if c not in order]
+        if missing:
+            raise PromptFileError(f"no prompts of category {missing[0]!r}; the file has: {', '.join(order)}")
+        order = list(categories)
+    out: list[BenchPrompt] = []
+    for category in order:
+        group = [p for p in prompts if p.category == category]
+        out += quick_subset(group, per_category) if per_category else group
+    return out
 
 
 def quick_subset(prompts: list[BenchPrompt], n: int = 4) -> list[BenchPrompt]:
-    """Up to ``n`` prompts, round-robin over kinds (in order of first appearance)."""
-    by_kind: dict[str, list[BenchPrompt]] = {}
+    """Up to ``n`` prompts, round-robin over (size, kind) groups in order of first appearance."""
+    groups: dict[tuple[str, str], list[BenchPrompt]] = {}
     for p in prompts:
-        by_kind.setdefault(p.kind, []).append(p)
+        groups.setdefault((p.size, p.kind), []).append(p)
     out: list[BenchPrompt] = []
     depth = 0
     while len(out) < min(n, len(prompts)):
-        for group in by_kind.values():
+        for group in groups.values():
             if depth < len(group) and len(out) < n:
                 out.append(group[depth])
         depth += 1
     return out
-
-
-# --- building the default set -------------------------------------------------------------
-
-
-def _key(*parts: object) -> str:
-    return hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()
-
-
-def _context_before(lines: list[str], start: int, budget: int) -> str:
-    """Whole lines ending just before line index ``start``, as many as fit in ``budget`` chars."""
-    out: list[str] = []
-    used = 0
-    for line in reversed(lines[:start]):
-        if used + len(line) > budget:
-            break
-        out.append(line)
-        used += len(line)
-    while out and not out[-1].strip():  # do not start the prompt with blank lines
-        out.pop()
-    return "".join(reversed(out))
-
-
-def _function_candidates(rel: str, text: str) -> tuple[list[tuple], list[tuple]]:
-    """(function-body, docstring) candidates of one file: (key, prompt, source)."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return [], []
-    lines = text.splitlines(keepends=True)
-    bodies, docs = [], []
-    for node in ast.walk(tree):
-        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.decorator_list:
-            continue
-        doc = ast.get_docstring(node, clean=False)
-        if not doc or not node.body or len(node.body) < 2:
-            continue
-        first = node.body[0]
-        header = "".join(lines[node.lineno - 1 : first.lineno - 1])
-        doc_text = "".join(lines[first.lineno - 1 : first.end_lineno])
-        body_lines = node.end_lineno - first.end_lineno
-        if not header.rstrip().endswith(":") or body_lines < 3:
-            continue
-        source = f"{rel}:{node.lineno}"
-        # function-body: signature + docstring, then the body
-        if len(header) + len(doc_text) <= MAX_PROMPT_CHARS - 40:
-            ctx = _context_before(lines, node.lineno - 1, MAX_PROMPT_CHARS - len(header) - len(doc_text))
-            bodies.append((_key("body", source), ctx + header + doc_text, source))
-        # docstring: signature + the opening quotes of the docstring
-        opening = re.match(r"\s*(?:[rRuU]?)(\"\"\"|''')", lines[first.lineno - 1])
-        if opening and len(header) <= MAX_PROMPT_CHARS - 40:
-            start = lines[first.lineno - 1][: opening.end()]
-            ctx = _context_before(lines, node.lineno - 1, MAX_PROMPT_CHARS - len(header) - len(start))
-            docs.append((_key("doc", source), ctx + header + start, source))
-    return bodies, docs
-
-
-_SHAPE = re.compile(r"^(\s*)([A-Za-z_][\w.]*|'|\"|\(|\[|\{|[0-9])")
-
-
-def _repetitive_candidates(rel: str, text: str, min_run: int = 8, shown: int = 5) -> list[tuple]:
-    """Runs of >= ``min_run`` consecutive lines with the same indentation and leading token;
-    the prompt is some context plus the first ``shown`` lines of the run."""
-    lines = text.splitlines(keepends=True)
-    out = []
-
-    def shape(line: str):
-        m = _SHAPE.match(line)
-        return (m.group(1), m.group(2)) if m and line.strip() else None
-
-    i = 0
-    while i < len(lines):
-        s = shape(lines[i])
-        j = i
-        while s is not None and j + 1 < len(lines) and shape(lines[j + 1]) == s:
-            j += 1
-        run = j - i + 1
-        if s is not None and run >= min_run:
-            head = "".join(lines[i : i + shown])
-            if len(head) <= MAX_PROMPT_CHARS - 60 and max(len(x) for x in lines[i : i + shown]) < 120:
-                ctx = _context_before(lines, i, MAX_PROMPT_CHARS - len(head))
-                source = f"{rel}:{i + 1}"
-                out.append((_key("rep", source), ctx + head, source))
-        i = j + 1
-    return out
-
-
-def build_default_prompts(root: Path | None = None, per_kind: int = PER_KIND) -> list[BenchPrompt]:
-    """Build the default prompt set from the validation split of the corpus under ``root``
-    (default: this interpreter's stdlib). Deterministic: candidates are ordered by a hash of
-    their kind and source location, and at most one prompt per file per kind is taken."""
-    from ..train.corpus import is_validation, list_source_files, stdlib_root
-
-    root = Path(root) if root is not None else stdlib_root()
-    files = list_source_files(root)
-    val = [rel for rel in files if is_validation(rel)] or files[-1:]
-    candidates: dict[str, list[tuple]] = {k: [] for k in KINDS}
-    for rel in val:
-        try:
-            text = (root / rel).read_bytes().decode("utf-8")
-        except (OSError, UnicodeDecodeError):
-            continue
-        bodies, docs = _function_candidates(rel, text)
-        candidates["function-body"] += bodies
-        candidates["docstring"] += docs
-        candidates["repetitive"] += _repetitive_candidates(rel, text)
-    prompts: list[BenchPrompt] = []
-    used_sources: set[str] = set()
-    for kind in KINDS:
-        taken = 0
-        files_used: set[str] = set()
-        for _, prompt, source in sorted(candidates[kind]):
-            file = source.rsplit(":", 1)[0]
-            if file in files_used or source in used_sources:
-                continue
-            files_used.add(file)
-            used_sources.add(source)
-            taken += 1
-            prompts.append(BenchPrompt(f"{kind}-{taken}", prompt, kind, source))
-            if taken >= per_kind:
-                break
-    # Interleave kinds so any prefix of the list covers every kind.
-    by_kind = {k: [p for p in prompts if p.kind == k] for k in KINDS}
-    ordered = []
-    for i in range(per_kind):
-        ordered += [group[i] for group in by_kind.values() if i < len(group)]
-    return ordered
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the default benchmark prompt set.")
-    parser.add_argument("--out", default=str(DEFAULT_PROMPTS_FILE))
-    parser.add_argument("--per-kind", type=int, default=PER_KIND)
-    args = parser.parse_args(argv)
-    prompts = build_default_prompts(per_kind=args.per_kind)
-    save_prompts(prompts, args.out)
-    print(f"wrote {len(prompts)} prompts to {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

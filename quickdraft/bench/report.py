@@ -1,4 +1,5 @@
-"""Benchmark output: a rich table for terminals, the JSON file, and a Markdown report."""
+"""Benchmark output: rich tables for terminals (one per prompt category, then the headline
+over all categories), the JSON file, and a Markdown report with the same tables."""
 
 from __future__ import annotations
 
@@ -70,12 +71,44 @@ COLUMNS = [
 ]
 
 
-def table_rows(result: dict) -> list[list[str]]:
-    return [[fn(r) for _, fn in COLUMNS] for r in result["results"]]
+OVERALL_COLUMNS = COLUMNS[:8]  # no cost model over all categories (step costs are per category)
+CAPTION = "medians over prompts and repeats; [min-max] over the runs"
+
+
+def table_rows(rows: list[dict], columns=COLUMNS) -> list[list[str]]:
+    return [[fn(r) for _, fn in columns] for r in rows]
+
+
+def _kinds(cfg: dict, category: str) -> str:
+    kinds = dict.fromkeys(p["kind"] for p in cfg["prompts"] if p.get("category") == category)
+    return ", ".join(kinds)
+
+
+def group_title(result: dict, group: dict) -> str:
+    """``long: 9 prompts (function-body, ...), 9 cut to their last 374 tokens (context 512)``."""
+    cfg = result["config"]
+    title = f"{group['category']}: {len(group['prompts'])} prompts ({_kinds(cfg, group['category'])})"
+    return title + (f"; {truncation_note(result, group)}" if group.get("truncated_prompts") else "")
+
+
+def truncation_note(result: dict, group: dict) -> str:
+    cfg = result["config"]
+    return (f"{group['truncated_prompts']} of {len(group['prompts'])} longer than the model's "
+            f"{cfg['context_length']}-token context allows with {cfg['max_new_tokens']} new tokens: "
+            f"kept their last {cfg['max_prompt_tokens']} tokens")
+
+
+def _headline(result: dict) -> str:
+    cfg = result["config"]
+    return (f"quickdraft bench: {Path(cfg['model_dir']).name} "
+            f"(draft {Path(cfg['draft_dir']).name if cfg.get('draft_dir') else '-'}), {_backend(cfg)}, "
+            f"k = {cfg['k']} ({cfg['k_source']}), {cfg['repeats']} repeats, {cfg['max_new_tokens']} new tokens, "
+            f"T={cfg['temperature']}")
 
 
 def print_table(result: dict, console=None) -> None:
-    """The results as a rich table, then the step costs and any mismatches."""
+    """A table per category with its step costs, the headline table over all categories,
+    then any mismatches."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
@@ -83,39 +116,42 @@ def print_table(result: dict, console=None) -> None:
     if console is None:
         console = Console()
         if not console.is_terminal:
-            console = Console(width=max(console.width, 132))
-    cfg = result["config"]
-    table = Table(caption=escape("medians over prompts and repeats; [min-max] over the runs"), title=f"quickdraft bench: {Path(cfg['model_dir']).name} "
-                        f"(draft {Path(cfg['draft_dir']).name if cfg.get('draft_dir') else '-'}), "
-                        f"{_backend(cfg)}, "
-                        f"{len(cfg['prompts'])} prompts x {cfg['repeats']} repeats, "
-                        f"{cfg['max_new_tokens']} new tokens, T={cfg['temperature']}")
-    for name, _ in COLUMNS:
-        table.add_column(escape(name), justify="left" if name in ("method", "settings") else "right",
-                         overflow="fold")
-    for r, cells in zip(result["results"], table_rows(result), strict=True):
-        style = None if r.get("primary", True) else "dim"
-        if r["lossless"] is False:
-            style = "bold red"
-        table.add_row(*(escape(c) for c in cells), style=style)
-    console.print(table)
-    for line in summary_lines(result):
-        console.print(line, highlight=False)
+            console = Console(width=max(console.width, 140))
+
+    def show(title: str, rows: list[dict], columns) -> None:
+        table = Table(title=escape(title), caption=escape(CAPTION))
+        for name, _ in columns:
+            table.add_column(escape(name), justify="left" if name in ("method", "settings") else "right",
+                             overflow="fold")
+        for r, cells in zip(rows, table_rows(rows, columns), strict=True):
+            style = None if r.get("primary", True) else "dim"
+            if r["lossless"] is False:
+                style = "bold red"
+            table.add_row(*(escape(c) for c in cells), style=style)
+        console.print(table)
+
+    console.print(_headline(result), highlight=False)
+    for group in result["results"]:
+        show(group_title(result, group), group["rows"], COLUMNS)
+        for line in summary_lines(result, group):
+            console.print(line, highlight=False)
+    show(f"all categories ({', '.join(g['category'] for g in result['results'])}): "
+         f"{len(result['config']['prompts'])} prompts", result["overall"]["rows"], OVERALL_COLUMNS)
     for line in result.get("mismatches", []):
-        console.print(f"[bold red]{line}[/]")
+        console.print(f"[bold red]{escape(line)}[/]")
 
 
-def summary_lines(result: dict) -> list[str]:
-    """Step costs and where a step's time goes."""
-    costs = result["step_costs"]
+def summary_lines(result: dict, group: dict) -> list[str]:
+    """Step costs of a category and where a step's time goes."""
+    costs = group["step_costs"]
     k = result["config"]["k"]
     verify = costs["t_verify"]
     lines = [
         f"step costs (median): target 1 token {costs['t_ar'] * 1e3:.2f} ms, draft step "
         f"{costs['t_draft'] * 1e3:.2f} ms, target verify of {k + 1} tokens "
-        f"{float(verify.get(str(k + 1), float('nan'))) * 1e3:.2f} ms; k = {k} ({result['config']['k_source']})",
+        f"{float(verify.get(str(k + 1), float('nan'))) * 1e3:.2f} ms",
     ]
-    for r in result["results"]:
+    for r in group["rows"]:
         b = r.get("step_breakdown")
         if r["method"] == "draft" and r.get("primary") and b and "measured_step_seconds" in b:
             lines.append(
@@ -137,53 +173,70 @@ def write_json(result: dict, path: str | Path) -> None:
     path.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
 
+def markdown_table(rows: list[dict], columns=COLUMNS) -> list[str]:
+    lines = ["| " + " | ".join(n for n, _ in columns) + " |",
+             "|" + "|".join("---" if n in ("method", "settings") else "---:" for n, _ in columns) + "|"]
+    for cells in table_rows(rows, columns):
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return lines
+
+
+def _step_table(group: dict) -> list[str]:
+    steps = [r for r in group["rows"] if r.get("step_breakdown") and "measured_step_seconds" in r["step_breakdown"]]
+    if not steps:
+        return []
+    lines = ["", "Per step (ms; overhead = measured step - modelled draft and verify calls):", "",
+             "| row | draft | verify | overhead | measured step | tau | speedup | predicted |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in steps:
+        b = r["step_breakdown"]
+        lines.append(
+            f"| {r['label']} | {b.get('draft_seconds', 0.0) * 1e3:.2f} | {b['verify_seconds'] * 1e3:.2f} | "
+            f"{b['overhead_seconds'] * 1e3:.2f} | {b['measured_step_seconds'] * 1e3:.2f} | "
+            f"{_fmt(r['mean_accepted_tokens'])} | {_fmt(r['speedup'], '.2f', 'x')} | "
+            f"{_fmt(r['predicted_speedup'], '.2f', 'x')} |")
+    costs = group["step_costs"]
+    lines += ["", "Target pass over n tokens (ms): " + ", ".join(
+        f"{n}: {float(v) * 1e3:.2f}" for n, v in costs["t_verify"].items())]
+    if costs.get("draft_burst"):
+        lines.append("j consecutive draft steps after a target pass (ms): " + ", ".join(
+            f"{n}: {float(v) * 1e3:.2f}" for n, v in costs["draft_burst"].items()))
+    return lines
+
+
 def markdown_report(result: dict, plots: list[str] | None = None, command: str | None = None) -> str:
     cfg = result["config"]
     m = result["machine"]
+    groups = result["results"]
+    counts = ", ".join(f"{g['category']} {len(g['prompts'])}" for g in groups)
     lines = [
         "# quickdraft benchmark",
         "",
         f"- target: {_model_label(cfg['model_dir'])}",
         f"- draft: {_model_label(cfg.get('draft_dir'))}",
         f"- runtime: {_backend(cfg)}",
-        f"- machine: {m.get('cpu', m['processor'])}, {m['cpu_count']} CPUs, {m.get('threads', m.get('torch_threads'))} torch threads, "
+        f"- machine: {m.get('cpu', m['processor'])}, {m['cpu_count']} CPUs, "
+        f"{m.get('threads', m.get('torch_threads'))} torch threads, "
         f"{m['platform']}; python {m['python']}, torch {m['torch']}, transformers {m['transformers']}",
         f"- date: {m['date_utc']}",
-        f"- prompts: {len(cfg['prompts'])} ({', '.join(sorted({p['kind'] for p in cfg['prompts']}))}), "
+        f"- prompts: {len(cfg['prompts'])} in {len(groups)} categories "
+        f"({counts}), "
         f"repeats {cfg['repeats']}, max new tokens {cfg['max_new_tokens']}, temperature {cfg['temperature']}, "
         f"k = {cfg['k']} ({cfg['k_source']}), batch 1",
     ]
     if command:
         lines.append(f"- command: `{command}`")
-    lines += ["", "| " + " | ".join(n for n, _ in COLUMNS) + " |",
-              "|" + "|".join("---" if n in ("method", "settings") else "---:" for n, _ in COLUMNS) + "|"]
-    for cells in table_rows(result):
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
-    lines += ["", "Medians over prompts and repeats; [min-max] over the runs (the JSON has the quartiles too)."]
-    lines += ["", "## Where the time goes", ""]
-    lines += [f"- {line}" for line in summary_lines(result)]
-    steps = [r for r in result["results"]
-             if r.get("step_breakdown") and "measured_step_seconds" in r["step_breakdown"]]
-    if steps:
-        lines += ["", "Per step (ms; overhead = measured step - modelled draft and verify calls):", "",
-                  "| row | draft | verify | overhead | measured step | tau | speedup | predicted |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for r in steps:
-            b = r["step_breakdown"]
-            lines.append(
-                f"| {r['label']} | {b.get('draft_seconds', 0.0) * 1e3:.2f} | {b['verify_seconds'] * 1e3:.2f} | "
-                f"{b['overhead_seconds'] * 1e3:.2f} | {b['measured_step_seconds'] * 1e3:.2f} | "
-                f"{_fmt(r['mean_accepted_tokens'])} | {_fmt(r['speedup'], '.2f', 'x')} | "
-                f"{_fmt(r['predicted_speedup'], '.2f', 'x')} |")
-        costs = result["step_costs"]
-        lines += ["", "Target pass over n tokens (ms): " + ", ".join(
-            f"{n}: {float(v) * 1e3:.2f}" for n, v in costs["t_verify"].items())]
-        if costs.get("draft_burst"):
-            lines.append("j consecutive draft steps after a target pass (ms): " + ", ".join(
-                f"{n}: {float(v) * 1e3:.2f}" for n, v in costs["draft_burst"].items()))
-    pp = [r for r in result["results"] if r.get("per_position_acceptance")]
+    lines += ["", f"{CAPTION[0].upper()}{CAPTION[1:]} (the JSON has the quartiles too).",
+              "", "## All categories (headline)", ""]
+    lines += markdown_table(result["overall"]["rows"], OVERALL_COLUMNS)
+    for group in groups:
+        lines += ["", f"## {group_title(result, group)}", ""]
+        lines += markdown_table(group["rows"])
+        lines += [""] + [f"- {line}" for line in summary_lines(result, group)]
+        lines += _step_table(group)
+    pp = [r for r in result["overall"]["rows"] if r.get("per_position_acceptance")]
     if pp:
-        lines += ["", "## Per-position acceptance", ""]
+        lines += ["", "## Per-position acceptance (all categories)", ""]
         for r in pp:
             lines.append(f"- {r['label']}: " + ", ".join(f"{a:.2f}" for a in r["per_position_acceptance"]))
     if result.get("warnings"):

@@ -64,6 +64,11 @@ DEFINITIONS = {
     "predicted_speedup": "cost model: (1 + sum_{i<k} a_i) * T_ar / (k * T_draft + T_verify(k+1)), "
                          "from measured a_i and step costs, no overhead term",
     "efficiency": "speedup / predicted_speedup",
+    "overall": "the headline: each row summarised over the runs of all categories together "
+               "(medians over all their prompts and repeats); no cost model there (step costs are "
+               "measured per category)",
+    "truncated": "a prompt longer than the model's context allows with room for the new tokens "
+                 "keeps its end (its last config.max_prompt_tokens tokens), as --truncate-prompt does",
     "spread": "min, quartiles (q1, q3), median and max of a figure over the runs (prompts x "
               "repeats; per-run tau for mean_accepted_tokens)",
 }
@@ -139,11 +144,36 @@ def _mismatches(row, runs, reference, prompt_ids: Sequence[str]) -> tuple[list[d
     return mismatches, lines
 
 
+def _cost_model(row, costs: StepCosts | None, per_position, flat: list[RunOutput]):
+    """(predicted speedup, where a step's time goes, the step costs) of a row; Nones where
+    the cost model does not apply (transformers rows, no step costs)."""
+    if costs is None:
+        return None, None, None
+    k = row.k
+    step_costs = {"t_draft": costs.t_draft if k else None, "t_target": costs.t_ar,
+                  "t_draft_k_steps": costs.t_drafting(k) if k else None,
+                  "t_verify": costs.t_verify(k + 1) if k else None}
+    if row.kind != "quickdraft":
+        return None, None, step_costs
+    measured_step = median([o.decode_seconds / o.stats.decode_passes
+                            for o in flat if o.stats and o.stats.decode_passes])
+    if k and per_position is not None and row.name == "draft":
+        return (predicted_speedup(k, costs, per_position=per_position[:k]),
+                where_time_goes(costs, k, measured_step), step_costs)
+    if not k:
+        breakdown = None if measured_step is None else {
+            "k": 0, "verify_seconds": costs.t_ar, "measured_step_seconds": measured_step,
+            "overhead_seconds": measured_step - costs.t_ar}
+        return 1.0, breakdown, step_costs
+    return None, None, step_costs
+
+
 def summarise(rows, results: dict[str, list[list[RunOutput]]], prompt_ids: Sequence[str],
-              costs: StepCosts, k: int, greedy: bool) -> tuple[list[dict], list[str]]:
+              costs: StepCosts | None, k: int, greedy: bool) -> tuple[list[dict], list[str]]:
     """One dict per row (see :data:`DEFINITIONS`) and the mismatch report lines.
 
     ``results[label][prompt][repeat]`` holds the runs; the first row is ``ar``, the reference.
+    Without ``costs`` (step costs measured for these prompts) there is no cost model.
     """
     reference = results[rows[0].label]
     mismatch_report: list[str] = []
@@ -166,34 +196,17 @@ def summarise(rows, results: dict[str, list[list[RunOutput]]], prompt_ids: Seque
             mismatches, lines = _mismatches(row, runs, reference, prompt_ids)
             lossless = not mismatches
             mismatch_report += lines
-        # cost model
-        row_k = row.k
-        pred = eff = breakdown = None
-        step_costs = {"t_draft": costs.t_draft if row_k else None, "t_target": costs.t_ar,
-                      "t_draft_k_steps": costs.t_drafting(row_k) if row_k else None,
-                      "t_verify": costs.t_verify(row_k + 1) if row_k else None}
-        measured_step = median([o.decode_seconds / o.stats.decode_passes
-                                for o in flat if o.stats and o.stats.decode_passes])
-        if row.kind == "quickdraft":
-            if row_k and per_position is not None and row.name == "draft":
-                pred = predicted_speedup(row_k, costs, per_position=per_position[:row_k])
-                breakdown = where_time_goes(costs, row_k, measured_step)
-            elif not row_k:
-                pred = 1.0
-                if measured_step is not None:
-                    breakdown = {"k": 0, "verify_seconds": costs.t_ar, "measured_step_seconds": measured_step,
-                                 "overhead_seconds": measured_step - costs.t_ar}
+        pred, breakdown, step_costs = _cost_model(row, costs, per_position, flat)
         speedup = median(speedups)
-        if pred and speedup is not None:
-            eff = speedup / pred
+        eff = speedup / pred if pred and speedup is not None else None
         out_rows.append({
             "method": row.name,
             "settings": row.settings,
             "label": row.label,
-            "k": row_k,
+            "k": row.k,
             "implementation": row.kind,
             "speculative": row.speculative,
-            "primary": row_k in (None, k),
+            "primary": row.k in (None, k),
             "tokens_per_second": median([o.tokens_per_second for o in flat]),
             "spread": {
                 "tokens_per_second": spread(o.tokens_per_second for o in flat),
@@ -227,8 +240,23 @@ def summarise(rows, results: dict[str, list[list[RunOutput]]], prompt_ids: Seque
     return out_rows, mismatch_report
 
 
-def slower_than_plain(rows: Sequence[dict]) -> list[str]:
-    """One line for each speculative row whose speedup over plain decoding is below 1."""
-    return [f"{r['label']} is slower than plain decoding (ar) in this run: {r['speedup']:.2f}x its "
-            "tokens/s (median over prompts and repeats)"
-            for r in rows if r.get("speculative") and r.get("speedup") is not None and r["speedup"] < 1]
+def slower_than_plain(overall: Sequence[dict], groups: Sequence[dict] = ()) -> list[str]:
+    """One line for each speculative row slower than plain decoding overall or in a category
+    (``groups``: ``{"category", "rows"}``)."""
+    lines = []
+    for r in overall:
+        if not r.get("speculative"):
+            continue
+        slow = [(g["category"], row["speedup"]) for g in groups for row in g["rows"]
+                if row["label"] == r["label"] and row.get("speedup") is not None and row["speedup"] < 1]
+        overall_slow = r.get("speedup") is not None and r["speedup"] < 1
+        if not slow and not overall_slow:
+            continue
+        where = ", ".join(f"{c} {s:.2f}x" for c, s in slow)
+        if overall_slow:
+            lines.append(f"{r['label']} is slower than plain decoding (ar) in this run: {r['speedup']:.2f}x "
+                         "its tokens/s (median over all categories)" + (f"; {where}" if where else ""))
+        else:
+            lines.append(f"{r['label']} is slower than plain decoding (ar) on {where} "
+                         f"({r['speedup']:.2f}x over all categories)")
+    return lines

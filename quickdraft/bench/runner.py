@@ -3,8 +3,9 @@
 Rules (docs/methods.md, "Benchmark rules"): same target, same prompts, same machine,
 same process; a warm-up run per row first; batch 1; rows alternate within every
 (repeat, prompt) in a rotating order so drift in machine speed hits all of them alike;
-medians over prompts and repeats. The rows come from :mod:`.registry`, the summaries from
-:mod:`.results`.
+medians over prompts and repeats. Prompts of all categories run in one loop; results are
+summarised per category and over all of them (the headline). The rows come from
+:mod:`.registry`, the summaries from :mod:`.results`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from ..machine import machine_info
 from ..sampling import SamplingParams
 from .autok import StepCostSampler, calibrate
 from .config import BenchConfig, BenchError
-from .context import BenchContext, encode_prompts
+from .context import BenchContext, EncodedPrompt, encode_prompts
 from .prompts import BenchPrompt
 from .registry import make_rows
 from .results import DEFINITIONS, RunOutput, median, slower_than_plain, summarise
@@ -28,16 +29,35 @@ DEFAULT_K = 4  # without a draft to calibrate with
 
 
 def _choose_k(ctx: BenchContext, config: BenchConfig, prompt_ids, log) -> tuple[int, object]:
-    """k given, or the cost model's choice from a calibration run on the first prompts."""
+    """k given, or the cost model's choice from a calibration run on a few prompts."""
     if config.k is not None:
         return config.k, None
     if ctx.draft is None:
         return DEFAULT_K, None
-    calibration = calibrate(ctx.target, ctx.draft, ctx.tokenizer, prompt_ids[:3],
+    calibration = calibrate(ctx.target, ctx.draft, ctx.tokenizer, prompt_ids,
                             probe_k=8, max_k=8, calibration_tokens=min(64, config.max_new_tokens),
                             params=SamplingParams(temperature=config.temperature, seed=config.seed))
     log(f"k = {calibration.k} (cost model, predicted {calibration.predicted_speedup:.2f}x)")
     return calibration.k, calibration
+
+
+def _categories(prompts: Sequence[BenchPrompt]) -> dict[str, list[int]]:
+    """Prompt indices per category, categories in order of first appearance."""
+    out: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        out.setdefault(p.category, []).append(i)
+    return out
+
+
+def _step_cost_samplers(ctx, categories, encoded: list[EncodedPrompt], verify_sizes, max_new_tokens):
+    """One step-cost sampler per category, at its realistic context (median prompt + half
+    the new tokens)."""
+    samplers = {}
+    for category, idx in categories.items():
+        ids = [encoded[i].ids for i in idx]
+        context_len = int(statistics.median(x.numel() for x in ids)) + max_new_tokens // 2
+        samplers[category] = StepCostSampler(ctx.target, ctx.draft, torch.cat(ids), verify_sizes, context_len)
+    return samplers
 
 
 def run_benchmark(
@@ -46,17 +66,28 @@ def run_benchmark(
     config: BenchConfig,
     log: Callable[[str], None] = lambda msg: None,
 ) -> dict:
-    """Run every method on every prompt; returns ``{"machine", "config", "results", ...}``."""
+    """Run every method on every prompt; returns ``{"machine", "config", "results" (one
+    group per category), "overall", ...}``."""
     config.validate()
     if not prompts:
         raise BenchError("no prompts to run")
+    duplicate = next((p.id for i, p in enumerate(prompts) if p.id in {q.id for q in prompts[:i]}), None)
+    if duplicate is not None:
+        raise BenchError(f"two prompts have the id {duplicate!r}")
     if config.threads:
         torch.set_num_threads(config.threads)
     methods = list(dict.fromkeys(["ar", *config.methods]))  # ar is the baseline
     max_sweep = max(config.sweep, default=0)
     room = config.max_new_tokens + max(config.k or 0, max_sweep, 8) + 2
-    prompt_ids = encode_prompts(ctx, prompts, room)
-    k, calibration = _choose_k(ctx, config, prompt_ids, log)
+    encoded = encode_prompts(ctx, prompts, room)
+    prompt_ids = [e.ids for e in encoded]
+    categories = _categories(prompts)
+    for category, idx in categories.items():
+        cut = [encoded[i] for i in idx if encoded[i].truncated]
+        if cut:
+            log(f"{category}: {len(cut)} of {len(idx)} prompts keep their last "
+                f"{ctx.target.context_length - room} tokens (context {ctx.target.context_length})")
+    k, calibration = _choose_k(ctx, config, [prompt_ids[idx[0]] for idx in categories.values()][:3], log)
     rows = make_rows(ctx, config, methods, k)
 
     def params_for(pi: int, rep: int) -> SamplingParams:
@@ -68,16 +99,16 @@ def run_benchmark(
         row.run(ctx, prompt_ids[0], min(config.warmup_tokens, config.max_new_tokens), params_for(0, 0),
                 "warm-up:" + prompts[0].id)
 
-    # Step costs at a realistic context (median prompt + half the new tokens), sampled
-    # before the timed runs and again after every (repeat, prompt), medians at the end.
+    # Step costs, sampled before the timed runs and again after every (repeat, prompt),
+    # medians at the end.
     verify_sizes = sorted({1, 2, *(r.k + 1 for r in rows if r.k), *range(2, max(max_sweep, k) + 2)})
-    context_len = int(statistics.median(p.numel() for p in prompt_ids)) + config.max_new_tokens // 2
-    sampler = StepCostSampler(ctx.target, ctx.draft, torch.cat(prompt_ids), verify_sizes, context_len)
-    sampler.sample(1, record=False)
-    sampler.sample(3)
-    early = sampler.costs()
-    log(f"step costs: target {early.t_ar * 1e3:.2f} ms, draft {early.t_draft * 1e3:.2f} ms, "
-        f"verify({k + 1}) {early.t_verify(k + 1) * 1e3:.2f} ms")
+    samplers = _step_cost_samplers(ctx, categories, encoded, verify_sizes, config.max_new_tokens)
+    for category, sampler in samplers.items():
+        sampler.sample(1, record=False)
+        sampler.sample(3)
+        early = sampler.costs()
+        log(f"step costs ({category}): target {early.t_ar * 1e3:.2f} ms, draft {early.t_draft * 1e3:.2f} ms, "
+            f"verify({k + 1}) {early.t_verify(k + 1) * 1e3:.2f} ms")
 
     # Timed runs, rows alternating in a rotating order.
     results: dict[str, list[list[RunOutput]]] = {r.label: [[] for _ in prompts] for r in rows}
@@ -89,13 +120,28 @@ def run_benchmark(
             for row in rows[shift:] + rows[:shift]:
                 out = row.run(ctx, ids, config.max_new_tokens, params_for(pi, rep), prompts[pi].id)
                 results[row.label][pi].append(out)
-            sampler.sample(1)
+            samplers[prompts[pi].category].sample(1)
             done += 1
-            log(f"[{done}/{total}] repeat {rep + 1} prompt {prompts[pi].id}")
-    costs = sampler.costs()
+            log(f"[{done}/{total}] repeat {rep + 1} {prompts[pi].category} prompt {prompts[pi].id}")
 
-    out_rows, mismatch_report = summarise(rows, results, [p.id for p in prompts], costs, k,
-                                          greedy=config.temperature == 0)
+    greedy = config.temperature == 0
+    groups = []
+    for category, idx in categories.items():
+        costs = samplers[category].costs()
+        sub = {label: [runs[i] for i in idx] for label, runs in results.items()}
+        group_rows, _ = summarise(rows, sub, [prompts[i].id for i in idx], costs, k, greedy)
+        groups.append({
+            "category": category,
+            "prompts": [prompts[i].id for i in idx],
+            "prompt_tokens": [encoded[i].tokens for i in idx],
+            "truncated_prompts": sum(encoded[i].truncated for i in idx),
+            "step_costs": costs.to_dict(),
+            "rows": group_rows,
+        })
+    overall_rows, mismatch_report = summarise(rows, results, [p.id for p in prompts], None, k, greedy)
+    for r in overall_rows:  # the per-prompt detail is in the category groups
+        r.pop("runs_by_prompt", None)
+        r.pop("per_prompt_speedup", None)
     ar_step = median([o.decode_seconds / o.stats.decode_passes
                       for runs in results[rows[0].label] for o in runs if o.stats and o.stats.decode_passes])
     return {
@@ -104,15 +150,20 @@ def run_benchmark(
         "config": {**config.to_json(), "k": k, "k_source": "given" if config.k else "cost model",
                    "backend_requested": config.backend, "backend": ctx.target.backend,
                    "model_dir": str(ctx.target_dir), "draft_dir": str(ctx.draft_dir) if ctx.draft_dir else None,
-                   "prompts": [{"id": p.id, "kind": p.kind, "source": p.source, "tokens": int(ids.numel())}
-                               for p, ids in zip(prompts, prompt_ids, strict=True)],
+                   "context_length": ctx.target.context_length,
+                   "max_prompt_tokens": ctx.target.context_length - room,
+                   "categories": list(categories),
+                   "prompts": [{"id": p.id, "category": p.category, "kind": p.kind, "size": p.size,
+                                "source": p.source, "tokens": e.tokens, "tokens_used": int(e.ids.numel()),
+                                "truncated": e.truncated}
+                               for p, e in zip(prompts, encoded, strict=True)],
                    "ar_step_seconds": ar_step,
                    "definitions": DEFINITIONS},
-        "step_costs": costs.to_dict(),
         "calibration": None if calibration is None else {
             "k": calibration.k, "per_position": calibration.per_position,
             "predicted": {str(kk): v for kk, v in calibration.predicted.items()}},
-        "results": out_rows,
+        "results": groups,
+        "overall": {"category": "all", "rows": overall_rows},
         "mismatches": mismatch_report,
-        "warnings": slower_than_plain(out_rows),
+        "warnings": slower_than_plain(overall_rows, groups),
     }
