@@ -80,8 +80,10 @@ def table_rows(rows: list[dict], columns=COLUMNS) -> list[list[str]]:
 
 
 def _kinds(cfg: dict, category: str) -> str:
-    kinds = dict.fromkeys(p["kind"] for p in cfg["prompts"] if p.get("category") == category)
-    return ", ".join(kinds)
+    """The prompts' kinds, with their sizes where a category has both (out-of-domain)."""
+    prompts = [p for p in cfg["prompts"] if p.get("category") == category]
+    sized = len({p.get("size") for p in prompts}) > 1
+    return ", ".join(dict.fromkeys(f"{p.get('size') or '?'} {p['kind']}" if sized else p["kind"] for p in prompts))
 
 
 def group_title(result: dict, group: dict) -> str:
@@ -102,7 +104,8 @@ def _headline(result: dict) -> str:
     cfg = result["config"]
     return (f"quickdraft bench: {Path(cfg['model_dir']).name} "
             f"(draft {Path(cfg['draft_dir']).name if cfg.get('draft_dir') else '-'}), {_backend(cfg)}, "
-            f"k = {cfg['k']} ({cfg['k_source']}), {cfg['repeats']} repeats, {cfg['max_new_tokens']} new tokens, "
+            f"k = {cfg['k']} ({cfg['k_source']}), {cfg['repeats']} repeat{'s' if cfg['repeats'] != 1 else ''}, "
+            f"{cfg['max_new_tokens']} new tokens, "
             f"T={cfg['temperature']}")
 
 
