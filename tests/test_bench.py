@@ -13,7 +13,7 @@ from quickdraft.bench.cli import add_bench_parser
 from quickdraft.bench.config import BenchConfig, BenchError
 from quickdraft.bench.context import load_context
 from quickdraft.bench.methods import EngineMethod
-from quickdraft.bench.prompt_sets import KINDS, build_short
+from quickdraft.bench.prompt_sets import KINDS
 from quickdraft.bench.prompts import (
     BenchPrompt,
     PromptFileError,
@@ -199,19 +199,3 @@ def test_short_category_is_the_former_default_set():
     quick = builtin_prompts(("short",), per_category=3)
     assert len(quick) == 3 and {p.kind for p in quick} == set(KINDS)
     assert quick_subset(prompts, 2) == prompts[:2]
-
-
-def test_build_short_is_deterministic(tmp_path):
-    body = "".join(
-        f"def f{i}(x, y):\n    \"\"\"Add x and y ({i}).\"\"\"\n    z = x + y\n    z += {i}\n    w = z * 2\n    return w\n\n"
-        for i in range(3)
-    )
-    table = "TABLE = {\n" + "".join(f"    'k{i}': {i},\n" for i in range(12)) + "}\n"
-    for n in range(3):
-        (tmp_path / f"mod{n}.py").write_text(body + table)
-    a, b = build_short(tmp_path), build_short(tmp_path)
-    assert a == b and {p.kind for p in a} == set(KINDS)
-    doc = next(p for p in a if p.kind == "docstring")
-    assert doc.prompt.endswith('"""')
-    fb = next(p for p in a if p.kind == "function-body")
-    assert fb.prompt.rstrip().endswith('"""') and "def f" in fb.prompt

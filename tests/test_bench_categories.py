@@ -11,10 +11,12 @@ import pytest
 
 from quickdraft.bench.cli import add_bench_parser
 from quickdraft.bench.prompt_sets import (
+    KINDS,
     LONG_TOKENS,
     MAX_STDLIB_OVERLAP,
     _significant_lines,
     build_long,
+    build_short,
     embedded_token_counter,
     stdlib_lines,
 )
@@ -93,20 +95,36 @@ def test_out_of_domain_prompts(count_tokens):
             assert p.prompt in text, p.id
 
 
-def test_build_long_is_deterministic(tmp_path):
+def fake_corpus(root, functions: int):
+    """Three modules of ``functions`` documented functions and a table each."""
     body = "".join(
         f"def f{i}(x, y):\n    \"\"\"Add x and y ({i}).\"\"\"\n    z = x + y\n    z += {i}\n    w = z * 2\n    return w\n\n"
-        for i in range(120)
+        for i in range(functions)
     )
     table = "TABLE = {\n" + "".join(f"    'k{i}': {i},\n" for i in range(12)) + "}\n"
     for n in range(3):
-        (tmp_path / f"mod{n}.py").write_text(body + table)
+        (root / f"mod{n}.py").write_text(body + table)
+    return root
+
+
+def test_build_short_is_deterministic(tmp_path):
+    root = fake_corpus(tmp_path, 3)
+    a, b = build_short(root), build_short(root)
+    assert a == b and {p.kind for p in a} == set(KINDS) and {p.category for p in a} == {"short"}
+    doc = next(p for p in a if p.kind == "docstring")
+    assert doc.prompt.endswith('"""')
+    fb = next(p for p in a if p.kind == "function-body")
+    assert fb.prompt.rstrip().endswith('"""') and "def f" in fb.prompt
+
+
+def test_build_long_is_deterministic(tmp_path):
+    root = fake_corpus(tmp_path, 120)
 
     def count(text):  # about as many tokens as the real tokenizer gives
         return len(text) // 4
 
-    a = build_long(tmp_path, count_tokens=count)
-    assert a == build_long(tmp_path, count_tokens=count) and a
+    a = build_long(root, count_tokens=count)
+    assert a == build_long(root, count_tokens=count) and a
     assert all(LONG_TOKENS[0] <= count(p.prompt) <= LONG_TOKENS[1] and p.category == "long" for p in a)
 
 
