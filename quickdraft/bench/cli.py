@@ -39,7 +39,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--draft", help="draft model (default: the target's paired embedded draft)")
     p.add_argument("--backend", choices=BACKENDS,
                    help="model runtime, as for generate: native, hf (transformers) or auto = native "
-                        "when it supports the checkpoint, else transformers (default auto)")
+                        f"when it supports the checkpoint, else transformers (default {BenchConfig.backend})")
     p.add_argument("--methods", help=f"comma-separated methods (default: {','.join(DEFAULT_METHODS)})")
     p.add_argument("--categories", metavar="NAMES",
                    help=f"comma-separated prompt categories: {', '.join(CATEGORIES)} (default: all; with "
@@ -52,7 +52,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int,
                    help=f"timed repeats per prompt and method (default {FULL.repeats}; quick {QUICK.repeats})")
     p.add_argument("--temperature", type=float, help="0 = greedy (default); > 0 samples, seeded")
-    p.add_argument("--seed", type=int, help="base seed of sampled runs (default 0)")
+    p.add_argument("--seed", type=int, help=f"base seed of sampled runs (default {BenchConfig.seed})")
     p.add_argument("-k", "--k", type=int, dest="k",
                    help="draft tokens per step for draft and hf-assisted (default: the cost model's choice)")
     p.add_argument("--sweep", help="extra draft rows at these k: '1-8', '2,4,6' or 'none' "
