@@ -8,7 +8,6 @@ import torch
 from quickdraft.cli import main
 from quickdraft.drafters import DraftOptions, NgramDrafter, make_drafter
 from quickdraft.engine import decode
-from quickdraft.generator import load_tokenizer
 from quickdraft.models.lm import load_model
 from quickdraft.proposal import Proposal, tree_attention
 from quickdraft.sampling import SamplingParams
@@ -30,14 +29,6 @@ SETTINGS = [
     ("ngram", DraftOptions(ngram_max=4, ngram_min=2)),
     ("hybrid", DraftOptions()),
 ]
-
-
-@pytest.fixture(scope="module")
-def models(tiny_family):
-    tok = load_tokenizer(tiny_family["target"])
-    target = load_model(tiny_family["target"])
-    drafts = {name: load_model(tiny_family[name]) for name in ("copy", "perturbed", "unrelated")}
-    return tok, target, drafts
 
 
 def run(target, ids, n, drafter=None, k=4, eos=(), stats=None, params=SamplingParams()):
