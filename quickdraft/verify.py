@@ -35,9 +35,7 @@ class Verdict:
 
 
 class AcceptanceRule(Protocol):
-    """Verifies proposals; ``name`` labels the rule in summaries and benchmarks."""
-
-    name: str
+    """Verifies one proposal against the target's logits (``RULES`` names the sampling ones)."""
 
     def __call__(self, proposal: Proposal, target_logits: torch.Tensor) -> Verdict:
         """``target_logits`` ``[n + 1, V]``: row 0 scores the root's children, row ``i + 1``
@@ -46,8 +44,6 @@ class AcceptanceRule(Protocol):
 
 class GreedyAcceptance:
     """Follow the child equal to the target's argmax; then the target's argmax."""
-
-    name = "greedy"
 
     def __call__(self, proposal: Proposal, target_logits: torch.Tensor) -> Verdict:
         choice = target_logits.argmax(dim=-1).tolist()
@@ -89,8 +85,6 @@ class SpeculativeSampling:
     duplicate an earlier sibling were merged by the drafter: skipping a draw is exact
     because the later draws are independent of it.
     """
-
-    name = "mss"
 
     def __init__(self, params: SamplingParams, generator: torch.Generator) -> None:
         self.params = params
@@ -135,8 +129,6 @@ class SpecTrSampling:
     (most acceptance), found by bisection: rho beta(rho) is increasing, the left side
     decreasing in rho. For N = 1, rho = 1 and this is plain speculative sampling.
     """
-
-    name = "spectr"
 
     def __init__(self, params: SamplingParams, generator: torch.Generator) -> None:
         if params.greedy:

@@ -181,3 +181,14 @@ def test_method_needing_a_draft_without_one(tiny_family, capsys):
     # ngram needs none.
     assert main(["generate", "--model", str(tiny_family["target"]), "--prompt", "x", "--method", "ngram",
                  "--max-new-tokens", "4", "--json"]) == 0
+
+
+def test_show_tree_draws_the_first_proposal(tiny_family, capsys):
+    code = main(["generate", "--model", str(tiny_family["target"]), "--draft", str(tiny_family["copy"]),
+                 "--prompt", "def add(a, b):", "--method", "tree", "--tree", "2,2", "--max-new-tokens", "6",
+                 "--show-tree", "--json"])
+    err = capsys.readouterr().err
+    assert code == 0
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("proposal: 6 nodes, depth 2, accepted 2")
+    assert len(lines) == 7 and sum("[x]" in line for line in lines[1:]) == 2  # a copy draft: all of a path
