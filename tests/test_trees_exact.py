@@ -36,7 +36,7 @@ class SpecTrRhoOneNoCorrection(SpecTrSampling):
     """WRONG: rho = 1 (accept with min(1, p/q) per draft) and the plain residual max(p - q, 0)."""
 
     @staticmethod
-    def solve_rho(p, q, n, steps=40):
+    def solve_rho(p, q, n, rounds=3):
         return 1.0
 
     def residual(self, p, q, rho, n):
@@ -86,7 +86,7 @@ def test_spectr_rho_solves_the_equation_and_keeps_the_residual_exact(n):
         accept = 1 - (1 - beta) ** n
         assert 1 <= rho <= n and accept <= rho * beta + 1e-9
         if n > 1 and rho > 1:
-            assert accept == pytest.approx(rho * beta, abs=1e-6)  # the smallest feasible rho
+            assert accept == pytest.approx(rho * beta, abs=1e-4)  # the smallest feasible rho
         unnormalised = p - torch.minimum(q, p / rho) * accept / beta
         assert float(unnormalised.min()) >= -1e-9
         output = torch.minimum(q, p / rho) * accept / beta + unnormalised
