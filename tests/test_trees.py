@@ -192,3 +192,13 @@ def test_show_tree_draws_the_first_proposal(tiny_family, capsys):
     lines = err.strip().splitlines()
     assert lines[0].startswith("proposal: 6 nodes, depth 2, accepted 2")
     assert len(lines) == 7 and sum("[x]" in line for line in lines[1:]) == 2  # a copy draft: all of a path
+
+
+def test_dynamic_tree_scores_fit_fresh_caches(tiny_family):
+    """A dynamic tree scores at most its n nodes: fresh models' caches (sized for the
+    sequence + the verify width) hold them even when k allows many more levels."""
+    target, draft = load_model(tiny_family["target"]), load_model(tiny_family["perturbed"])
+    ids = torch.tensor([5, 9, 11, 30])
+    reference = run(load_model(tiny_family["target"]), ids, 12)
+    drafter = make_drafter("tree", draft, target.vocab_size, DraftOptions(tree="dynamic:6"))
+    assert run(target, ids, 12, drafter, k=7) == reference
