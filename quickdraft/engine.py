@@ -2,6 +2,8 @@
 
 Plain decoding is this loop with a drafter that proposes nothing; every speculative
 method plugs in a drafter and/or an acceptance rule instead of writing its own loop.
+A proposal is a token tree (a chain is one): the target scores it in one pass, the rule
+keeps one path, and the KV rows of that path are compacted into place.
 """
 
 from __future__ import annotations

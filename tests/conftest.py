@@ -148,3 +148,15 @@ def tiny_family(tmp_path_factory):
     model.save_pretrained(dirs["perturbed"], safe_serialization=True)
     tok.save_pretrained(dirs["perturbed"])
     return dirs
+
+
+@pytest.fixture(scope="module")
+def models(tiny_family):
+    """(tokenizer, target, {copy, perturbed, unrelated} drafts) of the tiny family, loaded."""
+    from quickdraft.generator import load_tokenizer
+    from quickdraft.models.lm import load_model
+
+    tok = load_tokenizer(tiny_family["target"])
+    target = load_model(tiny_family["target"])
+    drafts = {name: load_model(tiny_family[name]) for name in ("copy", "perturbed", "unrelated")}
+    return tok, target, drafts

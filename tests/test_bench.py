@@ -97,8 +97,6 @@ def test_cli_end_to_end(tiny_family, tmp_path, capsys):
 class AcceptEverything:
     """A deliberately lossy acceptance rule: keeps every proposal."""
 
-    name = "accept-everything"
-
     def __call__(self, proposal, target_logits):
         k = proposal.size
         return Verdict(list(range(k)), int(target_logits[k].argmax()))

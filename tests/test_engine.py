@@ -13,14 +13,6 @@ from quickdraft.stopping import StopConditions
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "x", "for i in range(10):\n    print(i"]
 
 
-@pytest.fixture(scope="module")
-def models(tiny_family):
-    tok = load_tokenizer(tiny_family["target"])
-    target = load_model(tiny_family["target"])
-    drafts = {name: load_model(tiny_family[name]) for name in ("copy", "perturbed", "unrelated")}
-    return tok, target, drafts
-
-
 def plain(target, tok, prompt, n, eos=()):
     ids = torch.tensor(tok(prompt)["input_ids"]) if isinstance(prompt, str) else prompt
     return [t for s in decode(target, ids, StopConditions(n, eos)) for t in s.tokens]

@@ -8,7 +8,6 @@ import torch
 from quickdraft.cli import main
 from quickdraft.drafters import DraftOptions, NgramDrafter, make_drafter
 from quickdraft.engine import decode
-from quickdraft.generator import load_tokenizer
 from quickdraft.models.lm import load_model
 from quickdraft.proposal import Proposal, tree_attention
 from quickdraft.sampling import SamplingParams
@@ -30,14 +29,6 @@ SETTINGS = [
     ("ngram", DraftOptions(ngram_max=4, ngram_min=2)),
     ("hybrid", DraftOptions()),
 ]
-
-
-@pytest.fixture(scope="module")
-def models(tiny_family):
-    tok = load_tokenizer(tiny_family["target"])
-    target = load_model(tiny_family["target"])
-    drafts = {name: load_model(tiny_family[name]) for name in ("copy", "perturbed", "unrelated")}
-    return tok, target, drafts
 
 
 def run(target, ids, n, drafter=None, k=4, eos=(), stats=None, params=SamplingParams()):
@@ -190,3 +181,24 @@ def test_method_needing_a_draft_without_one(tiny_family, capsys):
     # ngram needs none.
     assert main(["generate", "--model", str(tiny_family["target"]), "--prompt", "x", "--method", "ngram",
                  "--max-new-tokens", "4", "--json"]) == 0
+
+
+def test_show_tree_draws_the_first_proposal(tiny_family, capsys):
+    code = main(["generate", "--model", str(tiny_family["target"]), "--draft", str(tiny_family["copy"]),
+                 "--prompt", "def add(a, b):", "--method", "tree", "--tree", "2,2", "--max-new-tokens", "6",
+                 "--show-tree", "--json"])
+    err = capsys.readouterr().err
+    assert code == 0
+    lines = err.strip().splitlines()
+    assert lines[0].startswith("proposal: 6 nodes, depth 2, accepted 2")
+    assert len(lines) == 7 and sum("[x]" in line for line in lines[1:]) == 2  # a copy draft: all of a path
+
+
+def test_dynamic_tree_scores_fit_fresh_caches(tiny_family):
+    """A dynamic tree scores at most its n nodes: fresh models' caches (sized for the
+    sequence + the verify width) hold them even when k allows many more levels."""
+    target, draft = load_model(tiny_family["target"]), load_model(tiny_family["perturbed"])
+    ids = torch.tensor([5, 9, 11, 30])
+    reference = run(load_model(tiny_family["target"]), ids, 12)
+    drafter = make_drafter("tree", draft, target.vocab_size, DraftOptions(tree="dynamic:6"))
+    assert run(target, ids, 12, drafter, k=7) == reference

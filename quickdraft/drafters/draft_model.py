@@ -88,7 +88,9 @@ class DraftModelDrafter:
                     nodes.append(node)
             if depth + 1 == depth_limit:
                 break
-            frontier = self.shape.frontier(depth, nodes, new)
+            frontier = self.shape.frontier(depth, nodes, new, self.shape.width(k) - len(self._slots))
+            if not frontier:
+                break
             chain = chain and len(frontier) == 1 and nodes[frontier[0]].parent == (self._last_fed())
             logits = self._score(nodes, frontier, start, chain)
         keep = self.shape.finish(nodes, k)

@@ -54,8 +54,10 @@ class Shape:
         token, q = choose(logits, params, generator)
         return [Node(index, token, q)]
 
-    def frontier(self, depth: int, nodes: list[Node], new: list[int]) -> list[int]:
-        return new
+    def frontier(self, depth: int, nodes: list[Node], new: list[int], budget: int) -> list[int]:
+        """Which new nodes the draft scores next; at most ``budget`` (the draft's cache holds
+        ``width(k)`` nodes after the sequence)."""
+        return new[:budget]
 
     def finish(self, nodes: list[Node], k: int) -> list[int]:
         return list(range(len(nodes)))
@@ -108,8 +110,9 @@ class MultiDraft(Shape):
 
 class DynamicTree(Shape):
     """EAGLE-2: every scored node gets its top-``branch`` children, scored by cumulative
-    draft log-probability; the best ``branch`` new nodes of a level are scored next; the
-    best ``n`` nodes overall are kept (a child never outscores its parent, so the kept set
+    draft log-probability; the best ``branch`` new nodes of a level that are among the best
+    ``n`` so far are scored next (at most ``n`` scored in all); the best ``n`` nodes
+    overall are kept (a child never outscores its parent, so the kept set
     contains every kept node's ancestors). Children are deterministic (one-hot q)."""
 
     def __init__(self, n: int, branch: int = 4) -> None:
@@ -125,8 +128,11 @@ class DynamicTree(Shape):
         base = parent.score if parent is not None else 0.0
         return [Node(index, t, None, 1, base + s) for t, s in zip(top.indices.tolist(), top.values.tolist())]
 
-    def frontier(self, depth, nodes, new):
-        return sorted(sorted(new, key=lambda i: -nodes[i].score)[: self.branch])
+    def frontier(self, depth, nodes, new, budget):
+        # Only a node among the best n so far can have a kept descendant (scores only fall).
+        best = set(sorted(range(len(nodes)), key=lambda i: -nodes[i].score)[: self.n])
+        grow = [i for i in sorted(new, key=lambda i: -nodes[i].score) if i in best]
+        return sorted(grow[: min(self.branch, budget)])
 
     def finish(self, nodes, k):
         return sorted(sorted(range(len(nodes)), key=lambda i: -nodes[i].score)[: self.n])
