@@ -171,7 +171,9 @@ class Pipeline:
                       train_eval: dict, log_path: Path) -> None:
         d = self._fresh_model_dir(name)
         save_model_bf16(model, d)
-        save_tokenizer(load_tokenizer(self.tok_dir), d)
+        tok = load_tokenizer(self.tok_dir)
+        tok.model_max_length = model.config.max_position_embeddings  # what the model takes
+        save_tokenizer(tok, d)
         with log_path.open("a") as f:
             f.write(json.dumps({"event": "eval", "step": stage_summary["steps"],
                                 "loss": val["loss"], "bpb": val["bpb"],
