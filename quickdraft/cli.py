@@ -124,6 +124,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     prompt = read_prompt(args)
     with quiet_transformers():
         gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend)
+    gen.encode_prompt(prompt, args.truncate_prompt, room=args.max_new_tokens)  # a bad prompt fails first
     k, k_source = choose_k(args, gen)
     seed = args.seed
     if seed is None and args.temperature > 0:
