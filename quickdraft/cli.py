@@ -129,6 +129,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     with quiet_transformers():
         gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend,
                                                    method_options, args.multi_draft_rule)
+    gen.encode_prompt(prompt, args.truncate_prompt, room=args.max_new_tokens)  # a bad prompt fails first
     k, k_source = choose_k(args, gen)
     if args.show_tree:
         from .show_tree import TreeRecorder

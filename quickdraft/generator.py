@@ -118,11 +118,12 @@ class TextStream:
     early leaves the stats of a partial generation (``finish_reason`` stays empty).
     """
 
-    def __init__(self, chunks: Iterator[TextChunk], steps: Iterator[Step], stats: GenerationStats) -> None:
-        self._chunks = chunks
+    def __init__(self, chunks: Iterator[TextChunk], steps: Iterator[Step], stats: GenerationStats,
+                 token_ids: list[int]) -> None:
+        self._chunks = chunks  # fills token_ids and stats as it goes
         self._steps = steps
         self.stats = stats
-        self.token_ids: list[int] = []
+        self.token_ids = token_ids
         self.text = ""
         self.finished = False
 
@@ -344,9 +345,8 @@ class SpeculativeGenerator:
         ids = self._start(prompt, max_new_tokens, truncate_prompt, stats)
         steps = self._decode(ids, max_new_tokens, temperature, top_k, top_p, seed,
                              num_speculative_tokens, stop, sampling, stats)
-        stream = TextStream(iter(()), steps, stats)
-        stream._chunks = self._chunks(steps, stop_strings(stop), stream.token_ids)
-        return stream
+        token_ids: list[int] = []
+        return TextStream(self._chunks(steps, stop_strings(stop), token_ids), steps, stats, token_ids)
 
     def _chunks(self, steps: Iterator[Step], stop: list[str], token_ids: list[int]) -> Iterator[TextChunk]:
         detok = IncrementalDetokenizer(self.tokenizer)
