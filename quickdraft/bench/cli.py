@@ -7,6 +7,7 @@ import shlex
 import sys
 import time
 
+from ..quiet import quiet_transformers
 from .config import (
     BACKENDS,
     DEFAULT_METHODS,
@@ -151,7 +152,7 @@ def _run(args, started: float) -> int:
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     log("loading models")
     ctx = load_context(config)
-    with _quiet_transformers():
+    with quiet_transformers():
         result = run_benchmark(ctx, prompts, config, log=log)
     result["config"]["seconds"] = time.perf_counter() - started
     result["config"]["command"] = command_line(args)
@@ -180,26 +181,6 @@ def _run(args, started: float) -> int:
     return 0
 
 
-class _quiet_transformers:
-    """transformers warns about its own internal generate() arguments during assisted
-    generation; keep the bench output readable."""
-
-    def __enter__(self):
-        try:
-            from transformers.utils import logging
-
-            self._level = logging.get_verbosity()
-            logging.set_verbosity_error()
-        except Exception:  # pragma: no cover
-            self._level = None
-        return self
-
-    def __exit__(self, *exc):
-        if self._level is not None:
-            from transformers.utils import logging
-
-            logging.set_verbosity(self._level)
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

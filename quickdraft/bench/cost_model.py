@@ -49,38 +49,6 @@ def expected_tokens_from_acceptance(per_position: Sequence[float], k: int | None
     return 1.0 + sum(values)
 
 
-def alpha_from_acceptance(per_position: Sequence[float]) -> float:
-    """The i.i.d. alpha that best explains measured per-position acceptance.
-
-    Chosen so the i.i.d. model gives the same tau over the measured positions
-    (solved by bisection; tau is increasing in alpha).
-    """
-    values = [min(max(float(a), 0.0), 1.0) for a in per_position]
-    if not values:
-        return 0.0
-    return _alpha_for_tau(1.0 + sum(values), len(values))
-
-
-def alpha_from_rate(acceptance_rate: float, k: int) -> float:
-    """The i.i.d. alpha whose expected acceptance rate (accepted / drafted) with k proposals
-    equals ``acceptance_rate``: rate = (tau(k) - 1) / k."""
-    if k < 1:
-        raise ValueError("k must be >= 1")
-    return _alpha_for_tau(1.0 + acceptance_rate * k, k)
-
-
-def _alpha_for_tau(tau: float, k: int) -> float:
-    """The i.i.d. alpha with expected_tokens_per_step(alpha, k) == tau (bisection; tau increases with alpha)."""
-    lo, hi = 0.0, 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if expected_tokens_per_step(mid, k) < tau:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
-
-
 def extend_acceptance(per_position: Sequence[float], k: int) -> list[float]:
     """The first ``k`` per-position acceptances; beyond the measured ones the tail decays
     geometrically with the conditional acceptance of the last measured positions
@@ -199,11 +167,6 @@ def predicted_speedup(
     return tau * (costs.t_ar + costs.overhead_ar) / step_time(costs, k)
 
 
-def leviathan_speedup(alpha: float, k: int, c: float) -> float:
-    """Leviathan et al.'s closed form (T_verify = T_ar): (1-a^(k+1)) / ((1-a)(k c + 1))."""
-    return expected_tokens_per_step(alpha, k) / (k * c + 1.0)
-
-
 def speedup_curve(
     costs: StepCosts,
     alpha: float | None = None,
@@ -259,14 +222,11 @@ def where_time_goes(costs: StepCosts, k: int, measured_step_seconds: float | Non
 __all__ = [
     "MAX_K",
     "StepCosts",
-    "alpha_from_acceptance",
-    "alpha_from_rate",
     "best_k",
     "choose_k",
     "expected_tokens_from_acceptance",
     "expected_tokens_per_step",
     "extend_acceptance",
-    "leviathan_speedup",
     "predicted_speedup",
     "speedup_curve",
     "step_time",
