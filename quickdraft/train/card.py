@@ -34,16 +34,33 @@ CORPUS_WHY = (
 )
 
 
-def plot_loss(log_path: Path, png_path: Path, title: str) -> None:
+def _axes():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt.subplots(figsize=(6, 3.6), dpi=100)
+
+
+def _save(fig, ax, png_path: Path, title: str, xlabel: str, ylabel: str) -> None:
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)
+
+
+def plot_loss(log_path: Path, png_path: Path, title: str) -> None:
     recs = [json.loads(ln) for ln in Path(log_path).read_text().splitlines() if ln.strip()]
     train = [r for r in recs if r.get("event", "train") == "train"]
     evals = [r for r in recs if r.get("event") == "eval"]
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    fig, ax = _axes()
     distill = "kl" in (train[0] if train else {})
     steps = [r["step"] for r in train]
     if distill:
@@ -54,14 +71,7 @@ def plot_loss(log_path: Path, png_path: Path, title: str) -> None:
     for r in evals:
         ax.axhline(r["loss"], color="C3", ls="--", lw=1,
                    label=f"val cross-entropy {r['loss']:.3f}")
-    ax.set_xlabel("step")
-    ax.set_ylabel("nats / token")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png_path)
-    plt.close(fig)
+    _save(fig, ax, png_path, title, "step", "nats / token")
 
 
 def position_table(buckets: list[dict], before: list[dict] | None = None,
@@ -77,23 +87,12 @@ def position_table(buckets: list[dict], before: list[dict] | None = None,
 
 def plot_position_buckets(curves: dict[str, list[dict]], png_path: Path, title: str) -> None:
     """Validation loss per position bucket, one line per model: is long context learned?"""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    fig, ax = _axes()
     for label, buckets in curves.items():
         names = [f"{b['start']}-{b['end']}" for b in buckets]
         ax.plot(names, [b["loss"] for b in buckets], marker="o", label=label)
-    ax.set_xlabel("position in the context window (tokens)")
-    ax.set_ylabel("validation nats / token")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png_path)
-    plt.close(fig)
+    _save(fig, ax, png_path, title, "position in the context window (tokens)",
+          "validation nats / token")
 
 
 EVAL_KEYS = ("tokens", "loss", "bpb", "greedy_agreement", "kl_from_target", "position_buckets")

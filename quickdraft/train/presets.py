@@ -53,15 +53,19 @@ class Preset:
         return asdict(self)
 
 
+# The embedded family's sizes (v1 and v2 share them; v2 continues v1's weights).
+FAMILY_TARGET = Arch(hidden_size=448, num_hidden_layers=8, num_attention_heads=7,
+                     intermediate_size=1216)
+FAMILY_DRAFT = Arch(hidden_size=256, num_hidden_layers=1, num_attention_heads=4,
+                    intermediate_size=704)
+
 PRESETS: dict[str, Preset] = {
     "default": Preset(
         name="default",
         vocab_size=8192,
         seq_len=256,
-        target=Arch(hidden_size=448, num_hidden_layers=8, num_attention_heads=7,
-                    intermediate_size=1216),
-        draft=Arch(hidden_size=256, num_hidden_layers=1, num_attention_heads=4,
-                   intermediate_size=704),
+        target=FAMILY_TARGET,
+        draft=FAMILY_DRAFT,
         target_stage=Stage(steps=450, batch_size=12, lr=1.5e-3, warmup=25, ckpt_every=25),
         draft_stage=Stage(steps=1200, batch_size=12, lr=3e-3, warmup=20, ckpt_every=100),
         eval_max_tokens=None,
@@ -73,13 +77,12 @@ PRESETS: dict[str, Preset] = {
         name="v2",
         vocab_size=8192,
         seq_len=2048,
-        target=Arch(hidden_size=448, num_hidden_layers=8, num_attention_heads=7,
-                    intermediate_size=1216),
-        draft=Arch(hidden_size=256, num_hidden_layers=1, num_attention_heads=4,
-                   intermediate_size=704),
-        target_stage=Stage(steps=440, batch_size=2, lr=6e-4, warmup=20, ckpt_every=20,
+        target=FAMILY_TARGET,
+        draft=FAMILY_DRAFT,
+        target_stage=Stage(steps=300, batch_size=2, lr=6e-4, warmup=20, ckpt_every=20,
                            log_every=5),
-        draft_stage=Stage(steps=600, batch_size=2, lr=2e-3, warmup=20, ckpt_every=50,
+        # what `quickdraft train draft --steps 200 --batch-size 2 ...` ran for the v2 draft
+        draft_stage=Stage(steps=200, batch_size=2, lr=2e-3, warmup=20, ckpt_every=50,
                           log_every=10),
         eval_max_tokens=None,
     ),
