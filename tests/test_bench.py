@@ -197,3 +197,16 @@ def test_short_category_is_the_former_default_set():
     quick = builtin_prompts(("short",), per_category=3)
     assert len(quick) == 3 and {p.kind for p in quick} == set(KINDS)
     assert quick_subset(prompts, 2) == prompts[:2]
+
+
+def test_a_run_that_ends_at_once_has_no_tokens_per_second():
+    """A prompt whose first token is EOS yields 0 tokens: no rate, not '0.0 tok/s' in the spread."""
+    from quickdraft.bench.methods import EngineMethod
+    from quickdraft.bench.results import RunOutput, summarise
+
+    ar = EngineMethod("ar", None)
+    runs = {ar.label: [[RunOutput(list(range(100)), 1.0, 1.2)], [RunOutput([], 1e-5, 0.3)]]}
+    (row,), _ = summarise([ar], runs, ["p1", "p2"], None, 4, greedy=True)
+    assert row["tokens_per_second"] == 100.0
+    assert row["spread"]["tokens_per_second"]["min"] == 100.0
+    assert row["spread"]["tokens_per_second"]["n"] == 1

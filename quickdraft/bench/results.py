@@ -46,6 +46,8 @@ class RunOutput:
         return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
 
 
+MIN_TIMED_TOKENS = 2  # fewer new tokens give no meaningful tokens/s
+
 DEFINITIONS = {
     "tokens_per_second": "new tokens / decode seconds (prefill excluded); transformers rows: "
                          "generate() time minus a separately measured generate(max_new_tokens=1) "
@@ -199,6 +201,8 @@ def summarise(rows, results: dict[str, list[list[RunOutput]]], prompt_ids: Seque
         pred, breakdown, step_costs = _cost_model(row, costs, per_position, flat)
         speedup = median(speedups)
         eff = speedup / pred if pred and speedup is not None else None
+        # A run that ends at once (EOS first) has no decode rate: leave it out of tok/s.
+        timed = [o for o in flat if o.new_tokens >= MIN_TIMED_TOKENS]
         out_rows.append({
             "method": row.name,
             "settings": row.settings,
@@ -207,15 +211,15 @@ def summarise(rows, results: dict[str, list[list[RunOutput]]], prompt_ids: Seque
             "implementation": row.kind,
             "speculative": row.speculative,
             "primary": row.k in (None, k),
-            "tokens_per_second": median([o.tokens_per_second for o in flat]),
+            "tokens_per_second": median([o.tokens_per_second for o in timed]),
             "spread": {
-                "tokens_per_second": spread(o.tokens_per_second for o in flat),
-                "e2e_tokens_per_second": spread(o.e2e_tokens_per_second for o in flat),
+                "tokens_per_second": spread(o.tokens_per_second for o in timed),
+                "e2e_tokens_per_second": spread(o.e2e_tokens_per_second for o in timed),
                 "speedup": spread(speedups),
                 "e2e_speedup": spread(e2e_speedups),
                 "mean_accepted_tokens": spread(_run_tau(o) for o in flat),
             },
-            "e2e_tokens_per_second": median([o.e2e_tokens_per_second for o in flat]),
+            "e2e_tokens_per_second": median([o.e2e_tokens_per_second for o in timed]),
             "speedup": speedup,
             "e2e_speedup": median(e2e_speedups),
             "mean_accepted_tokens": tau,
