@@ -59,6 +59,24 @@ def test_trees_accept_more_than_one_token_per_pass(models):
         assert stats.mean_accepted_tokens > 2.5
 
 
+def test_greedy_multi_draft_accepts_at_least_what_the_chain_does(models):
+    """Greedy multi-draft carries the draft's argmax chain, so its walk is never shorter
+    than the chain drafter's; sampled siblings can only add to it."""
+    tok, target, drafts = models
+    for draft_name in ("perturbed", "copy"):
+        taus = {}
+        for method, options in (("draft", DraftOptions()), ("multi-draft", DraftOptions(num_drafts=3))):
+            stats = GenerationStats()
+            for prompt in PROMPTS:
+                ids = torch.tensor(tok(prompt)["input_ids"])
+                one = GenerationStats()
+                run(target, ids, 30, make_drafter(method, drafts[draft_name], target.vocab_size, options), 4,
+                    stats=one)
+                stats.merge(one)
+            taus[method] = stats.mean_accepted_tokens
+        assert taus["multi-draft"] >= taus["draft"] - 1e-9, (draft_name, taus)
+
+
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 def test_max_tokens_and_eos_inside_an_accepted_tree_path(models, n):
     tok, target, drafts = models

@@ -22,6 +22,7 @@ class Node:
     q: torch.Tensor | None  # the draft distribution it was drawn from; None: chosen deterministically
     count: int = 1  # draws merged into this node (multi-draft)
     score: float = 0.0  # cumulative draft log-probability of its path (dynamic trees)
+    chain: bool = False  # on the draft's argmax path (greedy multi-draft)
 
 
 def draws(q: torch.Tensor, n: int, generator: torch.Generator) -> list[tuple[int, int]]:
@@ -89,7 +90,9 @@ class StaticTree(Shape):
 class MultiDraft(Shape):
     """``n`` sequences sampled i.i.d. from the draft, merged into one tree (shared prefixes
     once): a node reached by c sequences gets c draws for its children. Greedy decoding
-    only walks the tree, so it draws from the unwarped draft distribution for variety."""
+    only walks the tree, so one sequence is the draft's argmax chain (what the chain
+    drafter proposes: the tree never accepts less) and the other ``n - 1`` are drawn from
+    the unwarped draft distribution for variety."""
 
     def __init__(self, n: int) -> None:
         self.n = n
@@ -103,9 +106,19 @@ class MultiDraft(Shape):
 
     def children(self, depth, parent, index, logits, params, generator):
         count = parent.count if parent is not None else self.n
-        q = logits.float().softmax(-1) if params.greedy else probabilities(logits, params)
-        keep = None if params.greedy else q
-        return [Node(index, t, keep, c) for t, c in draws(q, count, generator)]
+        if not params.greedy:
+            q = probabilities(logits, params)
+            return [Node(index, t, q, c) for t, c in draws(q, count, generator)]
+        counts: dict[int, int] = {}
+        on_chain = parent is None or parent.chain
+        if on_chain:  # the argmax sequence keeps one draw at every level
+            counts[int(logits.argmax())] = 1
+            count -= 1
+        if count > 0:
+            for t, c in draws(logits.float().softmax(-1), count, generator):
+                counts[t] = counts.get(t, 0) + c
+        argmax = next(iter(counts)) if on_chain else None
+        return [Node(index, t, None, c, chain=t == argmax) for t, c in counts.items()]
 
 
 class DynamicTree(Shape):
