@@ -7,6 +7,7 @@ import torch
 from ..models.lm import CausalLM
 from ..proposal import Proposal
 from ..sampling import SamplingParams
+from .draft_stop import DraftStop, FixedStop
 from .shapes import Node, Shape
 
 
@@ -18,13 +19,20 @@ class DraftModelDrafter:
     mask when the nodes are not a chain. The last level is never fed (nothing needs its
     logits), so after a full acceptance the next ``propose`` feeds the last accepted node
     and the target's bonus token in one pass: the catch-up costs no extra pass.
+
+    ``stop`` (a chain's draft-stop policy, ``--draft-stop``) decides how many tokens a
+    chain gets: it caps the depth, may end the chain after any token, and learns from
+    each verification. Trees and multi-draft keep the fixed policy.
     """
 
-    def __init__(self, model: CausalLM, target_vocab_size: int, shape: Shape | None = None) -> None:
+    def __init__(self, model: CausalLM, target_vocab_size: int, shape: Shape | None = None,
+                 stop: DraftStop | None = None) -> None:
         self.model = model
         self.vocab_size = target_vocab_size
         self.shape = shape or Shape()
-        self.name = self.shape.name
+        self.stop = stop or FixedStop()
+        self.name = self.shape.name if self.stop.name == "fixed" else f"{self.shape.name}({self.stop.name})"
+        self._drafted = 0  # tokens of the last proposal, for the policy's observe()
         self.params = SamplingParams()
         self.generator = torch.Generator()
         self._slots: dict[int, int] = {}  # node -> offset of its KV row after the prefix
@@ -78,7 +86,8 @@ class DraftModelDrafter:
         self._slots = {}
         nodes: list[Node] = []
         frontier, chain = [-1], True  # chain: every node fed so far is an ancestor of the next
-        depth_limit = self.shape.depth(k)
+        depth_limit = self.stop.max_depth(self.shape.depth(k))
+        adaptive = not isinstance(self.stop, FixedStop)
         for depth in range(depth_limit):
             new: list[int] = []
             for row, index in enumerate(frontier):
@@ -88,6 +97,10 @@ class DraftModelDrafter:
                     nodes.append(node)
             if depth + 1 == depth_limit:
                 break
+            if adaptive:  # a chain: one new node, drawn from the row's distribution
+                q = nodes[-1].q if nodes[-1].q is not None else logits[-1].float().softmax(-1)
+                if not self.stop.keep_going(depth + 1, q):
+                    break
             frontier = self.shape.frontier(depth, nodes, new, self.shape.width(k) - len(self._slots))
             if not frontier:
                 break
@@ -108,6 +121,7 @@ class DraftModelDrafter:
         sampled = bool(nodes) and nodes[0].q is not None
         probs = torch.stack([n.q for n in nodes]) if sampled else None
         counts = torch.tensor([n.count for n in nodes]) if any(n.count > 1 for n in nodes) else None
+        self._drafted = len(nodes)
         return Proposal(tokens, parents, probs, counts)
 
     def verified(self, length: int, path: list[int]) -> None:
@@ -117,3 +131,6 @@ class DraftModelDrafter:
                 break
             keep.append(self._slots[node])
         self.model.compact(length, keep)
+        if self._drafted:
+            self.stop.observe(self._drafted, len(path))
+            self._drafted = 0

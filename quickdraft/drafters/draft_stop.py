@@ -1,0 +1,243 @@
+"""When a chain drafter stops drafting (``--draft-stop``): a fixed k or an adaptive rule.
+
+A policy is asked, at the start of every chain, for the most tokens to draft
+(``max_depth(k)``, never more than the engine's ``k``: that bound keeps a step inside the
+token budget and the verify width); after each drafted token, whether to draft another
+(``keep_going``: the token just drafted is proposed either way); after each verification,
+how many of the drafted tokens the target accepted (``observe``). Policies only change how
+many tokens are proposed, never which ones, so every policy is lossless.
+
+Policies keep their state across generations, as transformers' assistant schedule does: a
+threshold adapted on one prompt is the starting point of the next.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from ..bench.cost_model import StepCosts
+
+#: The most tokens an adaptive policy drafts per step when no -k caps it (Draft & Verify's
+#: max of 12 drafts); the fixed policy's k is chosen by the cost model instead.
+ADAPTIVE_MAX_DEPTH = 12
+
+
+class DraftStop(Protocol):
+    """How many tokens a chain drafter drafts this step."""
+
+    name: str
+
+    def max_depth(self, k: int) -> int:
+        """Most tokens to draft this step (fixed: ``k``; never more than ``k``). Called once
+        at the start of every chain."""
+
+    def keep_going(self, depth: int, q: torch.Tensor) -> bool:
+        """After drafting ``depth`` tokens, the last drawn from ``q`` (the draft's
+        probabilities ``[V]``): False stops the chain (that last token is still proposed)."""
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """After each verification: ``accepted`` of the ``drafted`` tokens were accepted."""
+
+
+class FixedStop:
+    """Always ``k`` tokens (what every chain drafter did before adaptive stopping)."""
+
+    name = "fixed"
+
+    def max_depth(self, k: int) -> int:
+        return k
+
+    def keep_going(self, depth: int, q: torch.Tensor) -> bool:
+        return True
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+class ConfidenceStop:
+    """Stop when the draft's top-1 probability falls below ``threshold`` (llama.cpp's
+    ``--draft-p-min``; Draft & Verify's fixed threshold). Like Draft & Verify, the
+    unconfident token is still proposed (llama.cpp drops it): it costs one verify row and
+    is accepted often enough to pay for it."""
+
+    def __init__(self, threshold: float) -> None:
+        self.threshold = threshold
+        self.name = f"confidence:{threshold:g}"
+
+    def max_depth(self, k: int) -> int:
+        return k
+
+    def keep_going(self, depth: int, q: torch.Tensor) -> bool:
+        return float(q.max()) >= self.threshold
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+class DraftVerifyStop:
+    """Draft & Verify's adaptive draft exiting (Zhang et al. 2023, their reference code).
+
+    Drafting stops when the draft's top-1 probability is below the threshold gamma. After
+    each verification, with acceptance ratio AR = accepted / drafted::
+
+        AR~ <- b1 AR~ + (1 - b1) AR                 (AR~ starts at 0)
+        gamma~ = gamma + eps     if AR~ < AR_target  (too many rejections: stop sooner)
+                 gamma           elif the chain hit its most tokens (cannot draft longer)
+                 gamma - eps     otherwise           (room to draft longer)
+        gamma <- b2 gamma + (1 - b2) gamma~
+    """
+
+    name = "dv"
+
+    def __init__(self, target: float = 0.9, eps: float = 0.01, beta1: float = 0.5, beta2: float = 0.9,
+                 start: float = 0.6, max_drafts: int = ADAPTIVE_MAX_DEPTH) -> None:
+        self.target, self.eps, self.beta1, self.beta2 = target, eps, beta1, beta2
+        self.max_drafts = max_drafts
+        self.threshold = start
+        self.acceptance = 0.0  # AR~, the smoothed acceptance ratio
+        self._cap = max_drafts
+
+    def max_depth(self, k: int) -> int:
+        self._cap = min(k, self.max_drafts)
+        return self._cap
+
+    def keep_going(self, depth: int, q: torch.Tensor) -> bool:
+        return float(q.max()) >= self.threshold
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        self.acceptance = self.beta1 * self.acceptance + (1 - self.beta1) * accepted / drafted
+        if self.acceptance < self.target:
+            goal = self.threshold + self.eps
+        elif drafted >= self._cap:
+            goal = self.threshold
+        else:
+            goal = self.threshold - self.eps
+        self.threshold = self.beta2 * self.threshold + (1 - self.beta2) * goal
+
+
+class HeuristicStop:
+    """transformers' assisted-generation schedule (``num_assistant_tokens_schedule=
+    "heuristic"``): draft n tokens; n += 2 after a step whose drafts were all accepted,
+    n -= 1 (not below 1) otherwise. n starts at, and never exceeds, the engine's k."""
+
+    name = "heuristic"
+
+    def __init__(self) -> None:
+        self.current: int | None = None
+        self._cap = 1
+
+    def max_depth(self, k: int) -> int:
+        if self.current is None:
+            self.current = k
+        self._cap = max(self._cap, k)
+        return min(self.current, k)
+
+    def keep_going(self, depth: int, q: torch.Tensor) -> bool:
+        return True
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0 or self.current is None:
+            return
+        step = 2 if accepted == drafted else -1
+        self.current = min(max(self.current + step, 1), self._cap)
+
+
+class CostStop:
+    """Keep drafting while the cost model says one more token pays for itself.
+
+    The draft's top-1 probabilities stand in for acceptance: P_i, the chance that the first
+    i drafts are all accepted, is the product of their confidences, and a step drafting d
+    tokens is expected to emit E_d = 1 + sum_{i<=d} P_i tokens in T_d = drafting(d) +
+    verify(d + 1) seconds (``StepCosts``). One more token adds about P_d * c_d tokens (c_d
+    the last confidence) for T_{d+1} - T_d seconds; it is drafted when that raises the
+    step's rate, i.e. when dE / dT > E_d / T_d. ``verify_width`` (when the engine pads
+    verify passes to a fixed width, as it does on CPU) makes every pass of 2 or more tokens
+    cost a pass of that width, so only the draft step is the marginal cost there.
+    """
+
+    name = "cost"
+
+    def __init__(self, costs: StepCosts | None = None, verify_width: int | None = None,
+                 max_drafts: int = ADAPTIVE_MAX_DEPTH) -> None:
+        self.costs, self.verify_width, self.max_drafts = costs, verify_width, max_drafts
+        self._reach = 1.0  # P_d
+        self._expected = 1.0  # E_d
+
+    def max_depth(self, k: int) -> int:
+        self._reach, self._expected = 1.0, 1.0
+        return min(k, self.max_drafts)
+
+    def _time(self, drafted: int) -> float:
+        costs = self.costs
+        n = drafted + 1
+        if self.verify_width and 1 < n <= self.verify_width:
+            n = self.verify_width
+        return costs.t_drafting(drafted) + costs.t_verify(n) + costs.overhead
+
+    def keep_going(self, depth: int, q: torch.Tensor) -> bool:
+        if self.costs is None:
+            raise ValueError("the cost draft-stop policy needs measured step costs (CostStop(costs))")
+        confidence = float(q.max())
+        self._reach *= confidence
+        self._expected += self._reach
+        gain = self._reach * confidence
+        extra = self._time(depth + 1) - self._time(depth)
+        if extra <= 0:
+            return gain > 0
+        return gain / extra > self._expected / self._time(depth)
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+POLICIES = "fixed, confidence:T (0 < T < 1), dv, heuristic or cost"
+
+
+def parse_draft_stop(text: str) -> DraftStop:
+    """A policy from its ``--draft-stop`` spec: ``fixed``, ``confidence:T``, ``dv`` (with
+    optional ``dv:target=0.9,eps=0.01,beta1=0.5,beta2=0.9,start=0.6,max=12``),
+    ``heuristic`` or ``cost``; a one-line ValueError otherwise."""
+    spec = text.strip().lower()
+    name, _, arg = spec.partition(":")
+    if name == "fixed" and not arg:
+        return FixedStop()
+    if name == "heuristic" and not arg:
+        return HeuristicStop()
+    if name == "cost" and not arg:
+        return CostStop()
+    if name == "confidence":
+        try:
+            threshold = float(arg)
+        except ValueError:
+            threshold = -1.0
+        if not 0 < threshold < 1:
+            raise ValueError(f"--draft-stop {text!r}: confidence needs a threshold in (0, 1), e.g. confidence:0.6")
+        return ConfidenceStop(threshold)
+    if name == "dv":
+        stop = DraftVerifyStop(**_dv_settings(text, arg))
+        stop.name = spec.replace(" ", "")
+        return stop
+    raise ValueError(f"--draft-stop {text!r} is not a policy; choose {POLICIES}")
+
+
+def _dv_settings(text: str, arg: str) -> dict:
+    keys = {"target": "target", "eps": "eps", "beta1": "beta1", "beta2": "beta2", "start": "start",
+            "max": "max_drafts"}
+    settings: dict = {}
+    for item in filter(None, arg.split(",")):
+        key, _, value = item.partition("=")
+        try:
+            number = int(value) if key == "max" else float(value)
+        except ValueError:
+            number = None
+        if key not in keys or number is None or number < (1 if key == "max" else 0):
+            raise ValueError(
+                f"--draft-stop {text!r}: dv settings are key=value among target, eps, beta1, beta2, "
+                "start (numbers >= 0) and max (an integer >= 1), e.g. dv:target=0.8,max=8"
+            )
+        settings[keys[key]] = number
+    return settings
