@@ -109,6 +109,10 @@ def choose_k(args: argparse.Namespace, gen) -> tuple[int | None, str | None]:
     if args.num_speculative_tokens is not None:
         ignored = "; --auto-k ignored" if args.auto_k else ""
         return args.num_speculative_tokens, f"from -k{ignored}"
+    if args.draft_stop != "fixed":
+        return gen.num_speculative_tokens, "the most an adaptive --draft-stop drafts"
+    if args.method == "layer-skip":
+        return gen.num_speculative_tokens, "skip profile"
     if args.method != "draft" or not isinstance(gen.drafter, DraftModelDrafter):
         return gen.num_speculative_tokens, "default"  # the cost model knows chains only
     choice = gen.tune_num_speculative_tokens(remeasure=args.remeasure, log=notice)
@@ -220,9 +224,14 @@ def show_tree(gen) -> int:
 def draft_options(args: argparse.Namespace):
     """The method settings of ``generate`` (and bench) flags; checks them before loading."""
     from .drafters import DraftOptions
+    from .drafters.factory import CHAIN_METHODS
 
+    if args.draft_stop != "fixed" and args.method not in CHAIN_METHODS:
+        raise CliError(f"--draft-stop {args.draft_stop} stops chains; --method {args.method} does not draft one "
+                       f"(use it with {', '.join(CHAIN_METHODS)})")
     try:
-        return DraftOptions(args.tree, args.tree_children, args.num_drafts, args.ngram_max, args.ngram_min)
+        return DraftOptions(args.tree, args.tree_children, args.num_drafts, args.ngram_max, args.ngram_min,
+                            args.draft_stop, args.skip_profile)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
@@ -239,6 +248,14 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
                         help="sampled verification: multi-step speculative sampling (default) or SpecTr K-SEQ")
     parser.add_argument("--ngram-max", type=positive_int, default=3, help="n-gram: longest tail to look up (default 3)")
     parser.add_argument("--ngram-min", type=positive_int, default=1, help="n-gram: shortest tail to look up (default 1)")
+    parser.add_argument("--draft-stop", default="fixed", metavar="POLICY",
+                        help="when a chain stops drafting (draft, layer-skip, hybrid): fixed (k tokens, default); "
+                        "confidence:T (draft top-1 probability < T); dv (Draft & Verify's adaptive threshold); "
+                        "heuristic (+2 after a fully accepted step, -1 otherwise); cost (while the cost model "
+                        "says one more token pays). Adaptive policies draft at most -k (default 12)")
+    parser.add_argument("--skip-profile", metavar="FILE",
+                        help="layer-skip: the JSON skip profile (from `quickdraft tune layer-skip`; default: "
+                        "the one shipped for an embedded model)")
 
 
 def build_parser() -> argparse.ArgumentParser:

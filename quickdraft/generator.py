@@ -26,6 +26,7 @@ from .drafters import (
     NoDrafter,
     make_drafter,
 )
+from .drafters.draft_stop import ADAPTIVE_MAX_DEPTH
 from .engine import ContextOverflowError, Step, decode
 from .models.lm import CausalLM, eos_token_ids
 from .models.loading import CheckpointError, check_tokenizer_files, first_line
@@ -200,8 +201,14 @@ class SpeculativeGenerator:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend)
-        drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options)
-        return cls(pair.target, pair.tokenizer, drafter, acceptance=acceptance)
+        drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options, target=pair.target)
+        gen = cls(pair.target, pair.tokenizer, drafter, acceptance=acceptance)
+        chain = chain_drafter(drafter)
+        if chain is not None and chain.stop.name != "fixed":
+            gen.num_speculative_tokens = ADAPTIVE_MAX_DEPTH  # k caps the chain; the policy stops sooner
+        elif chain is not None and hasattr(chain.model, "profile"):
+            gen.num_speculative_tokens = chain.model.profile.k  # layer skip: the k it was tuned at
+        return gen
 
     def encode(self, prompt: str | Sequence[int], truncate: bool = False, room: int = 1) -> torch.Tensor:
         """Token ids of ``prompt`` (tokenised as ``AutoTokenizer`` does with default arguments).
@@ -267,6 +274,7 @@ class SpeculativeGenerator:
         params = sampling_params(temperature, top_k, top_p, seed, sampling)
         k = self.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
         conditions = StopConditions(max_new_tokens, self.eos_token_ids, stop_strings(stop), self.tokenizer)
+        self._bind_step_costs(k)
         return decode(self.target, ids, conditions, drafter=self.drafter, params=params,
                       num_speculative_tokens=k, acceptance=self.acceptance, stats=stats)
 
@@ -380,6 +388,27 @@ class SpeculativeGenerator:
         if tail:
             yield TextChunk([(tail, False)])
 
+    def _bind_step_costs(self, k: int) -> None:
+        """The ``cost`` draft-stop policy weighs measured step costs: the cached auto-k
+        measurement of a draft model, or (layer skip) a brief measurement of the skip draft."""
+        from .drafters.draft_stop import CostStop
+
+        chain = chain_drafter(self.drafter)
+        if chain is None or not isinstance(chain.stop, CostStop):
+            return
+        if chain.stop.costs is None:
+            from .bench.autok import CALIBRATION_PROMPTS, cached_k, measure_step_costs
+
+            if hasattr(chain.model, "profile"):
+                context = self.tokenizer(CALIBRATION_PROMPTS[0], verbose=False)["input_ids"]
+                chain.stop.costs = measure_step_costs(self.target, chain.model, context, range(1, k + 2),
+                                                      repeats=3, context_length=64)
+            else:
+                chain.stop.costs = cached_k(self.target, chain.model, self.tokenizer).costs
+        # On CPU the engine pads verify passes to the drafter's width (prepared kernels).
+        padded = getattr(self.target, "decode_linears", False)
+        chain.stop.verify_width = self.drafter.verify_width(k) if padded else None
+
     def tune_num_speculative_tokens(self, remeasure: bool = False, log=None):
         """Set ``num_speculative_tokens`` to the cost model's best k for this target, draft
         and machine: read from the auto-k cache, or measured (a few seconds for the
@@ -393,6 +422,12 @@ class SpeculativeGenerator:
         choice = cached_k(self.target, self.drafter.model, self.tokenizer, remeasure=remeasure, log=log)
         self.num_speculative_tokens = choice.k
         return choice
+
+
+def chain_drafter(drafter) -> DraftModelDrafter | None:
+    """The draft-model drafter inside ``drafter`` (itself, or hybrid's), if any."""
+    drafter = getattr(drafter, "model", drafter) if not isinstance(drafter, DraftModelDrafter) else drafter
+    return drafter if isinstance(drafter, DraftModelDrafter) else None
 
 
 def _take(segments: list[tuple[str, bool]], n: int) -> tuple[list[tuple[str, bool]], list[tuple[str, bool]]]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from ..models.lm import CausalLM
 from .base import Drafter, NoDrafter
 from .draft_model import DraftModelDrafter
+from .draft_stop import FixedStop, parse_draft_stop
 from .ngram import NgramDrafter
 from .shapes import MultiDraft, Shape, StaticTree, parse_tree
 
@@ -19,8 +20,10 @@ METHODS = {
     "tree": "the draft model expands a token tree (--tree), verified in one pass",
     "multi-draft": "--num-drafts sequences from the draft merged into one tree",
     "hybrid": "the n-gram continuation when one matches, else the draft model",
+    "layer-skip": "the target drafts for itself with sub-layers skipped (--skip-profile; no draft model)",
 }
 NEEDS_DRAFT = ("draft", "tree", "multi-draft", "hybrid")
+CHAIN_METHODS = ("draft", "hybrid", "layer-skip")  # the methods --draft-stop applies to
 
 
 @dataclass(frozen=True)
@@ -32,10 +35,13 @@ class DraftOptions:
     num_drafts: int = 3
     ngram_max: int = 3
     ngram_min: int = 1
+    draft_stop: str = "fixed"  # when a chain stops drafting (drafters/draft_stop.py)
+    skip_profile: str | None = None  # layer-skip: a JSON skip profile (default: the shipped one)
 
     def __post_init__(self) -> None:
         """One-line errors for bad settings, before any model is loaded."""
         parse_tree(self.tree)
+        parse_draft_stop(self.draft_stop)
         if self.tree_children not in ("sample", "top"):
             raise ValueError(f"tree children must be sample or top, got {self.tree_children!r}")
         if self.num_drafts < 1:
@@ -58,19 +64,31 @@ def draft_shape(method: str, options: DraftOptions) -> Shape:
 
 
 def make_drafter(
-    method: str, draft: CausalLM | None, target_vocab_size: int, options: DraftOptions = DraftOptions()
+    method: str, draft: CausalLM | None, target_vocab_size: int, options: DraftOptions = DraftOptions(),
+    target: CausalLM | None = None,
 ) -> Drafter:
-    """The drafter of ``method``; a one-line ValueError for unknown methods or a missing draft."""
+    """The drafter of ``method``; a one-line ValueError for unknown methods or a missing draft.
+    ``layer-skip`` drafts with ``target`` itself (its skip profile from ``options``)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    stop = parse_draft_stop(options.draft_stop)
+    if not isinstance(stop, FixedStop) and method not in CHAIN_METHODS:
+        raise ValueError(f"--draft-stop {options.draft_stop} stops chains; --method {method} does not draft one "
+                         f"(use it with {', '.join(CHAIN_METHODS)})")
     if method == "ar":
         return NoDrafter()
     if method == "ngram":
         return NgramDrafter(options.ngram_max, options.ngram_min)
     shape = draft_shape(method, options)
+    if method == "layer-skip":
+        from .layer_skip import LayerSkipLM, load_profile
+
+        if target is None:
+            raise ValueError("--method layer-skip drafts with the target itself; pass the target")
+        draft = LayerSkipLM(target, load_profile(target, options.skip_profile))
     if draft is None:
         raise ValueError(f"--method {method} needs a draft model (--draft); ngram and ar need none")
-    model_drafter = DraftModelDrafter(draft, target_vocab_size, shape)
+    model_drafter = DraftModelDrafter(draft, target_vocab_size, shape, stop)
     if method == "hybrid":
         from .hybrid import HybridDrafter
 
