@@ -1,4 +1,4 @@
-"""The ``quickdraft`` command line: models, generate, train, bench, demo."""
+"""The ``quickdraft`` command line: models, generate, train, bench, tune, demo."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES = (
     ("quickdraft.demo", "add_demo_parser"),
     ("quickdraft.train.cli", "add_train_parser"),
     ("quickdraft.bench.cli", "add_bench_parser"),
+    ("quickdraft.tune.cli", "add_tune_parser"),
 )
 
 

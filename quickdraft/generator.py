@@ -274,7 +274,7 @@ class SpeculativeGenerator:
         params = sampling_params(temperature, top_k, top_p, seed, sampling)
         k = self.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
         conditions = StopConditions(max_new_tokens, self.eos_token_ids, stop_strings(stop), self.tokenizer)
-        self._bind_step_costs(k)
+        bind_step_costs(self.drafter, self.target, self.tokenizer, k)
         return decode(self.target, ids, conditions, drafter=self.drafter, params=params,
                       num_speculative_tokens=k, acceptance=self.acceptance, stats=stats)
 
@@ -388,27 +388,6 @@ class SpeculativeGenerator:
         if tail:
             yield TextChunk([(tail, False)])
 
-    def _bind_step_costs(self, k: int) -> None:
-        """The ``cost`` draft-stop policy weighs measured step costs: the cached auto-k
-        measurement of a draft model, or (layer skip) a brief measurement of the skip draft."""
-        from .drafters.draft_stop import CostStop
-
-        chain = chain_drafter(self.drafter)
-        if chain is None or not isinstance(chain.stop, CostStop):
-            return
-        if chain.stop.costs is None:
-            from .bench.autok import CALIBRATION_PROMPTS, cached_k, measure_step_costs
-
-            if hasattr(chain.model, "profile"):
-                context = self.tokenizer(CALIBRATION_PROMPTS[0], verbose=False)["input_ids"]
-                chain.stop.costs = measure_step_costs(self.target, chain.model, context, range(1, k + 2),
-                                                      repeats=3, context_length=64)
-            else:
-                chain.stop.costs = cached_k(self.target, chain.model, self.tokenizer).costs
-        # On CPU the engine pads verify passes to the drafter's width (prepared kernels).
-        padded = getattr(self.target, "decode_linears", False)
-        chain.stop.verify_width = self.drafter.verify_width(k) if padded else None
-
     def tune_num_speculative_tokens(self, remeasure: bool = False, log=None):
         """Set ``num_speculative_tokens`` to the cost model's best k for this target, draft
         and machine: read from the auto-k cache, or measured (a few seconds for the
@@ -422,6 +401,28 @@ class SpeculativeGenerator:
         choice = cached_k(self.target, self.drafter.model, self.tokenizer, remeasure=remeasure, log=log)
         self.num_speculative_tokens = choice.k
         return choice
+
+
+def bind_step_costs(drafter, target: CausalLM, tokenizer, k: int) -> None:
+    """Give a ``cost`` draft-stop policy the step costs it weighs (no-op for other policies):
+    the cached auto-k measurement of a draft model, or (layer skip, whose draft is the
+    target) a brief measurement of the skip draft; and the verify width the engine pads to."""
+    from .drafters.draft_stop import CostStop
+
+    chain = chain_drafter(drafter)
+    if chain is None or not isinstance(chain.stop, CostStop):
+        return
+    if chain.stop.costs is None:
+        from .bench.autok import CALIBRATION_PROMPTS, cached_k, measure_step_costs
+
+        if hasattr(chain.model, "profile"):
+            context = tokenizer(CALIBRATION_PROMPTS[0], verbose=False)["input_ids"]
+            chain.stop.costs = measure_step_costs(target, chain.model, context, range(1, k + 2), repeats=3,
+                                                  context_length=64)
+        else:
+            chain.stop.costs = cached_k(target, chain.model, tokenizer).costs
+    # On CPU the engine pads verify passes to the drafter's width (prepared kernels).
+    chain.stop.verify_width = drafter.verify_width(k) if getattr(target, "decode_linears", False) else None
 
 
 def chain_drafter(drafter) -> DraftModelDrafter | None:

@@ -87,7 +87,10 @@ register_method("hf-assisted", lambda ctx, config, k: [HFMethod("hf-assisted", k
 # Token trees, multi-draft and n-gram drafting (issue 10): one row per setting worth comparing.
 def _drafter_rows(method: str, variants: list[dict]) -> MethodFactory:
     """Rows of ``method`` built by ``make_drafter``; a variant's ``rule`` (spectr) only
-    applies when sampling and is skipped for greedy runs."""
+    applies when sampling and is skipped for greedy runs. A variant's ``k`` replaces the
+    run's k (an adaptive ``draft_stop`` drafts up to it; ``"profile"``: the skip profile's),
+    and its ``draft_stop`` is any ``--draft-stop`` policy, so policies combine with every
+    chain method."""
     from ..drafters import DraftOptions, make_drafter
 
     def factory(ctx, config, k):
@@ -96,13 +99,31 @@ def _drafter_rows(method: str, variants: list[dict]) -> MethodFactory:
             rule = settings.get("rule", "mss")
             if rule != "mss" and config.temperature == 0:
                 continue
-            options = DraftOptions(**{key: v for key, v in settings.items() if key != "rule"})
+            options = DraftOptions(**{key: v for key, v in settings.items() if key not in ("rule", "k")})
+            row_k = _variant_k(ctx, settings.get("k", k), options)
             rows.append(EngineMethod(
-                method, lambda c, o=options: make_drafter(method, c.draft, c.target.vocab_size, o), k,
-                settings={"k": k, **settings}, acceptance=lambda params, r=rule: r))
+                method, lambda c, o=options, n=row_k: _bound(make_drafter(
+                    method, c.draft, c.target.vocab_size, o, target=c.target), c, n), row_k,
+                settings={"k": row_k, **{key: v for key, v in settings.items() if key != "k"}},
+                acceptance=lambda params, r=rule: r))
         return rows
 
     return factory
+
+
+def _variant_k(ctx, k, options) -> int:
+    if k != "profile":
+        return k
+    from ..drafters.layer_skip import load_profile
+
+    return load_profile(ctx.target, options.skip_profile).k
+
+
+def _bound(drafter, ctx, k):
+    from ..generator import bind_step_costs
+
+    bind_step_costs(drafter, ctx.target, ctx.tokenizer, k)  # the cost policy's step costs
+    return drafter
 
 
 register_method("ngram", _drafter_rows("ngram", [{"ngram_max": 3}]),
@@ -113,3 +134,12 @@ register_method("multi-draft", _drafter_rows("multi-draft", [{"num_drafts": 2}, 
                 needs_draft=True, help="sampled drafts merged into one tree (mss; spectr when sampling)")
 register_method("hybrid", _drafter_rows("hybrid", [{"ngram_max": 3}]), needs_draft=True,
                 help="n-gram continuation when one matches, else the draft model")
+
+
+# Layer skip and draft-stop policies (issue 11). Adaptive policies draft up to 12 (Draft &
+# Verify's max) and stop sooner; the variants' draft_stop combines with any chain method.
+ADAPTIVE_STOPS = ["confidence:0.7", "dv", "heuristic", "cost"]
+register_method("draft-stop", _drafter_rows("draft", [{"draft_stop": s, "k": 12} for s in ADAPTIVE_STOPS]),
+                needs_draft=True, help="the draft model with each adaptive --draft-stop policy (up to 12 tokens)")
+register_method("layer-skip", _drafter_rows("layer-skip", [{"k": "profile"}, {"draft_stop": "dv", "k": 12}]),
+                help="the target drafts for itself with its tuned skip profile (fixed k, and dv)")

@@ -1,0 +1,1 @@
+"""Searches that fit a method to a model (``quickdraft tune``): layer-skip profiles."""
