@@ -136,6 +136,20 @@ register_method("hybrid", _drafter_rows("hybrid", [{"ngram_max": 3}]), needs_dra
                 help="n-gram continuation when one matches, else the draft model")
 
 
+def _auto_rows(ctx, config, k):
+    """The method, k and tree the cost model picks for this pair and machine (cached, as
+    ``--method auto`` uses it); k here is the chosen one, not the run's."""
+    from .method_choice import cached_method
+
+    choice = cached_method(ctx.target, ctx.draft, ctx.tokenizer)
+    factory = (lambda c: choice.drafter(c.draft, c.target.vocab_size)) if choice.method != "ar" else None
+    return [EngineMethod("auto", factory, choice.k or None, settings={"chose": choice.label})]
+
+
+register_method("auto", _auto_rows, needs_draft=True,
+                help="the method, k and tree the cost model picks for this pair and machine")
+
+
 # Layer skip and draft-stop policies (issue 11). Adaptive policies draft up to 12 (Draft &
 # Verify's max) and stop sooner; the variants' draft_stop combines with any chain method.
 ADAPTIVE_STOPS = ["confidence:0.7", "dv", "heuristic", "cost"]

@@ -21,8 +21,9 @@ METHODS = {
     "multi-draft": "--num-drafts sequences from the draft merged into one tree",
     "hybrid": "the n-gram continuation when one matches, else the draft model",
     "layer-skip": "the target drafts for itself with sub-layers skipped (--skip-profile; no draft model)",
+    "auto": "the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
 }
-NEEDS_DRAFT = ("draft", "tree", "multi-draft", "hybrid")
+NEEDS_DRAFT = ("draft", "tree", "multi-draft", "hybrid", "auto")
 CHAIN_METHODS = ("draft", "hybrid", "layer-skip")  # the methods --draft-stop applies to
 
 
@@ -71,6 +72,8 @@ def make_drafter(
     ``layer-skip`` drafts with ``target`` itself (its skip profile from ``options``)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    if method == "auto":
+        raise ValueError("method auto is chosen by measurement: use SpeculativeGenerator.from_pretrained(method='auto')")
     stop = parse_draft_stop(options.draft_stop)
     if not isinstance(stop, FixedStop) and method not in CHAIN_METHODS:
         raise ValueError(f"--draft-stop {options.draft_stop} stops chains; --method {method} does not draft one "
