@@ -54,24 +54,32 @@ class SublayerCosts:
         return {"t_ar": self.t_ar, "attn": self.attn, "mlp": self.mlp}
 
 
-def skip_step_seconds(target: NativeLM, context: torch.Tensor, attn: Sequence[int], mlp: Sequence[int],
-                      repeats: int) -> float:
-    """Median seconds of one 1-token skip-draft step after ``context``."""
-    profile = SkipProfile("", "", target.config.n_layers, list(attn), list(mlp))
-    view = LayerSkipLM(target, profile)
+def skip_step_seconds(target: NativeLM, context: torch.Tensor, profiles: dict[str, tuple], repeats: int
+                      ) -> dict[str, float]:
+    """Median seconds of one 1-token step after ``context`` for each named (attn, mlp) skip
+    set. The sets are timed in turn within every round, so a change in machine speed (a
+    shared CPU) hits them alike, and the medians of their differences to the first set are
+    what is returned for the others (the first: its own median)."""
+    n_layers = target.config.n_layers
+    views = {name: LayerSkipLM(target, SkipProfile("", "", n_layers, list(a), list(m)))
+             for name, (a, m) in profiles.items()}
     length = context.numel()
     target.reset(length + 2)
     target.extend(context, logits="none")
-    view.reset()
-    view.extend(context, logits="none")  # the target holds it: nothing to compute
-    times = []
     token = context[-1:]
+    times: dict[str, list[float]] = {name: [] for name in views}
     for _ in range(repeats + 1):
-        started = time.perf_counter()
-        view.extend(token, logits="last")
-        times.append(time.perf_counter() - started)
-        view.crop(length)
-    return statistics.median(times[1:])
+        for name, view in views.items():
+            view.reset()
+            view.extend(context, logits="none")  # the target holds it: nothing to compute
+            started = time.perf_counter()
+            view.extend(token, logits="last")
+            times[name].append(time.perf_counter() - started)
+    first = next(iter(times))
+    out = {first: statistics.median(times[first][1:])}
+    for name in list(times)[1:]:
+        out[name] = statistics.median(a - b for a, b in zip(times[first][1:], times[name][1:]))
+    return out
 
 
 def measure_costs(target: NativeLM, context: torch.Tensor, max_k: int, repeats: int = 15
@@ -81,12 +89,11 @@ def measure_costs(target: NativeLM, context: torch.Tensor, max_k: int, repeats: 
     sampler.sample(1, record=False)
     sampler.sample(repeats)
     verify = sampler.costs()
-    layers = range(target.config.n_layers)
-    full = skip_step_seconds(target, context, [], [], repeats)
-    no_attn = skip_step_seconds(target, context, layers, [], repeats)
-    no_mlp = skip_step_seconds(target, context, [], layers, repeats)
+    layers = list(range(target.config.n_layers))
+    steps = skip_step_seconds(target, context, {"full": ([], []), "attn": (layers, []), "mlp": ([], layers)},
+                              4 * repeats)
     n = len(layers)
-    sub = SublayerCosts(full, max(full - no_attn, 0.0) / n, max(full - no_mlp, 0.0) / n)
+    sub = SublayerCosts(steps["full"], max(steps["attn"], 0.0) / n, max(steps["mlp"], 0.0) / n)
     return verify, sub
 
 
