@@ -78,6 +78,7 @@ class Scheduler:
         self._wake = threading.Condition()
         self._stopping = False
         self._state = {"active": 0, "free_slots": engine.free_slots, "kv_cache_bytes": 0}
+        self._free = engine.free_slots  # rows free once the waiting jobs admitted so far are in
         self._thread = threading.Thread(target=self._run, name="quickdraft-steps", daemon=True)
         metrics.engine_state = self.state
 
@@ -100,9 +101,10 @@ class Scheduler:
             return {**self._state, "waiting": len(self._waiting)}
 
     def submit(self, jobs: list[Job]) -> None:
-        """Queue a request's generations, all or none (:class:`QueueFullError`)."""
+        """Queue a request's generations, all or none (:class:`QueueFullError`): jobs that a
+        free row will take at the next step do not count against ``max_queue``."""
         with self._wake:
-            if len(self._waiting) + len(jobs) > self.max_queue:
+            if len(self._waiting) + len(jobs) > self.max_queue + self._free:
                 raise QueueFullError(
                     f"the server is busy: {len(self._waiting)} generations are waiting already "
                     f"(--max-queue {self.max_queue}); retry later"
@@ -150,6 +152,7 @@ class Scheduler:
                 if not self._waiting:
                     return
                 job = self._waiting.popleft()
+                self._free -= 1
             try:
                 job.row = self.engine.add(job.prompt, job.params, job.stop)
             except (ContextOverflowError, ValueError) as exc:
@@ -195,3 +198,4 @@ class Scheduler:
                  "kv_cache_bytes": int(getattr(self.engine, "kv_cache_bytes", 0))}
         with self._wake:
             self._state = state
+            self._free = state["free_slots"]
