@@ -124,6 +124,23 @@ def test_stop_seed_and_n(client):
     assert first.choices[0].text == solo["text"]  # a row's sample is its solo sample
 
 
+def test_several_prompts_times_n_stream_interleaved(client, plain):
+    """Choice i * n + j is prompt i's j-th choice; streamed choices interleave and each adds
+    up to its own text."""
+    stream = client.completions.create(model=MODEL, prompt=PROMPTS[:2], n=2, max_tokens=12, temperature=0,
+                                       stream=True, stream_options={"include_usage": True})
+    texts, finished = {}, {}
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+            if choice.finish_reason:
+                finished[choice.index] = choice.finish_reason
+        usage = chunk.usage
+    assert texts == {i: plain[PROMPTS[i // 2]] for i in range(4)} and set(finished) == {0, 1, 2, 3}
+    lengths = [client.completions.create(model=MODEL, prompt=p, max_tokens=1).usage.prompt_tokens for p in PROMPTS[:2]]
+    assert usage.completion_tokens == 48 and usage.prompt_tokens == sum(lengths)  # each prompt counted once
+
+
 BAD = [
     ({"model": "nope", "prompt": "x"}, 404, "model", "model_not_found"),
     ({"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),

@@ -9,7 +9,7 @@ import time
 
 from ..cli import CliError, add_method_options, choose_k, draft_options, positive_int
 
-BATCHED_METHODS = ("ar", "draft", "ngram")  # unless the batched engine says otherwise (METHODS)
+BATCHED_METHODS = ("ar", "draft", "ngram", "hybrid")  # unless the batched engine lists its METHODS
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -35,7 +35,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",
                    help="model runtime: native (default when supported) or transformers")
     p.add_argument("--engine", choices=["auto", "batch", "solo"], default="auto",
-                   help="batch = rows verified together in one pass (draft, ngram, ar on the native "
+                   help="batch = rows verified together in one pass (draft, ngram, hybrid, ar on the native "
                    "runtime); solo = each row its own decode loop, stepped in turn (every method and "
                    "backend); auto (default) = batch when it supports the method, else solo")
     p.add_argument("--max-batch-size", type=positive_int, default=8,

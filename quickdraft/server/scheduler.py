@@ -155,10 +155,15 @@ class Scheduler:
                 self._free -= 1
             try:
                 job.row = self.engine.add(job.prompt, job.params, job.stop)
-            except (ContextOverflowError, ValueError) as exc:
+            except Exception as exc:  # the request's fault (400) or a bug (500): that request fails alone
                 job.done = True
-                code = "context_length_exceeded" if isinstance(exc, ContextOverflowError) else None
-                job.send(Event(job.index, error=str(exc), error_code=code))
+                if isinstance(exc, ContextOverflowError):
+                    job.send(Event(job.index, error=str(exc), error_code="context_length_exceeded"))
+                elif isinstance(exc, ValueError):
+                    job.send(Event(job.index, error=str(exc)))
+                else:
+                    traceback.print_exc(file=sys.stderr)
+                    job.send(Event(job.index, error="the engine failed on this request", error_code="server_error"))
                 continue
             self._rows[job.row] = job
             self.metrics.label(self.metrics.prompt_tokens).inc(job.prompt.numel())
