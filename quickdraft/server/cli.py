@@ -7,7 +7,7 @@ import socket
 import sys
 import time
 
-from ..cli import CliError, add_method_options, choose_k, draft_options, positive_int
+from ..cli import CliError, add_method_options, choose_k, draft_options, notice, positive_int
 
 BATCHED_METHODS = ("ar", "draft", "ngram", "hybrid")  # unless the batched engine lists its METHODS
 
@@ -102,7 +102,7 @@ def run_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .. import __version__
-    from ..drafters import NEEDS_DRAFT, make_drafter
+    from ..drafters import NEEDS_DRAFT, DraftOptions, make_drafter
     from ..generator import SpeculativeGenerator
     from ..pair import load_pair
     from ..quiet import quiet_transformers
@@ -116,15 +116,28 @@ def run_serve(args: argparse.Namespace) -> int:
     sock = listen(args.host, args.port)  # a taken port fails before the models load
     with quiet_transformers():
         pair = load_pair(args.model, args.draft, need_draft=args.method in NEEDS_DRAFT, backend=args.backend)
-    drafter = make_drafter(args.method, pair.draft, pair.target.vocab_size, options)
+    method = args.method
+    if method == "auto":  # the cost model's method, k and tree for this pair and machine
+        from ..bench.method_choice import cached_method
+
+        choice = cached_method(pair.target, pair.draft, pair.tokenizer, remeasure=args.remeasure, log=notice)
+        notice(choice.summary())
+        method = choice.method
+        options = DraftOptions(tree=",".join(map(str, choice.tree)) or "2,2,1", tree_children="top")
+        if args.num_speculative_tokens is None and method != "ar":
+            args.num_speculative_tokens = max(choice.k, 1)
+    drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options)
     gen = SpeculativeGenerator(pair.target, pair.tokenizer, drafter, acceptance=args.multi_draft_rule)
     k, k_source = choose_k(args, gen)
-    engine = make_engine(args.engine, pair.target, args.method, pair.draft, args.max_batch_size, k,
+    if args.method == "auto" and k is not None:
+        k_source = "auto"
+    engine = make_engine(args.engine, pair.target, method, pair.draft, args.max_batch_size, k,
                          args.num_speculative_tokens is not None, options, args.multi_draft_rule)
     name = args.served_model_name or args.model or pair.target_dir.name
-    settings = {"method": args.method, "num_speculative_tokens": k, "num_speculative_tokens_source": k_source,
+    settings = {"method": method if args.method != "auto" else f"auto: {method}",
+                "num_speculative_tokens": k, "num_speculative_tokens_source": k_source,
                 "engine": engine.name, "max_batch_size": args.max_batch_size, "max_queue": args.max_queue,
-                "backend": pair.target.backend, "fingerprint": f"quickdraft-{__version__}-{args.method}"}
+                "backend": pair.target.backend, "fingerprint": f"quickdraft-{__version__}-{method}"}
     metrics = ServerMetrics(name, draft_positions=k or 0)
     scheduler = Scheduler(engine, metrics, args.max_queue)
     state = ServerState(name, pair.tokenizer, gen.eos_token_ids, pair.target.context_length,
@@ -133,7 +146,7 @@ def run_serve(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     k_text = f", k={k} ({k_source})" if k is not None else ""
-    print(f"quickdraft: serving {name} ({args.method}{k_text}, {engine.name} engine, {args.max_batch_size} rows, "
+    print(f"quickdraft: serving {name} ({settings['method']}{k_text}, {engine.name} engine, {args.max_batch_size} rows, "
           f"queue {args.max_queue}) at {url}  (playground {url}/, OpenAI API {url}/v1, {url}/metrics, "
           f"{url}/health; Ctrl-C stops)", file=sys.stderr, flush=True)
     config = uvicorn.Config(create_app(state), log_level=args.log_level, timeout_graceful_shutdown=3,
