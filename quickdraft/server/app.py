@@ -28,7 +28,7 @@ from ..generator import TextAssembler, stop_strings
 from ..sampling import SamplingParams
 from ..stats import GenerationStats
 from ..stopping import StopConditions
-from .chat import ChatTemplateError, chat_template, render_chat
+from .chat import ChatTemplateError, render_chat
 from .metrics import ServerMetrics
 from .openai_schema import (
     APIResponse,
@@ -432,4 +432,4 @@ async def _next(events: asyncio.Queue, request: Request) -> Event:
             raise ClientGone()
 
 
-__all__ = ["APIError", "ServerState", "create_app", "chat_template"]
+__all__ = ["APIError", "ServerState", "create_app"]
