@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES = (
     ("quickdraft.train.cli", "add_train_parser"),
     ("quickdraft.bench.cli", "add_bench_parser"),
     ("quickdraft.tune.cli", "add_tune_parser"),
+    ("quickdraft.server.cli", "add_serve_parser"),
 )
 
 
