@@ -222,7 +222,8 @@ def draft_options(args: argparse.Namespace):
     from .drafters import DraftOptions
 
     try:
-        return DraftOptions(args.tree, args.tree_children, args.num_drafts, args.ngram_max, args.ngram_min)
+        return DraftOptions(args.tree, args.tree_children, args.num_drafts, args.ngram_max, args.ngram_min,
+                            exit_layer=args.exit_layer, share_kv=not args.no_share_kv)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
@@ -239,6 +240,12 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
                         help="sampled verification: multi-step speculative sampling (default) or SpecTr K-SEQ")
     parser.add_argument("--ngram-max", type=positive_int, default=3, help="n-gram: longest tail to look up (default 3)")
     parser.add_argument("--ngram-min", type=positive_int, default=1, help="n-gram: shortest tail to look up (default 1)")
+    parser.add_argument("--exit-layer", type=positive_int, default=None,
+                        help="early-exit: draft with the target's first L layers (default: the layer of the "
+                        "target's shipped exit head, else half its depth)")
+    parser.add_argument("--no-share-kv", action="store_true",
+                        help="early-exit: the draft keeps its own KV cache and verification recomputes every "
+                        "layer (slower; for comparison)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,7 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(greedy) or distributed exactly like it (sampling); the draft only makes it faster.",
     )
     gen.add_argument("--model", help="target: embedded name, HF directory or hub id (default: embedded default)")
-    gen.add_argument("--draft", help="draft model with the target's tokenizer (default: the target's paired draft)")
+    gen.add_argument("--draft", "--drafter", help="draft model with the target's tokenizer (default: the target's "
+                     "paired draft); for --method early-exit an exit head directory (quickdraft train exit-head) "
+                     "or 'shared' (the target's own final norm + LM head)")
     gen.add_argument("--method", choices=list(METHODS), default="draft",
                      help="; ".join(f"{name} = {what}" for name, what in METHODS.items()))
     add_method_options(gen)

@@ -143,9 +143,16 @@ def _verify_pass(target: CausalLM, sequence: torch.Tensor, length: int, proposal
     n = proposal.size
     fed = torch.cat([sequence[target.length : length], proposal.tokens])
     pad = width - fed.numel() if 1 < fed.numel() < width else 0
+    # Early exit with a shared cache: resume from the drafter's hidden states (the padding
+    # nodes' rows are zeros; their logits and KV rows are dropped like their tokens').
+    hidden = proposal.hidden
+    resume = {} if hidden is None else {"start_layer": proposal.start_layer}
     if pad:
         fed = torch.cat([fed, fed.new_zeros(pad)])
+        hidden = None if hidden is None else torch.cat([hidden, hidden.new_zeros(pad, hidden.shape[-1])])
+    if hidden is not None:
+        resume["hidden"] = hidden
     if proposal.is_chain and not pad:
-        return target.extend(fed, logits=n + 1)
+        return target.extend(fed, logits=n + 1, **resume)
     positions, mask = tree_attention(proposal, target.length, length, pad)
-    return target.extend(fed, logits=n + 1 + pad, positions=positions, mask=mask)[: n + 1]
+    return target.extend(fed, logits=n + 1 + pad, positions=positions, mask=mask, **resume)[: n + 1]

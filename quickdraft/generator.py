@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,14 +194,17 @@ class SpeculativeGenerator:
     ) -> SpeculativeGenerator:
         """Load a target (default: the embedded default) and, for the methods that need one
         (draft, tree, multi-draft, hybrid), a draft (default: the embedded target's paired
-        draft). ``options`` shape the method (tree, number of drafts, n-gram sizes);
+        draft); for ``early-exit``, ``draft`` is an exit head directory or ``"shared"``
+        (default: the head shipped for the target, if any). ``options`` shape the method (tree, number of drafts, n-gram sizes);
         ``acceptance`` is the sampling rule (mss, or spectr for multi-draft)."""
         from .pair import load_pair  # pair.py imports this module's tokenizer helpers
 
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+        if method == "early-exit" and draft is not None:  # the draft is an exit head directory
+            options, draft = dataclasses.replace(options, exit_head=str(draft)), None
         pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend)
-        drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options)
+        drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options, target=pair.target)
         return cls(pair.target, pair.tokenizer, drafter, acceptance=acceptance)
 
     def encode(self, prompt: str | Sequence[int], truncate: bool = False, room: int = 1) -> torch.Tensor:

@@ -19,6 +19,7 @@ METHODS = {
     "tree": "the draft model expands a token tree (--tree), verified in one pass",
     "multi-draft": "--num-drafts sequences from the draft merged into one tree",
     "hybrid": "the n-gram continuation when one matches, else the draft model",
+    "early-exit": "self-speculation: the target's first --exit-layer layers + an exit head draft, sharing its KV cache",
 }
 NEEDS_DRAFT = ("draft", "tree", "multi-draft", "hybrid")
 
@@ -32,6 +33,9 @@ class DraftOptions:
     num_drafts: int = 3
     ngram_max: int = 3
     ngram_min: int = 1
+    exit_layer: int | None = None  # early exit: None = the head's layer (shipped head) or the default
+    exit_head: str | None = None  # early exit: a head directory, "shared", or None (the shipped head)
+    share_kv: bool = True  # early exit: drafting writes the target's cache, verification resumes at L
 
     def __post_init__(self) -> None:
         """One-line errors for bad settings, before any model is loaded."""
@@ -44,6 +48,8 @@ class DraftOptions:
             raise ValueError(
                 f"n-gram sizes need 1 <= --ngram-min <= --ngram-max, got {self.ngram_min} and {self.ngram_max}"
             )
+        if self.exit_layer is not None and self.exit_layer < 1:
+            raise ValueError(f"--exit-layer must be >= 1, got {self.exit_layer}")
 
 
 def draft_shape(method: str, options: DraftOptions) -> Shape:
@@ -58,13 +64,21 @@ def draft_shape(method: str, options: DraftOptions) -> Shape:
 
 
 def make_drafter(
-    method: str, draft: CausalLM | None, target_vocab_size: int, options: DraftOptions = DraftOptions()
+    method: str, draft: CausalLM | None, target_vocab_size: int, options: DraftOptions = DraftOptions(),
+    target: CausalLM | None = None,
 ) -> Drafter:
-    """The drafter of ``method``; a one-line ValueError for unknown methods or a missing draft."""
+    """The drafter of ``method``; a one-line ValueError for unknown methods or a missing draft.
+    ``target`` is needed by self-speculative methods (early-exit), which draft with it."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
     if method == "ar":
         return NoDrafter()
+    if method == "early-exit":
+        from .early_exit import early_exit_drafter
+
+        if target is None:
+            raise ValueError("--method early-exit drafts with the target's own layers: pass the target")
+        return early_exit_drafter(target, options)
     if method == "ngram":
         return NgramDrafter(options.ngram_max, options.ngram_min)
     shape = draft_shape(method, options)

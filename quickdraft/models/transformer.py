@@ -132,6 +132,16 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(config)
         self.mlp = MLP(config)
 
+    def forward(self, x: torch.Tensor, rope, cache: KVCache, layer: int, rows: torch.Tensor, slots: torch.Tensor,
+                mask: torch.Tensor | None, kv_len: int, attn: bool = True, mlp: bool = True) -> torch.Tensor:
+        """One pre-norm residual block; its keys and values go to ``cache`` layer ``layer``.
+        ``attn`` / ``mlp`` False skip that sub-layer (identity on the residual stream)."""
+        if attn:
+            x = x + self.attn(self.attn_norm(x), rope, cache, layer, rows, slots, mask, kv_len)
+        if mlp:
+            x = x + self.mlp(self.mlp_norm(x))
+        return x
+
 
 @dataclass
 class ForwardOutput:
@@ -197,6 +207,29 @@ class Transformer(nn.Module):
             x = x + self.pos_embed(positions)
         return x
 
+    def attention_inputs(
+        self, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple:
+        """What every block of a pass shares: ``(rope, rows, mask [B, 1, T, S] or None,
+        kv_len)`` for queries at ``positions`` written to ``slots`` (see :meth:`forward`)."""
+        if slots is None:
+            slots = positions
+        bsz, seqlen = positions.shape
+        if mask is None:
+            kv_len = int(slots.max()) + 1
+            if seqlen > 1 or bsz > 1:
+                visible = torch.arange(kv_len, device=slots.device)
+                mask = (visible[None, None, :] <= slots[:, :, None]).unsqueeze(1)
+        else:
+            kv_len = mask.shape[-1]
+            mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
+        if kv_len > cache.max_len:
+            raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
+        rows = torch.arange(bsz, device=slots.device)[:, None]
+        rope = self._rope(positions) if self._inv_freq is not None else None
+        return rope, rows, mask, kv_len
+
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: the exit head shared by every layer."""
         return self.lm_head(self.norm(hidden))
@@ -235,9 +268,6 @@ class Transformer(nn.Module):
                 applied to the last layer run, so a partial range gives early-exit logits.
         """
         start, stop = layers if layers is not None else (0, self.config.n_layers)
-        if slots is None:
-            slots = positions
-        bsz, seqlen = positions.shape
         if hidden is None:
             if tokens is None:
                 raise ValueError("forward needs tokens or a hidden state to resume from")
@@ -246,28 +276,14 @@ class Transformer(nn.Module):
             x = self.embed_tokens(tokens, positions)
         else:
             x = hidden
-        if mask is None:
-            kv_len = int(slots.max()) + 1
-            if seqlen > 1 or bsz > 1:
-                visible = torch.arange(kv_len, device=slots.device)
-                mask = (visible[None, None, :] <= slots[:, :, None]).unsqueeze(1)
-        else:
-            kv_len = mask.shape[-1]
-            mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
-        if kv_len > cache.max_len:
-            raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
-        rows = torch.arange(bsz, device=slots.device)[:, None]
-        rope = self._rope(positions) if self._inv_freq is not None else None
+        slots = positions if slots is None else slots
+        rope, rows, mask, kv_len = self.attention_inputs(positions, cache, slots, mask)
 
         states: dict[int, torch.Tensor] = {}
         if start in output_hidden_states:
             states[start] = x
         for i in range(start, stop):
-            block = self.layers[i]
-            if i not in skip_attn:
-                x = x + block.attn(block.attn_norm(x), rope, cache, i, rows, slots, mask, kv_len)
-            if i not in skip_mlp:
-                x = x + block.mlp(block.mlp_norm(x))
+            x = self.layers[i](x, rope, cache, i, rows, slots, mask, kv_len, i not in skip_attn, i not in skip_mlp)
             if i + 1 in output_hidden_states:
                 states[i + 1] = x
         out = None
