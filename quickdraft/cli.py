@@ -242,7 +242,7 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ngram-min", type=positive_int, default=1, help="n-gram: shortest tail to look up (default 1)")
     parser.add_argument("--exit-layer", type=positive_int, default=None,
                         help="early-exit: draft with the target's first L layers (default: the layer of the "
-                        "target's shipped exit head, else half its depth)")
+                        "target's shipped exit head, else the cost model's choice, measured briefly)")
     parser.add_argument("--no-share-kv", action="store_true",
                         help="early-exit: the draft keeps its own KV cache and verification recomputes every "
                         "layer (slower; for comparison)")

@@ -204,6 +204,8 @@ class SpeculativeGenerator:
         if method == "early-exit" and draft is not None:  # the draft is an exit head directory
             options, draft = dataclasses.replace(options, exit_head=str(draft)), None
         pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend)
+        if method == "early-exit":
+            options = _exit_layer_by_cost_model(pair, options)
         drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options, target=pair.target)
         return cls(pair.target, pair.tokenizer, drafter, acceptance=acceptance)
 
@@ -397,6 +399,21 @@ class SpeculativeGenerator:
         choice = cached_k(self.target, self.drafter.model, self.tokenizer, remeasure=remeasure, log=log)
         self.num_speculative_tokens = choice.k
         return choice
+
+
+def _exit_layer_by_cost_model(pair, options: DraftOptions) -> DraftOptions:
+    """Early exit with no head shipped for the target and no --exit-layer: the shared head
+    at the layer the cost model predicts to be fastest (measured briefly on this machine)."""
+    from .drafters.early_exit import SHARED, shipped_head
+    from .models.lm import NativeLM
+
+    if options.exit_layer is not None or options.exit_head not in (None, SHARED) or not isinstance(
+            pair.target, NativeLM) or shipped_head(pair.target) is not None:
+        return options
+    from .bench.exit_layer import measure_exit_layer
+
+    choice = measure_exit_layer(pair.target, pair.tokenizer, max_k=4, calibration_tokens=32, repeats=3)
+    return dataclasses.replace(options, exit_layer=choice.layer)
 
 
 def _take(segments: list[tuple[str, bool]], n: int) -> tuple[list[tuple[str, bool]], list[tuple[str, bool]]]:

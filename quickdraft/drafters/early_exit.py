@@ -18,7 +18,13 @@ from pathlib import Path
 
 import torch
 
-from ..models.exit_head import ExitHead, is_exit_head_dir, load_exit_head, read_head_config, target_fingerprint
+from ..models.exit_head import (
+    ExitHead,
+    is_exit_head_dir,
+    load_exit_head,
+    read_head_config,
+    target_fingerprint,
+)
 from ..models.kv_cache import KVCache
 from ..models.lm import EARLY_EXIT_NEEDS_NATIVE, CausalLM, NativeLM
 from ..proposal import Proposal
@@ -131,19 +137,25 @@ HEADS_DIR = Path(__file__).resolve().parent.parent / "assets" / "heads"
 SHARED = "shared"
 
 
-def shipped_head(target: CausalLM) -> Path | None:
-    """The packaged exit head trained on this target, if there is one."""
+def shipped_heads(target: CausalLM) -> list[Path]:
+    """The packaged exit heads trained on this target (head-only ones first)."""
     if not isinstance(target, NativeLM) or not HEADS_DIR.is_dir():
-        return None
+        return []
     fingerprint = target_fingerprint(target.model)
-    for path in sorted(HEADS_DIR.iterdir()):
-        if is_exit_head_dir(path) and read_head_config(path).target_fingerprint == fingerprint:
-            return path
-    return None
+    heads = [path for path in sorted(HEADS_DIR.iterdir())
+             if is_exit_head_dir(path) and read_head_config(path).target_fingerprint == fingerprint]
+    return sorted(heads, key=lambda path: read_head_config(path).extra_block)
+
+
+def shipped_head(target: CausalLM) -> Path | None:
+    """The default exit head for this target: the first of :func:`shipped_heads`, if any."""
+    heads = shipped_heads(target)
+    return heads[0] if heads else None
 
 
 def default_exit_layer(n_layers: int) -> int:
-    """The exit layer of a shared head when the target has no shipped head: half the depth."""
+    """The exit layer of a shared head when nothing chose one (``SpeculativeGenerator``
+    asks the cost model first): half the depth."""
     return max(1, n_layers // 2)
 
 
