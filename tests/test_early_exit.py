@@ -56,7 +56,7 @@ def generate(lm, drafter, prompt, n=40, k=3, params=SamplingParams()):
                               num_speculative_tokens=k) for t in s.tokens]
 
 
-PROMPTS = [torch.tensor([1, 5, 9, 2]), torch.tensor([7]), torch.arange(3, 40)]
+PROMPTS = [torch.tensor([1, 5, 9, 2]), torch.arange(3, 30)]
 
 
 @pytest.mark.parametrize("kind", ["shared", "trained", "extra-block"])
@@ -64,17 +64,17 @@ PROMPTS = [torch.tensor([1, 5, 9, 2]), torch.tensor([7]), torch.arange(3, 40)]
 def test_greedy_equals_plain_decoding_at_every_layer(kind, share_kv):
     lm = native_lm()
     accepted = 0
-    for prompt in PROMPTS:
-        plain = generate(lm, None, prompt)
+    for i, prompt in enumerate(PROMPTS):
+        plain = generate(lm, None, prompt, n=24)
         for layer in range(1, LAYERS):
-            for k in (1, 3):
-                drafter = EarlyExitDrafter(lm, random_head(lm, layer, kind), share_kv=share_kv)
-                tokens = []
-                for step in decode(lm, prompt, StopConditions(40), drafter=drafter, num_speculative_tokens=k):
-                    tokens += step.tokens
-                    accepted += step.drafted
-                assert tokens == plain, (layer, k)
-    assert accepted > 20  # drafts were accepted: the shared cache was really used
+            k = 1 + (layer + i) % 3 * 2  # k = 1, 3 and 5 over the cases
+            drafter = EarlyExitDrafter(lm, random_head(lm, layer, kind), share_kv=share_kv)
+            tokens = []
+            for step in decode(lm, prompt, StopConditions(24), drafter=drafter, num_speculative_tokens=k):
+                tokens += step.tokens
+                accepted += step.drafted
+            assert tokens == plain, (layer, k)
+    assert accepted > 10  # drafts were accepted: the shared cache was really used
 
 
 class CountingStop:
@@ -108,7 +108,7 @@ def test_draft_stop_policy_is_consulted_and_stays_lossless():
 def test_shared_cache_equals_a_fresh_prefill_after_any_number_of_steps(kind):
     lm = native_lm()
     fresh = native_lm()
-    for steps in (1, 2, 5, 9):
+    for steps in (1, 3, 7):
         drafter = EarlyExitDrafter(lm, random_head(lm, 2, kind), share_kv=True)
         sequence = PROMPTS[0].tolist()
         for i, step in enumerate(decode(lm, PROMPTS[0], StopConditions(60), drafter=drafter,
@@ -147,8 +147,8 @@ class ResumeTooLate(EarlyExitDrafter):
 @pytest.mark.slow
 def test_sampled_early_exit_matches_target_distribution():
     lm = tiny_vocab_lm()
-    drafter = EarlyExitDrafter(lm, random_head(lm, 1, "extra-block"), share_kv=True)
-    assert empirical_pvalue(lm, drafter, SamplingParams(temperature=1.0), n_samples=2000) > 1e-3
+    drafter = EarlyExitDrafter(lm, random_head(lm, 1, "trained"), share_kv=True)
+    assert empirical_pvalue(lm, drafter, SamplingParams(temperature=1.0), n_samples=1000) > 1e-3
 
 
 @pytest.mark.slow
@@ -158,7 +158,7 @@ def test_wrong_early_exit_fails_the_same_test(wrong):
     cls = ResumeTooLate if wrong == "resume" else EarlyExitDrafter
     drafter = cls(lm, random_head(lm, 1, "trained"), share_kv=True)
     rule = NoResidual if wrong == "rule" else None
-    assert empirical_pvalue(lm, drafter, SamplingParams(temperature=1.0), rule, n_samples=2000) < 1e-6
+    assert empirical_pvalue(lm, drafter, SamplingParams(temperature=1.0), rule, n_samples=1000) < 1e-6
 
 
 def test_saved_head_round_trips_and_refuses_another_target(tmp_path):
@@ -175,7 +175,10 @@ def test_saved_head_round_trips_and_refuses_another_target(tmp_path):
 
 
 def run_cli(capsys, *argv):
-    code = cli.main(list(argv))
+    try:
+        code = cli.main(list(argv))
+    except SystemExit as exc:  # argparse's own checks (e.g. --exit-layer 0)
+        code = exc.code
     err = capsys.readouterr().err.strip()
     return code, err
 

@@ -54,12 +54,14 @@ class ExitHeadConfig:
 
 
 def target_fingerprint(model: Transformer) -> str:
-    """A short content hash of a target: its shape and a few rows of its embedding, LM head
-    and final norm (the same weights give the same fingerprint wherever they are stored)."""
+    """A short content hash of a target: its shape and a few of its weights (embedding rows
+    and norms, which the CPU decode kernels leave in place), so the same weights give the
+    same fingerprint wherever they are stored."""
     cfg = model.config
     h = hashlib.sha256(json.dumps([cfg.family, cfg.n_layers, cfg.hidden_size, cfg.vocab_size]).encode())
     with torch.no_grad():
-        for t in (model.embed.weight[:8], model.lm_head.weight[-8:], model.norm.weight):
+        for t in (model.embed.weight[:8], model.embed.weight[-8:], model.norm.weight,
+                  model.layers[-1].mlp_norm.weight):
             h.update(t.detach().to(torch.float32).cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
@@ -138,6 +140,8 @@ def save_exit_head(head: ExitHead, target: Transformer, target_name: str, out: P
     state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()}
     save_file(state, str(out / HEAD_WEIGHTS))
     (out / HEAD_CONFIG).write_text(json.dumps(head.config_for(target, target_name).to_json(), indent=2) + "\n")
+    for f in (out / HEAD_WEIGHTS, out / HEAD_CONFIG):
+        f.chmod(0o644)  # safetensors may create 0600 files; ship them readable
 
 
 def is_exit_head_dir(path: str | Path) -> bool:
