@@ -124,7 +124,7 @@ def decode(
         # place after the prefix); drop the rest, in the drafter's cache too.
         target.compact(length, path)
         drafter.verified(length, path)
-        pending = proposal.tokens[path].tolist() + [verdict.next_token]
+        pending = (proposal.tokens[path].tolist() if path else []) + [verdict.next_token]
         drafted_in_chunk = len(path)
         if decode_started is None:
             decode_started = time.perf_counter()
@@ -141,18 +141,27 @@ def _verify_pass(target: CausalLM, sequence: torch.Tensor, length: int, proposal
     prepared row count; their logits and KV rows are dropped.
     """
     n = proposal.size
-    fed = torch.cat([sequence[target.length : length], proposal.tokens])
+    fed = torch.cat([sequence[target.length : length], proposal.tokens]) if n else sequence[target.length : length]
     pad = width - fed.numel() if 1 < fed.numel() < width else 0
-    # Early exit with a shared cache: resume from the drafter's hidden states (the padding
-    # nodes' rows are zeros; their logits and KV rows are dropped like their tokens').
-    hidden = proposal.hidden
-    resume = {} if hidden is None else {"start_layer": proposal.start_layer}
+    if proposal.hidden is not None:
+        return _resume_pass(target, fed, proposal, length, pad)
     if pad:
         fed = torch.cat([fed, fed.new_zeros(pad)])
-        hidden = None if hidden is None else torch.cat([hidden, hidden.new_zeros(pad, hidden.shape[-1])])
-    if hidden is not None:
-        resume["hidden"] = hidden
     if proposal.is_chain and not pad:
+        return target.extend(fed, logits=n + 1)
+    positions, mask = tree_attention(proposal, target.length, length, pad)
+    return target.extend(fed, logits=n + 1 + pad, positions=positions, mask=mask)[: n + 1]
+
+
+def _resume_pass(target: CausalLM, fed: torch.Tensor, proposal: Proposal, length: int, pad: int) -> torch.Tensor:
+    """The verify pass of early exit with a shared cache: only the layers from
+    ``proposal.start_layer``, resuming from the drafter's hidden states (padding nodes get
+    zero rows; their logits and KV rows are dropped like their tokens')."""
+    n, hidden = proposal.size, proposal.hidden
+    resume = {"hidden": hidden, "start_layer": proposal.start_layer}
+    if not pad and proposal.is_chain:
         return target.extend(fed, logits=n + 1, **resume)
+    resume["hidden"] = torch.cat([hidden, hidden.new_zeros(pad, hidden.shape[-1])])
+    fed = torch.cat([fed, fed.new_zeros(pad)])
     positions, mask = tree_attention(proposal, target.length, length, pad)
     return target.extend(fed, logits=n + 1 + pad, positions=positions, mask=mask, **resume)[: n + 1]

@@ -135,3 +135,16 @@ def _early_exit_rows(ctx, config, k):
 register_method("early-exit", _early_exit_rows,
                 help="the target's first L layers + an exit head (shared head and each shipped head; "
                      "with and without sharing the KV cache)")
+
+def _auto_rows(ctx, config, k):
+    """The method, k and tree the cost model picks for this pair and machine (cached, as
+    ``--method auto`` uses it); k here is the chosen one, not the run's."""
+    from .method_choice import cached_method
+
+    choice = cached_method(ctx.target, ctx.draft, ctx.tokenizer)
+    factory = (lambda c: choice.drafter(c.draft, c.target.vocab_size)) if choice.method != "ar" else None
+    return [EngineMethod("auto", factory, choice.k or None, settings={"chose": choice.label})]
+
+
+register_method("auto", _auto_rows, needs_draft=True,
+                help="the method, k and tree the cost model picks for this pair and machine")

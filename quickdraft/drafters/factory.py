@@ -20,8 +20,9 @@ METHODS = {
     "multi-draft": "--num-drafts sequences from the draft merged into one tree",
     "hybrid": "the n-gram continuation when one matches, else the draft model",
     "early-exit": "self-speculation: the target's first --exit-layer layers + an exit head draft, sharing its KV cache",
+    "auto": "the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
 }
-NEEDS_DRAFT = ("draft", "tree", "multi-draft", "hybrid")
+NEEDS_DRAFT = ("draft", "tree", "multi-draft", "hybrid", "auto")
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ def make_drafter(
     ``target`` is needed by self-speculative methods (early-exit), which draft with it."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    if method == "auto":
+        raise ValueError("method auto is chosen by measurement: use SpeculativeGenerator.from_pretrained(method='auto')")
     if method == "ar":
         return NoDrafter()
     if method == "early-exit":

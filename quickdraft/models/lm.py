@@ -141,9 +141,12 @@ class NativeLM:
         if slots is None or positions is not None:
             slots = torch.arange(self.length, end)[None]
         positions = slots if positions is None else positions.view(1, -1)
-        resume = {} if hidden is None else {"hidden": hidden[None], "layers": (start_layer, self.config.n_layers)}
-        out = self.model(tokens.view(1, -1), positions, self.cache, slots=slots,
-                         mask=None if mask is None else mask[None], logits=logits, **resume)
+        if hidden is None:
+            out = self.model(tokens.view(1, -1), positions, self.cache, slots=slots,
+                             mask=None if mask is None else mask[None], logits=logits)
+        else:  # early exit: layers below start_layer are already in the cache
+            out = self.model(None, positions, self.cache, slots=slots, mask=None if mask is None else mask[None],
+                             logits=logits, hidden=hidden[None], layers=(start_layer, self.config.n_layers))
         self.length = end
         return None if out.logits is None else out.logits[0]
 
