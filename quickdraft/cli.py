@@ -17,6 +17,7 @@ SUBCOMMAND_MODULES = (
     ("quickdraft.demo", "add_demo_parser"),
     ("quickdraft.train.cli", "add_train_parser"),
     ("quickdraft.bench.cli", "add_bench_parser"),
+    ("quickdraft.server.cli", "add_serve_parser"),
 )
 
 

@@ -30,10 +30,13 @@ class ContextOverflowError(ValueError):
 @dataclass
 class Step:
     """Tokens emitted by one step. The first ``drafted`` of them were proposed by the drafter
-    and accepted; the rest (at most one) is the target's own token."""
+    and accepted; the rest (at most one) is the target's own token. ``finish`` is set on the
+    generation's last step ("stop" or "length"), so a caller stepping several generations
+    knows a row is done without asking for another step."""
 
     tokens: list[int]
     drafted: int
+    finish: str | None = None
 
 
 def decode(
@@ -104,11 +107,11 @@ def decode(
         sequence[length : length + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
         length += len(emitted)
         stats.new_tokens += len(emitted)
-        if emitted:
-            yield Step(emitted, min(drafted_in_chunk, len(emitted)))
         room = target.context_length - length
         if finish is None and room <= 0:
             finish = "length"
+        if emitted:
+            yield Step(emitted, min(drafted_in_chunk, len(emitted)), finish)
         if finish:
             stats.finish_reason = finish
             break

@@ -104,6 +104,51 @@ def sampling_params(
     return sampling
 
 
+class TextAssembler:
+    """Turns engine steps into :class:`TextChunk` s, one step at a time (push, not pull, so
+    a server can feed it steps as they come): multi-byte characters are kept whole and text
+    that might begin a stop string is held back until it is decided. After a step that
+    completes a stop string, ``stopped`` is True and the text ends before that string."""
+
+    def __init__(self, tokenizer, stop: Sequence[str] = ()) -> None:
+        self.stop = stop_strings(list(stop))
+        self.stopped = False
+        self._detok = IncrementalDetokenizer(tokenizer)
+        self._pending: list[tuple[str, bool]] = []  # decoded but not yet shown (may start a stop string)
+        self._recent = ""  # the tail of what was shown, to find stop strings that straddle chunks
+        self._longest = max((len(s) for s in self.stop), default=0)
+
+    def push(self, step: Step) -> TextChunk | None:
+        """The text this step lets us show (None when there is none yet)."""
+        if self.stopped:
+            return None
+        pending = self._pending
+        pending.append((self._detok.push(step.tokens[: step.drafted]), True))
+        pending.append((self._detok.push(step.tokens[step.drafted :]), False))
+        text = "".join(t for t, _ in pending)
+        show = len(text)
+        if self.stop:
+            window = self._recent + text
+            found = len(cut_at_stop(window, self.stop))
+            if found < len(window):  # a stop string completed: show up to it and end
+                self.stopped = True
+                shown = _take(pending, found - len(self._recent))[0]
+                self._pending = []
+                return TextChunk(shown) if shown else None
+            show -= _stop_prefix_suffix(text, self.stop)
+            self._recent = (self._recent + text[:show])[-self._longest :]
+        shown, self._pending = _take(pending, show)
+        return TextChunk(shown) if shown else None
+
+    def flush(self) -> TextChunk | None:
+        """What is still held back, once the generation has ended without a stop string."""
+        if self.stopped:
+            return None
+        tail = "".join(t for t, _ in self._pending) + self._detok.flush()
+        self._pending = []
+        return TextChunk([(tail, False)]) if tail else None
+
+
 class TextStream:
     """What :meth:`SpeculativeGenerator.stream` returns: an iterator of :class:`TextChunk`
     that also tells how the generation went.
@@ -372,36 +417,22 @@ class SpeculativeGenerator:
         return TextStream(self._chunks(steps, stop_strings(stop), token_ids), steps, stats, token_ids)
 
     def _chunks(self, steps: Iterator[Step], stop: list[str], token_ids: list[int]) -> Iterator[TextChunk]:
-        detok = IncrementalDetokenizer(self.tokenizer)
-        pending: list[tuple[str, bool]] = []  # decoded but not yet shown (may start a stop string)
-        recent = ""  # the tail of what was shown, to find stop strings that straddle chunks
-        longest = max((len(s) for s in stop), default=0)
+        text = TextAssembler(self.tokenizer, stop)
         for step in steps:
             token_ids.extend(step.tokens)
-            pending.append((detok.push(step.tokens[: step.drafted]), True))
-            pending.append((detok.push(step.tokens[step.drafted :]), False))
-            text = "".join(t for t, _ in pending)
-            show = len(text)
-            if stop:
-                window = recent + text
-                found = len(cut_at_stop(window, stop))
-                if found < len(window):  # a stop string completed: show up to it and end
-                    shown = _take(pending, found - len(recent))[0]
-                    # The engine stopped at the same token; let it finish so the stats
-                    # (decode time, finish reason) are complete.
-                    for step in steps:
-                        token_ids.extend(step.tokens)
-                    if shown:
-                        yield TextChunk(shown)
-                    return
-                show -= _stop_prefix_suffix(text, stop)
-                recent = (recent + text[:show])[-longest:]
-            shown, pending = _take(pending, show)
-            if shown:
-                yield TextChunk(shown)
-        tail = "".join(t for t, _ in pending) + detok.flush()
+            chunk = text.push(step)
+            if text.stopped:
+                # The engine stopped at the same token; let it finish so the stats
+                # (decode time, finish reason) are complete.
+                for step in steps:
+                    token_ids.extend(step.tokens)
+            if chunk:
+                yield chunk
+            if text.stopped:
+                return
+        tail = text.flush()
         if tail:
-            yield TextChunk([(tail, False)])
+            yield tail
 
     def tune_num_speculative_tokens(self, remeasure: bool = False, log=None):
         """Set ``num_speculative_tokens`` to the cost model's best k for this target, draft

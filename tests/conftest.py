@@ -160,3 +160,16 @@ def models(tiny_family):
     target = load_model(tiny_family["target"])
     drafts = {name: load_model(tiny_family[name]) for name in ("copy", "perturbed", "unrelated")}
     return tok, target, drafts
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """A real `quickdraft serve` on loopback over the embedded models (k=3, 4 rows, a queue
+    of 6, a 100 kB body limit), shared by the server tests; stopped at the end."""
+    from serving import ServerProcess
+
+    log = tmp_path_factory.mktemp("server") / "serve.log"
+    srv = ServerProcess(["-k", "3", "--max-batch-size", "4", "--max-queue", "6", "--max-body-bytes", "100000",
+                         "--threads", "2"], log)
+    yield srv
+    srv.stop()

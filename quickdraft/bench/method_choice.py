@@ -18,7 +18,7 @@ Each replayed step costs what the engine will spend on it: the draft passes
 drafter's verify width (as the engine pads), from costs measured on this machine
 (:func:`~quickdraft.bench.autok.measure_step_costs`). The candidate with the highest
 predicted speedup wins. Sampled decoding accepts less than greedy: the choice is made for
-greedy and used for both (docs/methods.md, "Choosing a method").
+greedy and used for both (docs/methods.md, "Choosing a method: `--method auto`").
 """
 
 from __future__ import annotations

@@ -1,0 +1,155 @@
+"""``quickdraft serve``: the OpenAI-compatible server on one command."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import time
+
+from ..cli import CliError, add_method_options, choose_k, draft_options, notice, positive_int
+
+BATCHED_METHODS = ("ar", "draft", "ngram", "hybrid")  # unless the batched engine lists its METHODS
+
+
+def add_serve_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``serve`` sub-command to an argparse subparsers object."""
+    from ..drafters.factory import METHODS
+
+    p = subparsers.add_parser(
+        "serve", help="serve an OpenAI-compatible API and a web playground",
+        description="Serve /v1/completions, /v1/chat/completions and /v1/models (OpenAI-compatible, "
+        "streaming with SSE), /metrics (Prometheus), /health and a playground at /. Requests join "
+        "and leave the running batch between steps (continuous batching).")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port, printed)")
+    p.add_argument("--model", help="target: embedded name, HF directory or hub id (default: embedded default)")
+    p.add_argument("--draft", help="draft model with the target's tokenizer (default: the target's paired draft)")
+    p.add_argument("--method", choices=list(METHODS), default="draft",
+                   help="decoding method, as for generate (default draft)")
+    add_method_options(p)
+    p.add_argument("--num-speculative-tokens", "-k", type=positive_int, default=None,
+                   help="draft tokens per step (default: the cost model's choice, as for generate; the "
+                   "batched engine applies its own batch-size policy unless -k is given)")
+    p.add_argument("--remeasure", action="store_true", help="measure the cost model's k again")
+    p.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",
+                   help="model runtime: native (default when supported) or transformers")
+    p.add_argument("--engine", choices=["auto", "batch", "solo"], default="auto",
+                   help="batch = rows verified together in one pass (draft, ngram, hybrid, ar on the native "
+                   "runtime); solo = each row its own decode loop, stepped in turn (every method and "
+                   "backend); auto (default) = batch when it supports the method, else solo")
+    p.add_argument("--max-batch-size", type=positive_int, default=8,
+                   help="generations running at once (default 8)")
+    p.add_argument("--max-queue", type=positive_int, default=64,
+                   help="generations waiting for a row at most; past it requests get 429 (default 64)")
+    p.add_argument("--served-model-name", help="the model id clients send (default: --model as given, "
+                   "or the embedded model's name)")
+    p.add_argument("--chat-max-tokens", type=positive_int, default=256,
+                   help="max_tokens of a chat request that gives none (default 256)")
+    p.add_argument("--max-body-bytes", type=positive_int, default=1 << 20,
+                   help="largest request body accepted; larger ones get 413 (default 1 MiB)")
+    p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
+                   help="uvicorn's log level (default warning)")
+    p.set_defaults(func=run_serve, auto_k=False)
+    return p
+
+
+def make_engine(choice: str, target, method: str, draft, max_batch_size: int, k: int | None,
+                explicit_k: bool, options, acceptance: str):
+    """The engine for these settings: the batched one where it supports them (``choice``
+    auto or batch), else :class:`~quickdraft.server.solo_engine.SoloEngine`."""
+    from .solo_engine import SoloEngine
+
+    why_not = None
+    try:
+        from .. import batch_engine
+    except ImportError:
+        batch_engine = None
+        why_not = "this install has no batched engine"
+    if batch_engine is not None:
+        methods = getattr(batch_engine, "METHODS", BATCHED_METHODS)
+        if method not in methods:
+            why_not = f"the batched engine runs {', '.join(methods)}, not {method}"
+        elif target.backend != "native" or (draft is not None and draft.backend != "native"):
+            why_not = "the batched engine needs the native runtime"
+    if choice == "batch" and why_not:
+        raise CliError(f"--engine batch: {why_not}; use --engine solo or auto")
+    if choice != "solo" and why_not is None:
+        engine = batch_engine.BatchEngine(target, method=method, draft=draft, max_batch_size=max_batch_size,
+                                          num_speculative_tokens=k if explicit_k else None, options=options)
+        engine.name = "batch"
+        return engine
+    return SoloEngine(target, method=method, draft=draft, max_batch_size=max_batch_size,
+                      num_speculative_tokens=k, options=options, acceptance=acceptance)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket (bound here so that ``--port 0`` can print the port it got)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock.listen(128)
+    return sock
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import torch
+    import uvicorn
+
+    from .. import __version__
+    from ..drafters import NEEDS_DRAFT, DraftOptions, make_drafter
+    from ..generator import SpeculativeGenerator
+    from ..pair import load_pair
+    from ..quiet import quiet_transformers
+    from .app import ServerState, create_app
+    from .metrics import ServerMetrics
+    from .scheduler import Scheduler
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    options = draft_options(args)
+    sock = listen(args.host, args.port)  # a taken port fails before the models load
+    with quiet_transformers():
+        pair = load_pair(args.model, args.draft, need_draft=args.method in NEEDS_DRAFT, backend=args.backend)
+    method = args.method
+    if method == "auto":  # the cost model's method, k and tree for this pair and machine
+        from ..bench.method_choice import cached_method
+
+        choice = cached_method(pair.target, pair.draft, pair.tokenizer, remeasure=args.remeasure, log=notice)
+        notice(choice.summary())
+        method = choice.method
+        options = DraftOptions(tree=",".join(map(str, choice.tree)) or "2,2,1", tree_children="top")
+        if args.num_speculative_tokens is None and method != "ar":
+            args.num_speculative_tokens = max(choice.k, 1)
+    drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options)
+    gen = SpeculativeGenerator(pair.target, pair.tokenizer, drafter, acceptance=args.multi_draft_rule)
+    k, k_source = choose_k(args, gen)
+    if args.method == "auto" and k is not None:
+        k_source = "auto"
+    engine = make_engine(args.engine, pair.target, method, pair.draft, args.max_batch_size, k,
+                         args.num_speculative_tokens is not None, options, args.multi_draft_rule)
+    name = args.served_model_name or args.model or pair.target_dir.name
+    settings = {"method": method if args.method != "auto" else f"auto: {method}",
+                "num_speculative_tokens": k, "num_speculative_tokens_source": k_source,
+                "engine": engine.name, "max_batch_size": args.max_batch_size, "max_queue": args.max_queue,
+                "backend": pair.target.backend, "fingerprint": f"quickdraft-{__version__}-{method}"}
+    metrics = ServerMetrics(name, draft_positions=k or 0)
+    scheduler = Scheduler(engine, metrics, args.max_queue)
+    state = ServerState(name, pair.tokenizer, gen.eos_token_ids, pair.target.context_length,
+                        pair.target.vocab_size, scheduler, metrics, settings, args.chat_max_tokens,
+                        args.max_body_bytes, int(time.time()))
+    host, port = sock.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    k_text = f", k={k} ({k_source})" if k is not None else ""
+    print(f"quickdraft: serving {name} ({settings['method']}{k_text}, {engine.name} engine, {args.max_batch_size} rows, "
+          f"queue {args.max_queue}) at {url}  (playground {url}/, OpenAI API {url}/v1, {url}/metrics, "
+          f"{url}/health; Ctrl-C stops)", file=sys.stderr, flush=True)
+    config = uvicorn.Config(create_app(state), log_level=args.log_level, timeout_graceful_shutdown=3,
+                            lifespan="on")
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0

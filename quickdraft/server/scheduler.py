@@ -1,0 +1,206 @@
+"""Continuous batching: the engine's step loop in a thread of its own, fed by a bounded queue.
+
+Between two steps the loop drops the rows whose clients went away (their cache is freed
+there and then), admits waiting jobs into the free rows, and runs one step for every
+active row; each row's update goes to its request's asyncio queue on the event loop. The
+engine is only ever touched by this thread, and the event loop never waits on a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from ..engine import ContextOverflowError
+from ..sampling import SamplingParams
+from ..stats import GenerationStats
+from ..stopping import StopConditions
+from .metrics import ServerMetrics
+
+
+class QueueFullError(RuntimeError):
+    """The queue holds ``max_queue`` waiting generations already."""
+
+
+@dataclass
+class Event:
+    """A row's update as the request sees it: ``stats`` is a copy taken in the step thread.
+    ``error`` (a message) instead when the row could not run."""
+
+    index: int
+    tokens: list[int] = field(default_factory=list)
+    drafted: int = 0
+    finish: str | None = None
+    stats: GenerationStats | None = None
+    error: str | None = None
+    error_code: str | None = None
+
+
+@dataclass(eq=False)  # compared by identity: the queue removes a job by `is`
+class Job:
+    """One generation (one choice of one request)."""
+
+    index: int
+    prompt: torch.Tensor
+    params: SamplingParams
+    stop: StopConditions
+    events: asyncio.Queue
+    loop: asyncio.AbstractEventLoop
+    arrived: float = field(default_factory=time.monotonic)
+    row: int | None = None
+    cancelled: bool = False
+    done: bool = False
+    first_token_at: float | None = None
+    seen: GenerationStats = field(default_factory=GenerationStats)
+
+    def send(self, event: Event) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+
+class Scheduler:
+    """Owns the engine; ``submit`` and ``cancel`` are safe to call from any thread."""
+
+    def __init__(self, engine, metrics: ServerMetrics, max_queue: int) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self._waiting: deque[Job] = deque()
+        self._cancelled: list[Job] = []
+        self._rows: dict[int, Job] = {}
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._state = {"active": 0, "free_slots": engine.free_slots, "kv_cache_bytes": 0}
+        self._free = engine.free_slots  # rows free once the waiting jobs admitted so far are in
+        self._thread = threading.Thread(target=self._run, name="quickdraft-steps", daemon=True)
+        metrics.engine_state = self.state
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join(timeout=30)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def state(self) -> dict:
+        """Occupancy as of the last step: active rows, free rows, KV bytes, waiting jobs."""
+        with self._wake:
+            return {**self._state, "waiting": len(self._waiting)}
+
+    def submit(self, jobs: list[Job]) -> None:
+        """Queue a request's generations, all or none (:class:`QueueFullError`): jobs that a
+        free row will take at the next step do not count against ``max_queue``."""
+        with self._wake:
+            if len(self._waiting) + len(jobs) > self.max_queue + self._free:
+                raise QueueFullError(
+                    f"the server is busy: {len(self._waiting)} generations are waiting already "
+                    f"(--max-queue {self.max_queue}); retry later"
+                )
+            self._waiting.extend(jobs)
+            self._wake.notify()
+
+    def cancel(self, jobs: list[Job]) -> None:
+        """The client went away: drop these jobs (their rows are freed before the next step)."""
+        with self._wake:
+            for job in jobs:
+                if not job.done and not job.cancelled:
+                    job.cancelled = True
+                    self._cancelled.append(job)
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not (self._stopping or self._waiting or self._cancelled or self.engine.active):
+                    self._wake.wait()
+                if self._stopping:
+                    return
+                cancelled, self._cancelled = self._cancelled, []
+                for job in cancelled:
+                    if job in self._waiting:
+                        self._waiting.remove(job)
+            for job in cancelled:
+                self._drop(job)
+            self._admit()
+            if self.engine.active:
+                self._step()
+            self._publish()
+
+    def _drop(self, job: Job) -> None:
+        if job.row is not None and self._rows.pop(job.row, None) is job:
+            self.engine.cancel(job.row)
+        if not job.done:
+            job.done = True
+            self.metrics.label(self.metrics.cancelled).inc()
+
+    def _admit(self) -> None:
+        while self.engine.free_slots:
+            with self._wake:
+                if not self._waiting:
+                    return
+                job = self._waiting.popleft()
+                self._free -= 1
+            try:
+                job.row = self.engine.add(job.prompt, job.params, job.stop)
+            except Exception as exc:  # the request's fault (400) or a bug (500): that request fails alone
+                job.done = True
+                if isinstance(exc, ContextOverflowError):
+                    job.send(Event(job.index, error=str(exc), error_code="context_length_exceeded"))
+                elif isinstance(exc, ValueError):
+                    job.send(Event(job.index, error=str(exc)))
+                else:
+                    traceback.print_exc(file=sys.stderr)
+                    job.send(Event(job.index, error="the engine failed on this request", error_code="server_error"))
+                continue
+            self._rows[job.row] = job
+            self.metrics.label(self.metrics.prompt_tokens).inc(job.prompt.numel())
+
+    def _step(self) -> None:
+        try:
+            updates = self.engine.step()
+        except Exception:  # a bug: fail the rows that were running, keep serving the rest
+            traceback.print_exc(file=sys.stderr)
+            for row, job in list(self._rows.items()):
+                self.engine.cancel(row)
+                job.done = True
+                job.send(Event(job.index, error="the engine failed on this request", error_code="server_error"))
+            self._rows.clear()
+            return
+        now = time.monotonic()
+        self.metrics.record_step(sum(len(u.tokens) for u in updates.values()))
+        for row, update in updates.items():
+            job = self._rows.get(row)
+            if job is None:
+                continue
+            stats = copy.deepcopy(update.stats)
+            self.metrics.record_speculation(job.seen, stats)
+            job.seen = stats
+            if update.tokens and job.first_token_at is None:
+                job.first_token_at = now
+                self.metrics.label(self.metrics.ttft).observe(now - job.arrived)
+            if update.finish:
+                del self._rows[row]
+                job.done = True
+                self.metrics.label(self.metrics.request_success, update.finish).inc()
+                self.metrics.label(self.metrics.e2e).observe(now - job.arrived)
+            job.send(Event(job.index, list(update.tokens), update.drafted, update.finish, stats))
+
+    def _publish(self) -> None:
+        state = {"active": self.engine.active, "free_slots": self.engine.free_slots,
+                 "kv_cache_bytes": int(getattr(self.engine, "kv_cache_bytes", 0))}
+        with self._wake:
+            self._state = state
+            self._free = state["free_slots"]

@@ -1,0 +1,172 @@
+"""Rows stepped one after another through the one decode loop (:func:`quickdraft.engine.decode`).
+
+The server's engine for what the batched engine does not do (token trees, multi-draft, the
+transformers backend), with the batched engine's interface: ``add`` a row, ``step`` every
+active row once, ``cancel`` a row. Each row runs its own ``decode`` iterator with its own
+model handles (their own KV caches and lengths) over the weights every row shares, so rows
+never see each other's cache; a row's cache is freed when it finishes or is cancelled.
+Output is that of a lone generation, token for token: each row is exactly one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ..drafters import DraftOptions, make_drafter
+from ..engine import ContextOverflowError, Step, decode
+from ..generator import DEFAULT_NUM_SPECULATIVE_TOKENS
+from ..models.lm import CausalLM, HFCausalLM, NativeLM
+from ..sampling import SamplingParams
+from ..stats import GenerationStats
+from ..stopping import StopConditions
+
+
+@dataclass
+class RowUpdate:
+    """What one step did for one row: ``tokens`` emitted (the first ``drafted`` of them are
+    accepted draft tokens), ``finish`` ("stop", "length") on the row's last update, and the
+    row's running :class:`GenerationStats` (complete once ``finish`` is set)."""
+
+    tokens: list[int]
+    drafted: int
+    finish: str | None
+    stats: GenerationStats
+
+
+class BatchFullError(RuntimeError):
+    """Every row of the engine is taken; wait for one to finish."""
+
+
+def fork(lm: CausalLM) -> CausalLM:
+    """A new handle over ``lm``'s weights: its own cache and length, nothing copied."""
+    if isinstance(lm, NativeLM):
+        return NativeLM(lm.model, lm.model_dir, decode_linears=lm.decode_linears)
+    if isinstance(lm, HFCausalLM):
+        return HFCausalLM(lm.model, lm.model_dir)
+    raise TypeError(f"cannot share the weights of a {type(lm).__name__} between rows")
+
+
+def release(lm: CausalLM | None) -> None:
+    """Free a handle's KV cache (the next ``reset`` allocates a new one)."""
+    if isinstance(lm, NativeLM):
+        lm.cache = None
+    elif isinstance(lm, HFCausalLM):
+        lm.past = None
+    if lm is not None:
+        lm.length = 0
+
+
+def cache_bytes(lm: CausalLM | None) -> int:
+    """Bytes held by a handle's KV cache (0 when it holds none)."""
+    if isinstance(lm, NativeLM) and lm.cache is not None:
+        return lm.cache.k.nbytes + lm.cache.v.nbytes
+    past = getattr(lm, "past", None)
+    if isinstance(lm, HFCausalLM) and past is not None:
+        return sum(t.nbytes for layer in getattr(past, "layers", []) for t in (layer.keys, layer.values)
+                   if isinstance(t, torch.Tensor))
+    return 0
+
+
+@dataclass
+class _Row:
+    steps: Iterator[Step]
+    stats: GenerationStats
+    target: CausalLM
+    draft: CausalLM | None
+
+
+class SoloEngine:
+    """Up to ``max_batch_size`` generations at once, each a :func:`decode` of its own.
+
+    ``method``, ``draft``, ``num_speculative_tokens`` (None: 4), ``options`` and
+    ``acceptance`` are those of :class:`~quickdraft.generator.SpeculativeGenerator`.
+    ``max_len`` (None: the model's context) bounds prompt + new tokens of a row.
+    """
+
+    name = "solo"
+
+    def __init__(
+        self,
+        target: CausalLM,
+        *,
+        method: str = "draft",
+        draft: CausalLM | None = None,
+        max_batch_size: int = 8,
+        max_len: int | None = None,
+        num_speculative_tokens: int | None = None,
+        options: DraftOptions = DraftOptions(),
+        acceptance: str = "mss",
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        make_drafter(method, draft, target.vocab_size, options)  # bad settings fail here, not per row
+        self.target, self.draft, self.method, self.options = target, draft, method, options
+        self.max_batch_size = max_batch_size
+        self.max_len = min(max_len or target.context_length, target.context_length)
+        self.num_speculative_tokens = num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
+        self.acceptance = acceptance
+        self._rows: dict[int, _Row] = {}
+        self._next_row = 0
+
+    @property
+    def active(self) -> int:
+        return len(self._rows)
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_batch_size - len(self._rows)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """KV cache memory held by the active rows (0 when idle)."""
+        return sum(cache_bytes(r.target) + cache_bytes(r.draft) for r in self._rows.values())
+
+    def add(self, prompt: torch.Tensor, params: SamplingParams, stop: StopConditions) -> int:
+        """Start a row generating after ``prompt`` (``[T]`` ids); returns its id. Nothing
+        runs until the next :meth:`step`."""
+        if not self.free_slots:
+            raise BatchFullError(f"all {self.max_batch_size} rows are busy")
+        prompt = prompt.to(torch.long).view(-1)
+        if prompt.numel() == 0:
+            raise ValueError("the prompt is empty; give at least one token")
+        if prompt.numel() >= self.max_len:
+            raise ContextOverflowError(
+                f"the prompt has {prompt.numel()} tokens but a row holds at most {self.max_len}; shorten it"
+            )
+        target = fork(self.target)
+        draft = fork(self.draft) if self.draft is not None else None
+        drafter = make_drafter(self.method, draft, target.vocab_size, self.options)
+        stats = GenerationStats()
+        steps = decode(target, prompt, stop, drafter, params, self.num_speculative_tokens,
+                       self.acceptance, stats)
+        row = self._next_row
+        self._next_row += 1
+        self._rows[row] = _Row(steps, stats, target, draft)
+        return row
+
+    def cancel(self, row: int) -> None:
+        """Stop a row now and free its cache (unknown or finished rows are ignored)."""
+        state = self._rows.pop(row, None)
+        if state is not None:
+            state.steps.close()
+            release(state.target)
+            release(state.draft)
+
+    def step(self) -> dict[int, RowUpdate]:
+        """One target pass for every active row; finished rows are removed afterwards."""
+        updates: dict[int, RowUpdate] = {}
+        for row, state in list(self._rows.items()):
+            step = next(state.steps, None)
+            if step is None:  # ended without a token (EOS first)
+                updates[row] = RowUpdate([], 0, state.stats.finish_reason or "stop", state.stats)
+            else:
+                if step.finish:
+                    for _ in state.steps:  # no pass left: completes the stats (decode time)
+                        pass
+                updates[row] = RowUpdate(step.tokens, step.drafted, step.finish, state.stats)
+            if updates[row].finish:
+                self.cancel(row)
+        return updates
