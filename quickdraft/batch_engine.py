@@ -8,14 +8,15 @@ reused by the next row (continuous batching), so no row waits for the slowest.
 
 It is ``engine.decode``'s loop for a batch (the same acceptance rules, sampling, stop
 conditions and stats, per row): the first pass of a row is its prefill, which also
-verifies a chain drafted from the prompt. A joining row's prefill is its own pass (its
-prompt would otherwise pad every other row to its length); every later step of every row
-shares one pass. Batch invariance: see ``models/ragged.py`` and docs/batching.md.
+verifies a chain drafted from the prompt. Rows joining in the same step share a prefill
+pass of their own (merged with the decode pass, a long prompt would pad every other row
+to its length); every later step of every row shares one pass. Batch invariance: see ``models/ragged.py`` and docs/batching.md.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -77,6 +78,9 @@ class BatchEngine:
     model's k for the current number of rows (0 = plain decoding when speculation would
     not pay), from measured verify costs per (batch, width) and the acceptance measured
     so far. ``max_len`` bounds prompt + generated tokens of a row (default: the context).
+    ``drafter`` replaces the method's batch drafter (the hook for new drafters, e.g. early
+    exit); ``policy`` the batch policy; ``acceptance(params, generator)`` makes a row's
+    acceptance rule (default: the lossless one, ``verify.acceptance_for``).
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class BatchEngine:
         options: DraftOptions = DraftOptions(),
         drafter: BatchDrafter | None = None,
         policy=None,
+        acceptance: Callable[[SamplingParams, torch.Generator], AcceptanceRule] = acceptance_for,
     ) -> None:
         if not isinstance(target, NativeLM):
             raise ValueError("batched decoding needs the native runtime for the target (--backend native)")
@@ -115,6 +120,7 @@ class BatchEngine:
 
             policy = BatchPolicy.for_engine(self, draft)
         self.policy = policy
+        self.acceptance = acceptance
         self.pooled = GenerationStats()  # acceptance of every row, for the policy
         self._rows: dict[int, _Row] = {}
         self._free = list(range(max_batch_size))
@@ -151,7 +157,7 @@ class BatchEngine:
         sequence[: prompt.numel()] = prompt
         stats = GenerationStats(prompt_tokens=prompt.numel())
         row = _Row(self._next_id, slot, sequence, prompt.numel(), params, generator,
-                   acceptance_for(params, generator), stop, stats, time.perf_counter())
+                   self.acceptance(params, generator), stop, stats, time.perf_counter())
         self._next_id += 1
         self.drafter.join(slot, prompt, params, generator)
         self._rows[row.id] = row
@@ -197,21 +203,21 @@ class BatchEngine:
         return updates
 
     def _verify(self, rows: list[_Row]) -> list[torch.Tensor]:
-        """The target's logits per row (``[proposal + 1, V]``): new rows prefill alone, the
-        others share one pass."""
+        """The target's logits per row (``[proposal + 1, V]``): the rows joining now share
+        one prefill pass, the others one decode pass (a row's arithmetic is its own either
+        way: ``models/ragged.py``)."""
         feeds = []
         for r in rows:
             fed = torch.cat([r.sequence[r.cached : r.length], r.proposal.tokens])
             feeds.append(Feed(r.slot, r.cached, fed, r.proposal.size + 1))
         out: list[torch.Tensor | None] = [None] * len(rows)
+        joining = [i for i, r in enumerate(rows) if not r.stats.target_forward_passes]
         ongoing = [i for i, r in enumerate(rows) if r.stats.target_forward_passes]
-        for i, r in enumerate(rows):
-            if not r.stats.target_forward_passes:
-                out[i] = ragged_forward(self.model, self.cache, [feeds[i]], self.scratch)[0]
-        if ongoing:
-            shared = ragged_forward(self.model, self.cache, [feeds[i] for i in ongoing], self.scratch)
-            for i, row_logits in zip(ongoing, shared):
-                out[i] = row_logits
+        for group in (joining, ongoing):
+            if group:
+                for i, row_logits in zip(group, ragged_forward(self.model, self.cache, [feeds[i] for i in group],
+                                                               self.scratch)):
+                    out[i] = row_logits
         return out
 
     def _advance(self, r: _Row, logits: torch.Tensor, now: float) -> RowUpdate:
