@@ -36,11 +36,13 @@ def parse_batch_sizes(text: str) -> list[int]:
 
 
 def _run(engine: BatchEngine, prompts, max_new_tokens: int, eos, params: SamplingParams):
-    """All prompts through ``engine``: (tokens per prompt, seconds, the rows' stats pooled)."""
+    """All prompts through ``engine``: (tokens per prompt, seconds outside the prompts'
+    prefill passes, the rows' stats pooled)."""
     waiting = list(range(len(prompts)))
     rows: dict[int, int] = {}
     out: list[list[int]] = [[] for _ in prompts]
     pooled = GenerationStats()
+    prefill = engine.prefill_seconds
     started = time.perf_counter()
     while waiting or engine.active:
         while waiting and engine.free_slots:
@@ -50,7 +52,7 @@ def _run(engine: BatchEngine, prompts, max_new_tokens: int, eos, params: Samplin
             out[rows[row]].extend(update.tokens)
             if update.finish:
                 pooled.merge(update.stats)
-    return out, time.perf_counter() - started, pooled
+    return out, time.perf_counter() - started - (engine.prefill_seconds - prefill), pooled
 
 
 def run_batch_benchmark(ctx: BenchContext, prompts: Sequence[BenchPrompt], config: BenchConfig,
