@@ -104,6 +104,9 @@ def choose_k(args: argparse.Namespace, gen) -> tuple[int | None, str | None]:
     or with ``--remeasure``). None for methods without a drafter."""
     from .drafters import DraftModelDrafter, NoDrafter
 
+    if gen.method_choice is not None and args.num_speculative_tokens is None:
+        notice(gen.method_choice.summary())
+        return (None, None) if isinstance(gen.drafter, NoDrafter) else (gen.num_speculative_tokens, "auto")
     if isinstance(gen.drafter, NoDrafter):
         return None, None
     if args.num_speculative_tokens is not None:
@@ -130,7 +133,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     method_options = draft_options(args)
     with quiet_transformers():
         gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend,
-                                                   method_options, args.multi_draft_rule)
+                                                   method_options, args.multi_draft_rule,
+                                                   remeasure=args.remeasure, log=notice)
     gen.encode_prompt(prompt, args.truncate_prompt, room=args.max_new_tokens)  # a bad prompt fails first
     k, k_source = choose_k(args, gen)
     if args.show_tree:
@@ -156,9 +160,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
         total = stats.prompt_tokens + stats.truncated_prompt_tokens
         notice(f"--truncate-prompt dropped the first {stats.truncated_prompt_tokens} of {total} prompt "
                f"tokens (kept the last {stats.prompt_tokens})")
-    draft_lm = getattr(gen.drafter, "model", None)
+    draft_lm = draft_model_of(gen.drafter)
     settings = {
-        "method": args.method,
+        "method": args.method if gen.method_choice is None else f"auto: {gen.method_choice.label}",
         "model": str(gen.target.model_dir),
         "draft": str(draft_lm.model_dir) if draft_lm is not None else None,
         "backend": gen.target.backend,
@@ -218,6 +222,14 @@ def cmd_generate_batch(args: argparse.Namespace) -> int:
                           "text": out.text, "token_ids": out.token_ids, "finish_reason": out.stats.finish_reason,
                           "settings": {"method": args.method, **settings}, "stats": out.stats.to_dict()}))
     return 0
+
+
+def draft_model_of(drafter):
+    """The draft model a drafter runs, or None (a hybrid drafter wraps a draft-model drafter)."""
+    model = getattr(drafter, "model", None)
+    while model is not None and not hasattr(model, "backend"):
+        model = getattr(model, "model", None)
+    return model
 
 
 def settings_label(settings: dict) -> str:

@@ -124,7 +124,7 @@ def decode(
         # place after the prefix); drop the rest, in the drafter's cache too.
         target.compact(length, path)
         drafter.verified(length, path)
-        pending = proposal.tokens[path].tolist() + [verdict.next_token]
+        pending = (proposal.tokens[path].tolist() if path else []) + [verdict.next_token]
         drafted_in_chunk = len(path)
         if decode_started is None:
             decode_started = time.perf_counter()
@@ -141,7 +141,7 @@ def _verify_pass(target: CausalLM, sequence: torch.Tensor, length: int, proposal
     prepared row count; their logits and KV rows are dropped.
     """
     n = proposal.size
-    fed = torch.cat([sequence[target.length : length], proposal.tokens])
+    fed = torch.cat([sequence[target.length : length], proposal.tokens]) if n else sequence[target.length : length]
     pad = width - fed.numel() if 1 < fed.numel() < width else 0
     if pad:
         fed = torch.cat([fed, fed.new_zeros(pad)])

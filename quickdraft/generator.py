@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -180,6 +180,7 @@ class SpeculativeGenerator:
         self.eos_token_ids = eos_token_ids(target, tokenizer)
         self.num_speculative_tokens = num_speculative_tokens
         self.acceptance = acceptance  # the sampling rule: mss, or spectr for multi-draft
+        self.method_choice = None  # what method="auto" chose (bench.method_choice.MethodChoice)
 
     @classmethod
     def from_pretrained(
@@ -190,18 +191,33 @@ class SpeculativeGenerator:
         backend: str = "auto",
         options: DraftOptions = DraftOptions(),
         acceptance: str = "mss",
+        remeasure: bool = False,
+        log: Callable[[str], None] | None = None,
     ) -> SpeculativeGenerator:
         """Load a target (default: the embedded default) and, for the methods that need one
-        (draft, tree, multi-draft, hybrid), a draft (default: the embedded target's paired
-        draft). ``options`` shape the method (tree, number of drafts, n-gram sizes);
-        ``acceptance`` is the sampling rule (mss, or spectr for multi-draft)."""
+        (draft, tree, multi-draft, hybrid, auto), a draft (default: the embedded target's
+        paired draft). ``options`` shape the method (tree, number of drafts, n-gram sizes);
+        ``acceptance`` is the sampling rule (mss, or spectr for multi-draft).
+
+        ``method="auto"`` lets the cost model pick the method, k and tree shape for this
+        pair and machine (measured once, a few seconds, then cached; ``remeasure`` measures
+        again, ``log`` gets a line before a measurement); the choice is in
+        :attr:`method_choice`."""
         from .pair import load_pair  # pair.py imports this module's tokenizer helpers
 
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend)
-        drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options)
-        return cls(pair.target, pair.tokenizer, drafter, acceptance=acceptance)
+        if method != "auto":
+            drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options)
+            return cls(pair.target, pair.tokenizer, drafter, acceptance=acceptance)
+        from .bench.method_choice import cached_method
+
+        choice = cached_method(pair.target, pair.draft, pair.tokenizer, remeasure=remeasure, log=log)
+        gen = cls(pair.target, pair.tokenizer, choice.drafter(pair.draft, pair.target.vocab_size),
+                  num_speculative_tokens=max(choice.k, 1), acceptance=acceptance)
+        gen.method_choice = choice
+        return gen
 
     def encode(self, prompt: str | Sequence[int], truncate: bool = False, room: int = 1) -> torch.Tensor:
         """Token ids of ``prompt`` (tokenised as ``AutoTokenizer`` does with default arguments).

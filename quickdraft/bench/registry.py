@@ -113,3 +113,17 @@ register_method("multi-draft", _drafter_rows("multi-draft", [{"num_drafts": 2}, 
                 needs_draft=True, help="sampled drafts merged into one tree (mss; spectr when sampling)")
 register_method("hybrid", _drafter_rows("hybrid", [{"ngram_max": 3}]), needs_draft=True,
                 help="n-gram continuation when one matches, else the draft model")
+
+
+def _auto_rows(ctx, config, k):
+    """The method, k and tree the cost model picks for this pair and machine (cached, as
+    ``--method auto`` uses it); k here is the chosen one, not the run's."""
+    from .method_choice import cached_method
+
+    choice = cached_method(ctx.target, ctx.draft, ctx.tokenizer)
+    factory = (lambda c: choice.drafter(c.draft, c.target.vocab_size)) if choice.method != "ar" else None
+    return [EngineMethod("auto", factory, choice.k or None, settings={"chose": choice.label})]
+
+
+register_method("auto", _auto_rows, needs_draft=True,
+                help="the method, k and tree the cost model picks for this pair and machine")

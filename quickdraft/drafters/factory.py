@@ -19,8 +19,9 @@ METHODS = {
     "tree": "the draft model expands a token tree (--tree), verified in one pass",
     "multi-draft": "--num-drafts sequences from the draft merged into one tree",
     "hybrid": "the n-gram continuation when one matches, else the draft model",
+    "auto": "the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
 }
-NEEDS_DRAFT = ("draft", "tree", "multi-draft", "hybrid")
+NEEDS_DRAFT = ("draft", "tree", "multi-draft", "hybrid", "auto")
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ def make_drafter(
     """The drafter of ``method``; a one-line ValueError for unknown methods or a missing draft."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+    if method == "auto":
+        raise ValueError("method auto is chosen by measurement: use SpeculativeGenerator.from_pretrained(method='auto')")
     if method == "ar":
         return NoDrafter()
     if method == "ngram":

@@ -25,6 +25,8 @@ from ..machine import machine_info
 from . import card
 from .corpus import load_corpus
 from .data import cached_streams
+from .distill import DistillTask, TokenData
+from .distill import train as distill_train
 from .presets import DRAFT_NAME, TARGET_NAME, Preset
 from .tokenizer import save_tokenizer, token_byte_lengths, train_tokenizer
 from .trainer import (
@@ -249,11 +251,15 @@ class Pipeline:
         model = build_model(p.draft, p, self.seed + 1)
         self.log(f"[train] draft: {count_params(model):,} params, {p.draft_stage.steps} steps "
                  "(distillation)")
+        # The same distillation as `quickdraft train draft` (one code path): a DistillTask
+        # trained by distill.train; only the data (the family's cached streams) and the
+        # card (the family's) differ.
         wd = self.work / "draft"
-        loss_fn = make_distill_loss(teacher, p.kl_weight, p.ce_weight)
-        summary = train_loop(model, train, p.draft_stage, p.seq_len, self.seed + 1, wd,
-                             wd / "train_log.jsonl", loss_fn=loss_fn, resume=self.resume,
-                             desc="draft", progress=self.progress, tuner=self.tuner())
+        task = DistillTask("draft", teacher, model,
+                           make_distill_loss(teacher, p.kl_weight, p.ce_weight), save=lambda d: None)
+        summary = distill_train(task, TokenData(train, val, {}), p.draft_stage, p.seq_len,
+                                self.seed + 1, wd, resume=self.resume, progress=self.progress,
+                                threads=self.threads)
         _stop_if_interrupted(summary)
         self.eval_threads()
         bl = token_byte_lengths(tok)

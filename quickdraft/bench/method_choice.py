@@ -1,0 +1,275 @@
+"""``--method auto``: the cost model picks the method, k and tree shape for a pair and machine.
+
+Acceptance is measured once, by *replaying* greedy decoding instead of running every
+candidate. On calibration prompts the target decodes greedily (the reference output); one
+teacher-forced pass of the draft over prompt + output gives, at every position, the rank of
+the target's token among the draft's logits. Greedy acceptance of any candidate then
+follows exactly from the ranks, with the correlation between neighbouring positions kept:
+
+- a chain of k accepts the run of rank-0 positions, at most k;
+- a full static tree ``<w1, w2, ...>`` with top-w children accepts depth d when the target's
+  token at depth j is among the draft's top ``w_j`` for every j < d (each level of such a
+  tree holds the top-w children of the accepted path's node, whichever path it was);
+- prompt lookup replays :class:`~quickdraft.drafters.ngram.NgramDrafter` on the reference;
+- hybrid takes the n-gram proposal when there is one, else the draft chain.
+
+Each replayed step costs what the engine will spend on it: the draft passes
+(:meth:`StepCosts.t_drafting`) plus one target pass over the proposal + 1, padded to the
+drafter's verify width (as the engine pads), from costs measured on this machine
+(:func:`~quickdraft.bench.autok.measure_step_costs`). The candidate with the highest
+predicted speedup wins. Sampled decoding accepts less than greedy: the choice is made for
+greedy and used for both (docs/methods.md, "Choosing a method").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..drafters.factory import DraftOptions, make_drafter
+from ..drafters.ngram import NgramDrafter
+from ..engine import decode
+from ..models.lm import CausalLM, eos_token_ids
+from ..stopping import StopConditions
+from .autok import (
+    CALIBRATION_PROMPTS,
+    cache_dir,
+    machine_fingerprint,
+    measure_step_costs,
+    model_fingerprint,
+)
+from .cost_model import StepCosts
+
+#: Static tree shapes auto considers (the chain is ``draft``).
+TREE_SHAPES = ((2,), (2, 1), (2, 1, 1), (2, 2, 1), (3, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1),
+               (2, 1, 1, 1, 1), (3, 2, 1), (2, 1, 1, 1, 1, 1))
+MAX_K = 12
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration: ``method`` with ``k`` draft tokens (tree: ``tree`` widths)."""
+
+    method: str
+    k: int
+    tree: tuple[int, ...] = ()
+
+    @property
+    def label(self) -> str:
+        if self.method == "tree":
+            return f"tree {','.join(map(str, self.tree))}"
+        return f"{self.method} k={self.k}"
+
+    @property
+    def nodes(self) -> int:
+        """Most tokens one proposal holds (the verify width is this + 1)."""
+        if self.method == "tree":
+            return sum(math.prod(self.tree[: d + 1]) for d in range(len(self.tree)))
+        return self.k
+
+
+@dataclass
+class Trace:
+    """A calibration prompt, the target's greedy continuation, and at each continuation
+    position the rank of the target's token among the draft's logits (0 = the draft's argmax)."""
+
+    prompt: list[int]
+    output: list[int]
+    ranks: list[int]
+
+
+def record_trace(target: CausalLM, draft: CausalLM, prompt: torch.Tensor, new_tokens: int, eos: list[int]) -> Trace:
+    """Greedy reference output of the target and the draft's rank of each of its tokens."""
+    output: list[int] = []
+    for step in decode(target, prompt, StopConditions(new_tokens, eos)):
+        output.extend(step.tokens)
+    sequence = torch.cat([prompt, torch.tensor(output, dtype=torch.long)])
+    draft.reset(sequence.numel() + 1)
+    logits = draft.extend(sequence[:-1], logits=len(output)) if output else torch.empty(0, 1)
+    logits = logits[:, : target.vocab_size]
+    chosen = logits.gather(1, torch.tensor(output, dtype=torch.long)[:, None])
+    ranks = (logits > chosen).sum(1).tolist()
+    return Trace(prompt.tolist(), output, ranks)
+
+
+def _accepted(candidate: Candidate, trace: Trace, t: int, ngram: NgramDrafter) -> tuple[int, int, bool]:
+    """Replay one step at output position ``t``: (accepted tokens, draft passes, proposed)."""
+    ranks, n = trace.ranks, len(trace.output)
+    room = n - t - 1  # the engine never drafts past the budget
+    if candidate.method in ("ngram", "hybrid"):
+        k = min(candidate.k, room)
+        sequence = torch.tensor(trace.prompt + trace.output[:t], dtype=torch.long)
+        proposal = ngram.propose(sequence, k).tokens.tolist() if k > 0 else []
+        if proposal:
+            accepted = 0
+            while accepted < len(proposal) and proposal[accepted] == trace.output[t + accepted]:
+                accepted += 1
+            return accepted, 0, True
+        if candidate.method == "ngram":
+            return 0, 0, False
+    widths = candidate.tree if candidate.method == "tree" else (1,) * candidate.k
+    depth = min(len(widths), room)
+    if depth <= 0:
+        return 0, 0, False
+    accepted = 0
+    while accepted < depth and ranks[t + accepted] < widths[accepted]:
+        accepted += 1
+    return accepted, depth, True
+
+
+def replay(candidate: Candidate, trace: Trace, ngram: NgramDrafter | None = None) -> list[tuple[int, int, bool]]:
+    """The steps greedy decoding with ``candidate`` takes on ``trace``: per step (accepted
+    draft tokens, draft passes, whether it proposed anything). Exact for greedy decoding:
+    as many steps as the engine's target passes."""
+    ngram = ngram or NgramDrafter()
+    steps, t = [], 0
+    while t < len(trace.output):
+        step = _accepted(candidate, trace, t, ngram)
+        steps.append(step)
+        t += step[0] + 1
+    return steps
+
+
+def replay_speedup(candidate: Candidate, traces: Sequence[Trace], costs: StepCosts,
+                   ngram: NgramDrafter | None = None) -> tuple[float, float]:
+    """(predicted speedup over plain decoding, tokens per target pass) of ``candidate``
+    on the traces, with the engine's costs: draft passes plus a verify pass padded to the
+    drafter's width (a step that proposes nothing is a plain 1-token pass)."""
+    width = candidate.nodes + 1
+    seconds = tokens = passes = 0.0
+    for trace in traces:
+        for _, draft_passes, proposed in replay(candidate, trace, ngram):
+            seconds += costs.t_drafting(draft_passes) if draft_passes else 0.0
+            seconds += costs.t_verify(width if proposed else 1)
+            passes += 1
+        tokens += len(trace.output)
+    if not seconds:
+        return 1.0, 1.0
+    return tokens * costs.t_ar / seconds, tokens / passes
+
+
+def candidates(max_k: int = MAX_K, with_draft: bool = True) -> list[Candidate]:
+    out = [Candidate("ngram", k) for k in range(1, max_k + 1)]
+    if with_draft:
+        out += [Candidate("draft", k) for k in range(1, max_k + 1)]
+        out += [Candidate("hybrid", k) for k in range(1, max_k + 1)]
+        out += [Candidate("tree", len(w), w) for w in TREE_SHAPES if len(w) <= max_k]
+    return out
+
+
+@dataclass
+class MethodChoice:
+    """What auto chose, and the predictions that chose it (``table``: label -> (speedup, tau))."""
+
+    method: str
+    k: int
+    tree: tuple[int, ...]
+    predicted: float
+    table: dict[str, tuple[float, float]] = field(default_factory=dict)
+    costs: StepCosts | None = None
+    measured: bool = True
+    path: Path | None = None
+
+    @property
+    def label(self) -> str:
+        return Candidate(self.method, self.k, self.tree).label
+
+    def drafter(self, draft: CausalLM | None, target_vocab_size: int):
+        """The chosen method's drafter (a tree's children: the draft's top-w, as replayed)."""
+        tree = ",".join(map(str, self.tree)) or "2,2,1"
+        return make_drafter(self.method, draft, target_vocab_size, DraftOptions(tree=tree, tree_children="top"))
+
+    def best_per_method(self) -> dict[str, tuple[str, float, float]]:
+        """The best candidate of each method: method -> (label, speedup, tau)."""
+        best: dict[str, tuple[str, float, float]] = {}
+        for label, (speedup, tau) in self.table.items():
+            method = label.split()[0]
+            if method not in best or speedup > best[method][1]:
+                best[method] = (label, speedup, tau)
+        return best
+
+    def summary(self) -> str:
+        """One line: the choice, then the best of every other method."""
+        others = ", ".join(f"{label} {s:.2f}x" for m, (label, s, _) in
+                           sorted(self.best_per_method().items(), key=lambda kv: -kv[1][1])
+                           if m != self.method)
+        return f"auto chose {self.label} (predicted {self.predicted:.2f}x; best of the others: {others})"
+
+    def to_json(self) -> dict:
+        return {"method": self.method, "k": self.k, "tree": list(self.tree), "predicted": self.predicted,
+                "table": {k: list(v) for k, v in self.table.items()},
+                "step_costs": self.costs.to_dict() if self.costs else None}
+
+    @classmethod
+    def from_json(cls, data: dict, path: Path | None = None) -> MethodChoice:
+        return cls(str(data["method"]), int(data["k"]), tuple(int(w) for w in data["tree"]),
+                   float(data["predicted"]), {k: (float(v[0]), float(v[1])) for k, v in data["table"].items()},
+                   StepCosts.from_dict(data["step_costs"]) if data.get("step_costs") else None,
+                   measured=False, path=path)
+
+
+def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer, prompts: Sequence[str] = CALIBRATION_PROMPTS,
+                  new_tokens: int = 96, max_k: int = MAX_K, ngram: NgramDrafter | None = None) -> MethodChoice:
+    """Replay greedy decoding on ``prompts`` for every candidate and pick the fastest
+    predicted one (see the module docstring). Without a draft only n-gram and plain
+    decoding compete."""
+    eos = eos_token_ids(target, tokenizer)
+    traces = []
+    for text in prompts:
+        ids = torch.tensor(tokenizer(text, verbose=False)["input_ids"], dtype=torch.long)
+        if draft is None:
+            output = [t for s in decode(target, ids, StopConditions(new_tokens, eos)) for t in s.tokens]
+            traces.append(Trace(ids.tolist(), output, [1] * len(output)))
+        else:
+            traces.append(record_trace(target, draft, ids, new_tokens, eos))
+    longest = max(traces, key=lambda tr: len(tr.prompt) + len(tr.output))
+    context = torch.tensor(longest.prompt + longest.output, dtype=torch.long)
+    widest = max(c.nodes for c in candidates(max_k, draft is not None)) + 1
+    costs = measure_step_costs(target, draft, context, sorted({*range(1, max_k + 2), widest}), repeats=5)
+    table = {c.label: replay_speedup(c, traces, costs, ngram) for c in candidates(max_k, draft is not None)}
+    table["ar"] = (1.0, 1.0)
+    by_label = {c.label: c for c in candidates(max_k, draft is not None)}
+    best = max(table, key=lambda label: table[label][0])
+    chosen = by_label.get(best, Candidate("ar", 0))
+    return MethodChoice(chosen.method, chosen.k, chosen.tree, table[best][0], table, costs)
+
+
+def cached_method(target: CausalLM, draft: CausalLM | None, tokenizer, remeasure: bool = False,
+                  log: Callable[[str], None] | None = None) -> MethodChoice:
+    """:func:`choose_method` for this pair and machine, cached next to the auto-k choices
+    (``--remeasure`` measures again)."""
+    log = log or (lambda msg: None)
+    prints = {"target": model_fingerprint(target), "draft": model_fingerprint(draft) if draft else "none"}
+    path = None
+    if None not in prints.values():
+        identity = {"version": CACHE_VERSION, "kind": "method", "machine": machine_fingerprint(), **prints}
+        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
+        path = cache_dir() / f"method-{digest}.json"
+        if not remeasure and path.is_file():
+            try:
+                return MethodChoice.from_json(json.loads(path.read_text()), path)
+            except (ValueError, KeyError, TypeError):
+                pass  # unreadable: measure again
+    log(f"measuring which method is fastest for this pair on this machine, once "
+        f"({f'cached in {path}' if path else 'not cached'}; --remeasure redoes it)")
+    choice = choose_method(target, draft, tokenizer)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps({**identity, **choice.to_json(),
+                                       "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
+            os.replace(tmp, path)
+            choice.path = path
+        except OSError as exc:
+            log(f"could not write the method cache ({exc.strerror or exc}); the choice is not cached")
+    return choice
