@@ -81,6 +81,9 @@ class BatchEngine:
     ``drafter`` replaces the method's batch drafter (the hook for new drafters, e.g. early
     exit); ``policy`` the batch policy; ``acceptance(params, generator)`` makes a row's
     acceptance rule (default: the lossless one, ``verify.acceptance_for``).
+
+    Not thread-safe: call ``add``, ``cancel`` and ``step`` from one thread (a server runs
+    them in its step loop, between steps).
     """
 
     def __init__(

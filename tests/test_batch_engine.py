@@ -190,3 +190,14 @@ def test_policy_turns_speculation_off_when_verification_is_compute_bound():
     assert policy.k(1) >= 3
     assert policy.k(8) == 0
     assert 0 <= policy.k(4) <= policy.k(1)
+
+
+def test_engine_with_the_measured_policy_stays_lossless(models, prompts, private_cache_dir):
+    tok, target, drafts = models
+    eos = [tok.eos_token_id]
+    engine = BatchEngine(target, method="draft", draft=drafts["copy"], max_batch_size=2, max_len=120)
+    assert engine.policy is not None and 0 <= engine.k_for(2) <= 8
+    assert list(private_cache_dir.glob("quickdraft/autok/batch-*.json"))  # measured once, cached
+    jobs = [(ids, SamplingParams(), StopConditions(12, eos)) for ids in prompts[:2]]
+    out, _ = run(engine, jobs)
+    assert [out[0], out[1]] == [plain(target, ids, StopConditions(12, eos)) for ids in prompts[:2]]

@@ -55,9 +55,14 @@ def measure_batch_costs(model, cache, scratch: int, draft_model=None, draft_cach
                         sizes: Sequence[int] = (1,), widths: Sequence[int] = WIDTHS,
                         repeats: int = 3) -> dict:
     """Median seconds of a target ragged pass per (batch, width) and of a batched 1-token
-    draft step per batch size, at a context of ``CONTEXT`` tokens per row."""
+    draft step per batch size, at a context of ``CONTEXT`` tokens per row (less when the
+    caches are shorter)."""
+    from ..models.ragged import MAX_PAD
+
     vocab = model.config.vocab_size
-    ids = torch.arange(CONTEXT + max(widths)) % vocab
+    room = min([cache.max_len] + ([draft_cache.max_len] if draft_cache is not None else []))
+    context = max(1, min(CONTEXT, room - max(widths) - MAX_PAD - 1))
+    ids = torch.arange(context + max(widths)) % vocab
     perf = time.perf_counter
 
     def timed(m, c, s, feeds) -> float:
@@ -73,14 +78,14 @@ def measure_batch_costs(model, cache, scratch: int, draft_model=None, draft_cach
     draft: dict[str, float] = {}
     for b in sizes:
         for row in range(b):  # each row holds the context
-            ragged_forward(model, cache, [Feed(row, 0, ids[:CONTEXT], 0)], scratch)
+            ragged_forward(model, cache, [Feed(row, 0, ids[:context], 0)], scratch)
             if draft_model is not None:
-                ragged_forward(draft_model, draft_cache, [Feed(row, 0, ids[:CONTEXT], 0)], draft_scratch)
-        verify[str(b)] = {str(w): timed(model, cache, scratch, [Feed(r, CONTEXT, ids[CONTEXT: CONTEXT + w], w)
+                ragged_forward(draft_model, draft_cache, [Feed(row, 0, ids[:context], 0)], draft_scratch)
+        verify[str(b)] = {str(w): timed(model, cache, scratch, [Feed(r, context, ids[context: context + w], w)
                                                                 for r in range(b)]) for w in widths}
         if draft_model is not None:
             draft[str(b)] = timed(draft_model, draft_cache, draft_scratch,
-                                  [Feed(r, CONTEXT, ids[CONTEXT: CONTEXT + 1], 1) for r in range(b)])
+                                  [Feed(r, context, ids[context: context + 1], 1) for r in range(b)])
     return {"verify": verify, "draft": draft}
 
 
