@@ -125,6 +125,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
     from .quiet import quiet_transformers
 
+    if args.prompts_file is not None:
+        return cmd_generate_batch(args)
     prompt = read_prompt(args)
     if args.multi_draft_rule == "spectr" and args.temperature == 0:
         raise CliError("--multi-draft-rule spectr needs sampling (--temperature > 0); greedy multi-draft "
@@ -191,6 +193,36 @@ def cmd_generate(args: argparse.Namespace) -> int:
           + (f" | {green('green', True)} = accepted draft tokens" if color and k is not None else ""),
           file=sys.stderr)
     return show_tree(gen) if args.show_tree else 0
+
+
+def cmd_generate_batch(args: argparse.Namespace) -> int:
+    """``generate --prompts-file``: every line's prompt, batched; one JSON line per prompt."""
+    import dataclasses
+
+    from .batch_generate import Request, generate_many, read_prompts_file
+    from .generator import SpeculativeGenerator
+    from .quiet import quiet_transformers
+    from .sampling import SamplingParams
+
+    defaults = Request("", args.max_new_tokens, SamplingParams(args.temperature, args.top_k, args.top_p),
+                       list(args.stop or []), args.truncate_prompt)
+    lines = read_prompts_file(args.prompts_file, defaults, args.seed)  # a bad file fails before loading
+    for request, settings in lines:
+        if settings["seed"] is None and settings["temperature"] > 0:  # reported, so a row can be repeated
+            settings["seed"] = random.SystemRandom().randrange(2**31)
+            request.sampling = dataclasses.replace(request.sampling, seed=settings["seed"])
+    with quiet_transformers():
+        gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend,
+                                                   draft_options(args), args.multi_draft_rule)
+    requests = [request for request, _ in lines]
+    for request in requests:  # a prompt over the context fails before decoding anything
+        gen.encode_prompt(request.prompt, request.truncate_prompt, room=request.max_new_tokens)
+    results = generate_many(gen, requests, args.batch_size, args.num_speculative_tokens)
+    for index, ((_, settings), out) in enumerate(zip(lines, results)):
+        print(json.dumps({"index": index, **({"id": settings.pop("id")} if "id" in settings else {}),
+                          "text": out.text, "token_ids": out.token_ids, "finish_reason": out.stats.finish_reason,
+                          "settings": {"method": args.method, **settings}, "stats": out.stats.to_dict()}))
+    return 0
 
 
 def draft_model_of(drafter):
@@ -292,6 +324,12 @@ def build_parser() -> argparse.ArgumentParser:
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", help="read the prompt from a UTF-8 file")
+    source.add_argument("--prompts-file", metavar="FILE.jsonl",
+                        help="batch: one JSON object per line with \"prompt\" and optionally max_new_tokens, "
+                        "temperature, top_k, top_p, seed, stop, id (the flags give the defaults); prints one "
+                        "JSON line per prompt, in order (docs/batching.md)")
+    gen.add_argument("--batch-size", type=positive_int, default=8,
+                     help="--prompts-file: prompts decoded at once (default 8; the rest join as rows finish)")
     gen.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most (default 128)")
     gen.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=non_negative_int, default=0, help="keep the k most likely tokens (0 = off)")

@@ -340,7 +340,7 @@ class SpeculativeGenerator:
 
     def generate(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | list[str | Sequence[int]],
         *,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
@@ -351,8 +351,11 @@ class SpeculativeGenerator:
         stop: str | Sequence[str] | None = None,
         truncate_prompt: bool = False,
         sampling: SamplingParams | None = None,
-    ) -> Generation:
-        """Generate a completion of ``prompt`` (text, or token ids).
+        batch_size: int = 8,
+    ) -> Generation | list[Generation]:
+        """Generate a completion of ``prompt`` (text, or token ids), or of every prompt of a
+        list (``[text, ...]`` or ``[[ids], ...]``): one :class:`Generation` per prompt, in
+        order, decoded together by the batched engine (docs/batching.md).
 
         Args:
             max_new_tokens: tokens to generate at most (EOS and stop strings end it sooner).
@@ -372,10 +375,21 @@ class SpeculativeGenerator:
                 :class:`ContextOverflowError`.
             sampling: a :class:`SamplingParams` instead of ``temperature``, ``top_k``,
                 ``top_p`` and ``seed`` (not both).
+            batch_size: for a list of prompts, how many are decoded at once (the rest join
+                as rows finish). Every prompt gets the settings above (each its own
+                generator seeded with ``seed``, so a row reproduces its solo output); None
+                for ``num_speculative_tokens`` lets the batch policy pick k per batch size.
 
         Returns:
-            :class:`Generation`: ``text`` and ``token_ids`` (prompt excluded) and ``stats``.
+            :class:`Generation`: ``text`` and ``token_ids`` (prompt excluded) and ``stats``
+            (a list of them for a list of prompts).
         """
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            from .batch_generate import Request, generate_many
+
+            params = sampling_params(temperature, top_k, top_p, seed, sampling)
+            requests = [Request(p, max_new_tokens, params, stop_strings(stop), truncate_prompt) for p in prompt]
+            return generate_many(self, requests, batch_size, num_speculative_tokens)
         stats = GenerationStats()
         ids = self._start(prompt, max_new_tokens, truncate_prompt, stats)
         out: list[int] = []
