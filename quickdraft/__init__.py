@@ -8,6 +8,7 @@ The common entry points::
     stream = gen.stream("import os\n")             # chunks as they come; stream.stats at the end
 """
 
+from .batch_engine import BatchEngine, BatchFullError, RowUpdate
 from .drafters import Drafter, DraftModelDrafter, NoDrafter, Proposal
 from .engine import ContextOverflowError, Step, decode
 from .generator import Generation, SpeculativeGenerator, TextChunk, TextStream, load_tokenizer
@@ -22,6 +23,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AcceptanceRule",
+    "BatchEngine",
+    "BatchFullError",
     "CausalLM",
     "CheckpointError",
     "ContextOverflowError",
@@ -32,6 +35,7 @@ __all__ = [
     "GreedyAcceptance",
     "NoDrafter",
     "Proposal",
+    "RowUpdate",
     "SamplingParams",
     "SpeculativeGenerator",
     "SpeculativeSampling",

@@ -130,6 +130,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
     from .quiet import quiet_transformers
 
+    if args.prompts_file is not None:
+        return cmd_generate_batch(args)
     prompt = read_prompt(args)
     if args.multi_draft_rule == "spectr" and args.temperature == 0:
         raise CliError("--multi-draft-rule spectr needs sampling (--temperature > 0); greedy multi-draft "
@@ -198,6 +200,36 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return show_tree(gen) if args.show_tree else 0
 
 
+def cmd_generate_batch(args: argparse.Namespace) -> int:
+    """``generate --prompts-file``: every line's prompt, batched; one JSON line per prompt."""
+    import dataclasses
+
+    from .batch_generate import Request, generate_many, read_prompts_file
+    from .generator import SpeculativeGenerator
+    from .quiet import quiet_transformers
+    from .sampling import SamplingParams
+
+    defaults = Request("", args.max_new_tokens, SamplingParams(args.temperature, args.top_k, args.top_p),
+                       list(args.stop or []), args.truncate_prompt)
+    lines = read_prompts_file(args.prompts_file, defaults, args.seed)  # a bad file fails before loading
+    for request, settings in lines:
+        if settings["seed"] is None and settings["temperature"] > 0:  # reported, so a row can be repeated
+            settings["seed"] = random.SystemRandom().randrange(2**31)
+            request.sampling = dataclasses.replace(request.sampling, seed=settings["seed"])
+    with quiet_transformers():
+        gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend,
+                                                   draft_options(args), args.multi_draft_rule)
+    requests = [request for request, _ in lines]
+    for request in requests:  # a prompt over the context fails before decoding anything
+        gen.encode_prompt(request.prompt, request.truncate_prompt, room=request.max_new_tokens)
+    results = generate_many(gen, requests, args.batch_size, args.num_speculative_tokens)
+    for index, ((_, settings), out) in enumerate(zip(lines, results)):
+        print(json.dumps({"index": index, **({"id": settings.pop("id")} if "id" in settings else {}),
+                          "text": out.text, "token_ids": out.token_ids, "finish_reason": out.stats.finish_reason,
+                          "settings": {"method": args.method, **settings}, "stats": out.stats.to_dict()}))
+    return 0
+
+
 def draft_model_of(drafter):
     """The draft model a drafter runs, or None (a hybrid drafter wraps a draft-model drafter)."""
     model = getattr(drafter, "model", None)
@@ -245,7 +277,8 @@ def draft_options(args: argparse.Namespace):
                        f"(use it with {', '.join(CHAIN_METHODS)})")
     try:
         return DraftOptions(args.tree, args.tree_children, args.num_drafts, args.ngram_max, args.ngram_min,
-                            args.draft_stop, args.skip_profile)
+                            args.draft_stop, args.skip_profile, exit_layer=args.exit_layer,
+                            share_kv=not args.no_share_kv)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
@@ -270,6 +303,12 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-profile", metavar="FILE",
                         help="layer-skip: the JSON skip profile (from `quickdraft tune layer-skip`; default: "
                         "the one shipped for an embedded model)")
+    parser.add_argument("--exit-layer", type=positive_int, default=None,
+                        help="early-exit: draft with the target's first L layers (default: the layer of the "
+                        "target's shipped exit head, else the cost model's choice, measured briefly)")
+    parser.add_argument("--no-share-kv", action="store_true",
+                        help="early-exit: the draft keeps its own KV cache and verification recomputes every "
+                        "layer (slower; for comparison)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -292,7 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(greedy) or distributed exactly like it (sampling); the draft only makes it faster.",
     )
     gen.add_argument("--model", help="target: embedded name, HF directory or hub id (default: embedded default)")
-    gen.add_argument("--draft", help="draft model with the target's tokenizer (default: the target's paired draft)")
+    gen.add_argument("--draft", "--drafter", help="draft model with the target's tokenizer (default: the target's "
+                     "paired draft); for --method early-exit an exit head directory (quickdraft train exit-head) "
+                     "or 'shared' (the target's own final norm + LM head)")
     gen.add_argument("--method", choices=list(METHODS), default="draft",
                      help="; ".join(f"{name} = {what}" for name, what in METHODS.items()))
     add_method_options(gen)
@@ -301,6 +342,12 @@ def build_parser() -> argparse.ArgumentParser:
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", help="read the prompt from a UTF-8 file")
+    source.add_argument("--prompts-file", metavar="FILE.jsonl",
+                        help="batch: one JSON object per line with \"prompt\" and optionally max_new_tokens, "
+                        "temperature, top_k, top_p, seed, stop, id (the flags give the defaults); prints one "
+                        "JSON line per prompt, in order (docs/batching.md)")
+    gen.add_argument("--batch-size", type=positive_int, default=8,
+                     help="--prompts-file: prompts decoded at once (default 8; the rest join as rows finish)")
     gen.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most (default 128)")
     gen.add_argument("--temperature", type=non_negative_float, default=0.0, help="0 = greedy (default)")
     gen.add_argument("--top-k", type=non_negative_int, default=0, help="keep the k most likely tokens (0 = off)")

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -242,8 +243,10 @@ class SpeculativeGenerator:
     ) -> SpeculativeGenerator:
         """Load a target (default: the embedded default) and, for the methods that need one
         (draft, tree, multi-draft, hybrid, auto), a draft (default: the embedded target's
-        paired draft). ``options`` shape the method (tree, number of drafts, n-gram sizes);
-        ``acceptance`` is the sampling rule (mss, or spectr for multi-draft).
+        paired draft); for ``early-exit``, ``draft`` is an exit head directory or ``"shared"``
+        (default: the head shipped for the target, if any). ``options`` shape the method
+        (tree, number of drafts, n-gram sizes, exit layer); ``acceptance`` is the sampling
+        rule (mss, or spectr for multi-draft).
 
         ``method="auto"`` lets the cost model pick the method, k and tree shape for this
         pair and machine (measured once, a few seconds, then cached; ``remeasure`` measures
@@ -253,7 +256,11 @@ class SpeculativeGenerator:
 
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+        if method == "early-exit" and draft is not None:  # the draft is an exit head directory
+            options, draft = dataclasses.replace(options, exit_head=str(draft)), None
         pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend)
+        if method == "early-exit":
+            options = _exit_layer_by_cost_model(pair, options)
         if method != "auto":
             drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options, target=pair.target)
             gen = cls(pair.target, pair.tokenizer, drafter, acceptance=acceptance)
@@ -341,7 +348,7 @@ class SpeculativeGenerator:
 
     def generate(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | list[str | Sequence[int]],
         *,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
@@ -352,8 +359,11 @@ class SpeculativeGenerator:
         stop: str | Sequence[str] | None = None,
         truncate_prompt: bool = False,
         sampling: SamplingParams | None = None,
-    ) -> Generation:
-        """Generate a completion of ``prompt`` (text, or token ids).
+        batch_size: int = 8,
+    ) -> Generation | list[Generation]:
+        """Generate a completion of ``prompt`` (text, or token ids), or of every prompt of a
+        list (``[text, ...]`` or ``[[ids], ...]``): one :class:`Generation` per prompt, in
+        order, decoded together by the batched engine (docs/batching.md).
 
         Args:
             max_new_tokens: tokens to generate at most (EOS and stop strings end it sooner).
@@ -373,10 +383,21 @@ class SpeculativeGenerator:
                 :class:`ContextOverflowError`.
             sampling: a :class:`SamplingParams` instead of ``temperature``, ``top_k``,
                 ``top_p`` and ``seed`` (not both).
+            batch_size: for a list of prompts, how many are decoded at once (the rest join
+                as rows finish). Every prompt gets the settings above (each its own
+                generator seeded with ``seed``, so a row reproduces its solo output); None
+                for ``num_speculative_tokens`` lets the batch policy pick k per batch size.
 
         Returns:
-            :class:`Generation`: ``text`` and ``token_ids`` (prompt excluded) and ``stats``.
+            :class:`Generation`: ``text`` and ``token_ids`` (prompt excluded) and ``stats``
+            (a list of them for a list of prompts).
         """
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+            from .batch_generate import Request, generate_many
+
+            params = sampling_params(temperature, top_k, top_p, seed, sampling)
+            requests = [Request(p, max_new_tokens, params, stop_strings(stop), truncate_prompt) for p in prompt]
+            return generate_many(self, requests, batch_size, num_speculative_tokens)
         stats = GenerationStats()
         ids = self._start(prompt, max_new_tokens, truncate_prompt, stats)
         out: list[int] = []
@@ -476,6 +497,21 @@ def chain_drafter(drafter) -> DraftModelDrafter | None:
     """The draft-model drafter inside ``drafter`` (itself, or hybrid's), if any."""
     drafter = getattr(drafter, "model", drafter) if not isinstance(drafter, DraftModelDrafter) else drafter
     return drafter if isinstance(drafter, DraftModelDrafter) else None
+
+
+def _exit_layer_by_cost_model(pair, options: DraftOptions) -> DraftOptions:
+    """Early exit with no head shipped for the target and no --exit-layer: the shared head
+    at the layer the cost model predicts to be fastest (measured briefly on this machine)."""
+    from .drafters.early_exit import SHARED, shipped_head
+    from .models.lm import NativeLM
+
+    if options.exit_layer is not None or options.exit_head not in (None, SHARED) or not isinstance(
+            pair.target, NativeLM) or shipped_head(pair.target) is not None:
+        return options
+    from .bench.exit_layer import measure_exit_layer
+
+    choice = measure_exit_layer(pair.target, pair.tokenizer, max_k=4, calibration_tokens=32, repeats=3)
+    return dataclasses.replace(options, exit_layer=choice.layer)
 
 
 def _take(segments: list[tuple[str, bool]], n: int) -> tuple[list[tuple[str, bool]], list[tuple[str, bool]]]:

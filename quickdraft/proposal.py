@@ -22,12 +22,19 @@ class Proposal:
     shared by siblings), or ``probs`` is None for a deterministic drafter (q is then
     one-hot). ``counts[i]`` is how many i.i.d. draws landed on node ``i`` when duplicates
     were merged (multi-draft; None: one each). Siblings are in the order they were drawn.
+
+    ``hidden`` (early exit with a shared KV cache): the residual stream at layer
+    ``start_layer`` of every token the verify pass feeds (what the target's cache lacks,
+    then the nodes), whose keys and values below that layer the drafter already wrote
+    into the target's cache; verification then runs only the layers from ``start_layer``.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     probs: torch.Tensor | None = None
     counts: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    start_layer: int = 0
     is_chain: bool = field(init=False)
 
     def __post_init__(self) -> None:

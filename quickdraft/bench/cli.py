@@ -64,6 +64,10 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help=f"{QUICK.prompts} prompts per category, {QUICK.max_new_tokens} tokens, {QUICK.repeats} repeat, "
                         f"k sweep {_span(QUICK.sweep)}")
+    p.add_argument("--batch-size", metavar="SIZES",
+                   help="batched throughput instead: plain vs speculative decoding with this many rows at "
+                        "a time, e.g. 1,4,8 (methods ar, draft, ngram, hybrid; k from the batch policy "
+                        "unless -k; docs/batching.md)")
     p.add_argument("--threads", type=int, help=f"torch CPU threads (default {DEFAULT_THREADS})")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run_bench)
@@ -138,6 +142,12 @@ def _run(args, started: float) -> int:
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods is not None else None
     if methods == ():
         raise BenchError("--methods is empty")
+    sizes = None
+    if getattr(args, "batch_size", None):
+        from .batch import parse_batch_sizes
+
+        sizes = parse_batch_sizes(args.batch_size)
+        methods = methods or ("ar", "draft")
     config = BenchConfig.create(
         quick=args.quick, model=args.model, draft=args.draft, backend=args.backend, methods=methods,
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, temperature=args.temperature,
@@ -152,6 +162,20 @@ def _run(args, started: float) -> int:
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     log("loading models")
     ctx = load_context(config)
+    if sizes is not None:
+        from .batch import print_batch_table, run_batch_benchmark
+
+        with quiet_transformers():
+            result = run_batch_benchmark(ctx, prompts, config, sizes, log=log)
+        result["command"] = command_line(args) + f" --batch-size {args.batch_size}"
+        print_batch_table(result)
+        if args.json:
+            import json
+            from pathlib import Path
+
+            Path(args.json).write_text(json.dumps(result, indent=1))
+            print(f"wrote {args.json}")
+        return 0
     with quiet_transformers():
         result = run_benchmark(ctx, prompts, config, log=log)
     result["config"]["seconds"] = time.perf_counter() - started

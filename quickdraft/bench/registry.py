@@ -136,6 +136,27 @@ register_method("hybrid", _drafter_rows("hybrid", [{"ngram_max": 3}]), needs_dra
                 help="n-gram continuation when one matches, else the draft model")
 
 
+# Early exit (issue 11): the shared head and every head shipped for the target, each with
+# and without sharing the target's KV cache (the A/B of what sharing saves in verification).
+def _early_exit_rows(ctx, config, k):
+    from ..drafters.early_exit import SHARED, EarlyExitDrafter, resolve_exit_head, shipped_heads
+
+    heads = [str(path) for path in shipped_heads(ctx.target)]
+    layer = resolve_exit_head(ctx.target, None, None).exit_layer  # the shipped head's layer, else the default
+    rows = []
+    for spec in [SHARED, *heads]:
+        head = resolve_exit_head(ctx.target, spec, layer if spec == SHARED else None)
+        for share in (True, False):
+            settings = {"k": k, "L": head.exit_layer, "head": head.kind, "kv": "shared" if share else "own"}
+            rows.append(EngineMethod("early-exit", lambda c, h=head, s=share: EarlyExitDrafter(c.target, h, share_kv=s),
+                                     k, settings=settings))
+    return rows
+
+
+register_method("early-exit", _early_exit_rows,
+                help="the target's first L layers + an exit head (shared head and each shipped head; "
+                     "with and without sharing the KV cache)")
+
 def _auto_rows(ctx, config, k):
     """The method, k and tree the cost model picks for this pair and machine (cached, as
     ``--method auto`` uses it); k here is the chosen one, not the run's."""

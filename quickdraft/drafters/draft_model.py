@@ -11,6 +11,16 @@ from .draft_stop import DraftStop, FixedStop
 from .shapes import Node, Shape
 
 
+def present_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Draft logits over the target's ids: same tokenizer, but padded vocabularies may differ."""
+    size = logits.shape[-1]
+    if size > vocab_size:
+        return logits[..., :vocab_size]
+    if size < vocab_size:
+        return torch.cat([logits, logits.new_full((*logits.shape[:-1], vocab_size - size), float("-inf"))], -1)
+    return logits
+
+
 class DraftModelDrafter:
     """Leviathan / Chen speculative decoding's drafter, grown into trees by a ``Shape``.
 
@@ -47,13 +57,7 @@ class DraftModelDrafter:
             self.model.extend(prompt[:-1], logits="none")
 
     def _present(self, logits: torch.Tensor) -> torch.Tensor:
-        # Same tokenizer, padded vocabularies may differ: present logits over the target's ids.
-        size = logits.shape[-1]
-        if size > self.vocab_size:
-            return logits[..., : self.vocab_size]
-        if size < self.vocab_size:
-            return torch.cat([logits, logits.new_full((*logits.shape[:-1], self.vocab_size - size), float("-inf"))], -1)
-        return logits
+        return present_logits(logits, self.vocab_size)
 
     def _score(self, nodes: list[Node], grow: list[int], start: int, chain: bool) -> torch.Tensor:
         """Feed the nodes ``grow`` to the draft (after the prefix of ``start`` tokens and the

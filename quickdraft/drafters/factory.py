@@ -21,6 +21,7 @@ METHODS = {
     "multi-draft": "--num-drafts sequences from the draft merged into one tree",
     "hybrid": "the n-gram continuation when one matches, else the draft model",
     "layer-skip": "the target drafts for itself with sub-layers skipped (--skip-profile; no draft model)",
+    "early-exit": "self-speculation: the target's first --exit-layer layers + an exit head draft, sharing its KV cache",
     "auto": "the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
 }
 NEEDS_DRAFT = ("draft", "tree", "multi-draft", "hybrid", "auto")
@@ -38,6 +39,9 @@ class DraftOptions:
     ngram_min: int = 1
     draft_stop: str = "fixed"  # when a chain stops drafting (drafters/draft_stop.py)
     skip_profile: str | None = None  # layer-skip: a JSON skip profile (default: the shipped one)
+    exit_layer: int | None = None  # early exit: None = the head's layer (shipped head) or the default
+    exit_head: str | None = None  # early exit: a head directory, "shared", or None (the shipped head)
+    share_kv: bool = True  # early exit: drafting writes the target's cache, verification resumes at L
 
     def __post_init__(self) -> None:
         """One-line errors for bad settings, before any model is loaded."""
@@ -51,6 +55,8 @@ class DraftOptions:
             raise ValueError(
                 f"n-gram sizes need 1 <= --ngram-min <= --ngram-max, got {self.ngram_min} and {self.ngram_max}"
             )
+        if self.exit_layer is not None and self.exit_layer < 1:
+            raise ValueError(f"--exit-layer must be >= 1, got {self.exit_layer}")
 
 
 def draft_shape(method: str, options: DraftOptions) -> Shape:
@@ -69,7 +75,7 @@ def make_drafter(
     target: CausalLM | None = None,
 ) -> Drafter:
     """The drafter of ``method``; a one-line ValueError for unknown methods or a missing draft.
-    ``layer-skip`` drafts with ``target`` itself (its skip profile from ``options``)."""
+    ``target`` is needed by self-speculative methods (early-exit, layer-skip), which draft with it."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
     if method == "auto":
@@ -80,6 +86,12 @@ def make_drafter(
                          f"(use it with {', '.join(CHAIN_METHODS)})")
     if method == "ar":
         return NoDrafter()
+    if method == "early-exit":
+        from .early_exit import early_exit_drafter
+
+        if target is None:
+            raise ValueError("--method early-exit drafts with the target's own layers: pass the target")
+        return early_exit_drafter(target, options)
     if method == "ngram":
         return NgramDrafter(options.ngram_max, options.ngram_min)
     shape = draft_shape(method, options)

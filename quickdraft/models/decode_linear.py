@@ -54,6 +54,23 @@ class DecodeLinear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
+#: Row counts MKL's float32 product computes with the same per-row arithmetic as any large
+#: row count (measured: 4, 8 and every count from 12 up; 1-3, 5-7 and 9-11 rows take other
+#: kernels whose rounding differs). tests/test_batch_engine.py checks it on this machine.
+CANONICAL_MIN_ROWS = 12
+
+
+def canonical_rows(rows: int) -> int:
+    """The smallest row count >= ``rows`` whose products round every row exactly as any
+    other canonical count does: padding a batch's rows to it makes a row's result
+    independent of how many rows share the product (batch invariance)."""
+    if rows <= 4:
+        return 4
+    if rows <= 8:
+        return 8
+    return max(rows, CANONICAL_MIN_ROWS)
+
+
 def use_decode_linears(model: nn.Module) -> bool:
     """Swap every float32 CPU ``nn.Linear`` in ``model`` for a ``DecodeLinear``, in place.
 

@@ -47,6 +47,8 @@ class CausalLM(Protocol):
         logits: str | int = "all",
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        hidden: torch.Tensor | None = None,
+        start_layer: int = 0,
     ) -> torch.Tensor:
         """Append ``tokens`` (``[T]``) to the cache and return their logits: ``[T, V]`` for
         ``"all"``, ``[n, V]`` for an int ``n`` (the last n tokens), ``[1, V]`` for ``"last"``,
@@ -54,7 +56,11 @@ class CausalLM(Protocol):
 
         ``positions`` (``[T]``, default: contiguous after the cache) and a boolean ``mask``
         (``[T, length + T]``, True = attend; default causal) feed a token tree: its nodes
-        sit in consecutive cache slots but at position prefix + depth."""
+        sit in consecutive cache slots but at position prefix + depth.
+
+        ``hidden`` (``[T, hidden_size]``) resumes the pass at layer ``start_layer`` from
+        these residual-stream states (early exit with a shared KV cache): the keys and
+        values of the layers below it are already in the cache at these slots."""
 
     def crop(self, length: int) -> None:
         """Roll the cache back to its first ``length`` tokens."""
@@ -66,6 +72,11 @@ class CausalLM(Protocol):
 
 TREES_NEED_NATIVE = (
     "the transformers backend verifies chains only; token trees need the native runtime (--backend native)"
+)
+
+EARLY_EXIT_NEEDS_NATIVE = (
+    "early exit runs the target's own layers and shares its KV cache, which needs the native runtime "
+    "(--backend native); this model runs on transformers"
 )
 
 
@@ -120,6 +131,8 @@ class NativeLM:
         logits: str | int = "all",
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        hidden: torch.Tensor | None = None,
+        start_layer: int = 0,
     ) -> torch.Tensor:
         if self.cache is None:
             self.reset()
@@ -128,8 +141,12 @@ class NativeLM:
         if slots is None or positions is not None:
             slots = torch.arange(self.length, end)[None]
         positions = slots if positions is None else positions.view(1, -1)
-        out = self.model(tokens.view(1, -1), positions, self.cache, slots=slots,
-                         mask=None if mask is None else mask[None], logits=logits)
+        if hidden is None:
+            out = self.model(tokens.view(1, -1), positions, self.cache, slots=slots,
+                             mask=None if mask is None else mask[None], logits=logits)
+        else:  # early exit: layers below start_layer are already in the cache
+            out = self.model(None, positions, self.cache, slots=slots, mask=None if mask is None else mask[None],
+                             logits=logits, hidden=hidden[None], layers=(start_layer, self.config.n_layers))
         self.length = end
         return None if out.logits is None else out.logits[0]
 
@@ -174,7 +191,11 @@ class HFCausalLM:
         logits: str | int = "all",
         positions: torch.Tensor | None = None,
         mask: torch.Tensor | None = None,
+        hidden: torch.Tensor | None = None,
+        start_layer: int = 0,
     ) -> torch.Tensor:
+        if hidden is not None:
+            raise ValueError(EARLY_EXIT_NEEDS_NATIVE)
         if mask is not None or positions is not None:
             raise ValueError(TREES_NEED_NATIVE)
         if self.past is None:

@@ -61,6 +61,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+@dataclass(frozen=True)
+class RaggedRow:
+    """One row of a ragged batch (``Transformer.forward(ragged=...)``): the KV-cache row it
+    lives in, its cached length ``start`` (its new tokens go to slots ``start, start + 1,
+    ...``) and how many of the ``T`` tokens fed for it are real. The rest is padding: it
+    is written past the row's end, where nothing attends to it, and its output is zero."""
+
+    cache_row: int
+    start: int
+    tokens: int
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -79,6 +91,7 @@ class Attention(nn.Module):
         slots: torch.Tensor,
         mask: torch.Tensor | None,
         kv_len: int,
+        ragged: Sequence[tuple[RaggedRow, torch.Tensor | None]] = (),
     ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
@@ -90,10 +103,23 @@ class Attention(nn.Module):
         q, k = qk.split([self.n_heads, self.n_kv_heads], dim=1)
         v = v.view(bsz, seqlen, self.n_kv_heads, self.head_dim).transpose(1, 2)
         cache.write(layer, rows, slots, k, v)
-        keys, values = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, enable_gqa=self.n_heads != self.n_kv_heads
-        )
+        gqa = self.n_heads != self.n_kv_heads
+        if ragged:
+            out = q.new_zeros(bsz, self.n_heads, seqlen, self.head_dim)
+            for b, (row, row_mask) in enumerate(ragged):
+                if row.tokens == 0:  # a padding row
+                    continue
+                # Each row attends over exactly its own real tokens and cache, in the same
+                # contiguous layout whatever else is in the batch: its arithmetic (and so
+                # its output, bit for bit) does not depend on the other rows.
+                end, r = row.start + row.tokens, row.cache_row
+                out[b, :, : row.tokens] = F.scaled_dot_product_attention(
+                    q[b : b + 1, :, : row.tokens].contiguous(), cache.k[layer, r : r + 1, :, :end],
+                    cache.v[layer, r : r + 1, :, :end], attn_mask=row_mask, enable_gqa=gqa,
+                )[0]
+        else:
+            keys, values = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, q_size))
 
 
@@ -131,6 +157,17 @@ class Block(nn.Module):
         self.attn = Attention(config)
         self.mlp_norm = make_norm(config)
         self.mlp = MLP(config)
+
+    def forward(self, x: torch.Tensor, rope, cache: KVCache, layer: int, rows: torch.Tensor, slots: torch.Tensor,
+                mask: torch.Tensor | None, kv_len: int, attn: bool = True, mlp: bool = True,
+                ragged: Sequence = ()) -> torch.Tensor:
+        """One pre-norm residual block; its keys and values go to ``cache`` layer ``layer``.
+        ``attn`` / ``mlp`` False skip that sub-layer (identity on the residual stream)."""
+        if attn:
+            x = x + self.attn(self.attn_norm(x), rope, cache, layer, rows, slots, mask, kv_len, ragged)
+        if mlp:
+            x = x + self.mlp(self.mlp_norm(x))
+        return x
 
 
 @dataclass
@@ -197,6 +234,29 @@ class Transformer(nn.Module):
             x = x + self.pos_embed(positions)
         return x
 
+    def attention_inputs(
+        self, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple:
+        """What every block of a pass shares: ``(rope, rows, mask [B, 1, T, S] or None,
+        kv_len)`` for queries at ``positions`` written to ``slots`` (see :meth:`forward`)."""
+        if slots is None:
+            slots = positions
+        bsz, seqlen = positions.shape
+        if mask is None:
+            kv_len = int(slots.max()) + 1
+            if seqlen > 1 or bsz > 1:
+                visible = torch.arange(kv_len, device=slots.device)
+                mask = (visible[None, None, :] <= slots[:, :, None]).unsqueeze(1)
+        else:
+            kv_len = mask.shape[-1]
+            mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
+        if kv_len > cache.max_len:
+            raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
+        rows = torch.arange(bsz, device=slots.device)[:, None]
+        rope = self._rope(positions) if self._inv_freq is not None else None
+        return rope, rows, mask, kv_len
+
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: the exit head shared by every layer."""
         return self.lm_head(self.norm(hidden))
@@ -215,6 +275,7 @@ class Transformer(nn.Module):
         skip_mlp: Collection[int] = (),
         output_hidden_states: Sequence[int] = (),
         logits: str | int = "all",
+        ragged: Sequence[RaggedRow] | None = None,
     ) -> ForwardOutput:
         """Run layers ``[a, b)`` (all by default) over ``T`` new tokens per row.
 
@@ -233,11 +294,11 @@ class Transformer(nn.Module):
             logits: ``"all"``, ``"last"`` (only the last position of each row), an int ``n``
                 (the last ``n`` positions) or ``"none"``. Logits are the final norm + LM head
                 applied to the last layer run, so a partial range gives early-exit logits.
+            ragged: one :class:`RaggedRow` per batch row (the batched engine): batch row
+                ``b`` lives in cache row ``ragged[b].cache_row`` and attention runs row by
+                row over its real tokens only (causal after its cache; ``mask`` unused).
         """
         start, stop = layers if layers is not None else (0, self.config.n_layers)
-        if slots is None:
-            slots = positions
-        bsz, seqlen = positions.shape
         if hidden is None:
             if tokens is None:
                 raise ValueError("forward needs tokens or a hidden state to resume from")
@@ -246,28 +307,29 @@ class Transformer(nn.Module):
             x = self.embed_tokens(tokens, positions)
         else:
             x = hidden
-        if mask is None:
-            kv_len = int(slots.max()) + 1
-            if seqlen > 1 or bsz > 1:
-                visible = torch.arange(kv_len, device=slots.device)
-                mask = (visible[None, None, :] <= slots[:, :, None]).unsqueeze(1)
+        slots = positions if slots is None else slots
+        row_masks: list[tuple[RaggedRow, torch.Tensor | None]] = []
+        if ragged is None:
+            rope, rows, mask, kv_len = self.attention_inputs(positions, cache, slots, mask)
         else:
-            kv_len = mask.shape[-1]
-            mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
-        if kv_len > cache.max_len:
-            raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
-        rows = torch.arange(bsz, device=slots.device)[:, None]
-        rope = self._rope(positions) if self._inv_freq is not None else None
+            kv_len = max(max(r.start + r.tokens for r in ragged), int(slots.max()) + 1)  # padding writes too
+            for r in ragged:
+                causal = None
+                if r.tokens > 1:
+                    causal = torch.ones(r.tokens, r.start + r.tokens, dtype=torch.bool, device=slots.device)
+                    causal = causal.tril(diagonal=r.start)
+                row_masks.append((r, causal))
+            if kv_len > cache.max_len:
+                raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
+            rows = torch.tensor([r.cache_row for r in ragged], device=slots.device)[:, None]
+            rope = self._rope(positions) if self._inv_freq is not None else None
 
         states: dict[int, torch.Tensor] = {}
         if start in output_hidden_states:
             states[start] = x
         for i in range(start, stop):
-            block = self.layers[i]
-            if i not in skip_attn:
-                x = x + block.attn(block.attn_norm(x), rope, cache, i, rows, slots, mask, kv_len)
-            if i not in skip_mlp:
-                x = x + block.mlp(block.mlp_norm(x))
+            x = self.layers[i](x, rope, cache, i, rows, slots, mask, kv_len, i not in skip_attn, i not in skip_mlp,
+                               row_masks)
             if i + 1 in output_hidden_states:
                 states[i + 1] = x
         out = None

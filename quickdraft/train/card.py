@@ -387,3 +387,66 @@ def write_distill_card(out: Path, r: dict) -> None:
         "",
     ]
     (out / "README.md").write_text("\n".join(lines))
+
+
+def write_exit_head_card(out: Path, r: dict) -> None:
+    """README.md of an exit head trained by ``quickdraft train exit-head`` (see ``exit_head.py``)."""
+    tr, data, hw, st = r["train"], r["data"], r["hardware"], r["stage"]
+    ev, base = r.get("heldout"), r.get("heldout_shared_head")
+    parts = ("one extra transformer block (initialised from the target's layer "
+             f"{r['exit_layer']}), then " if r["extra_block"] else "")
+    status = (f"**Stopped by Ctrl-C at step {tr['steps_done']} of {st['steps']}** (resume with the same "
+              "command and `--resume`)." if tr["interrupted"] else f"{tr['steps_done']} of {st['steps']} steps done.")
+    lines = [
+        f"# {out.name}",
+        "",
+        f"An early-exit head for the target `{r['target']}` ({r['target_params']:,} parameters, "
+        f"{r['n_layers']} layers): it reads the target's residual stream after layer {r['exit_layer']} and "
+        f"predicts the next token with {parts}a tuned-lens translator (h + A h + b) and its own final norm in "
+        "front of the target's LM head (shared, not stored here). "
+        f"**{r['params']:,} parameters**, stored as bf16 safetensors; distilled with loss = {r['kl_weight']} x "
+        f"KL(target || head) at temperature 1 + {r['ce_weight']} x CE, the target frozen in fp32. {status}",
+        "",
+        "`config.json` records the exit layer and the target's name and fingerprint; "
+        "`quickdraft generate --method early-exit --draft THIS_DIR` uses it and refuses it for another target.",
+        "",
+        "## Held-out results",
+        "",
+    ]
+    if ev:
+        lines += [
+            f"Teacher-forced on {ev['tokens']:,} held-out tokens in windows of {r['seq_len']}, saved weights:",
+            "",
+            f"| head after layer {r['exit_layer']} | greedy agreement with the target | KL(target \\|\\| head) | "
+            "cross-entropy |",
+            "|---|---:|---:|---:|",
+            f"| this head | {ev['greedy_agreement']:.2%} | {ev['kl_from_target']:.4f} | {ev['loss']:.4f} |",
+            f"| shared final norm + LM head (untrained) | {base['greedy_agreement']:.2%} | "
+            f"{base['kl_from_target']:.4f} | {base['loss']:.4f} |",
+            "",
+        ]
+    else:
+        lines += ["(not measured: training was stopped)", ""]
+    lines += [
+        "## Training",
+        "",
+        f"- {tr['steps_done']} steps of batch {st['batch_size']} x {r['seq_len']} tokens ({tr['tokens']:,} tokens), "
+        f"AdamW (betas 0.9/0.95, weight decay {st['weight_decay']}), peak lr {st['lr']}, {st['warmup']} warmup "
+        f"steps then cosine to {st['min_lr_ratio']:.0%}, grad clip {st['grad_clip']}, seed {r['seed']}",
+        f"- time: {tr['train_time_s'] / 60:.1f} min of optimizer steps; final train objective "
+        f"{_fmt(tr['final_train_loss'])}",
+        f"- hardware: {hw['platform']}, {hw['cpu_count']} CPUs, torch {hw['torch']}, Python {hw['python']}",
+        f"- command: `{r['command']}`",
+        "- log: `train_log.jsonl`; loss curve: `loss_curve.png`; every figure: `train_report.json`",
+        "",
+        "![loss curve](loss_curve.png)",
+        "",
+        "## Data",
+        "",
+        f"{data['files']:,} files, {data['bytes']:,} bytes from {', '.join(data['sources'])}; "
+        f"{data['split']['train_tokens']:,} train / {data['split']['heldout_tokens']:,} held-out tokens "
+        f"(split: {data['split']['method']}; held-out documents are never trained on). "
+        "Every file: `data_manifest.json`.",
+        "",
+    ]
+    (out / "README.md").write_text("\n".join(lines))

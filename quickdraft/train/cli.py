@@ -67,26 +67,20 @@ def _threads(text: str) -> int | str:
     return int(text)
 
 
-def _configure_draft(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def _configure_distill(p: argparse.ArgumentParser, steps: int = 1000, lr: float = 2e-3) -> argparse.ArgumentParser:
+    """The flags every student trained on a frozen target shares (draft, exit head)."""
     p.add_argument("--target", required=True,
                    help="the target: embedded name, HF directory or hub id (Llama, Qwen2, "
                         "Mistral, GPT-2, or any causal LM transformers loads)")
-    p.add_argument("--out", type=Path, required=True, help="the draft's directory")
+    p.add_argument("--out", type=Path, required=True, help="the directory to write")
     p.add_argument("--data", nargs="+", required=True, metavar="PATH",
                    help="text, source or JSONL ('text' field) files, directories of them "
                         "(recursive), or 'stdlib' (the embedded corpus' train split)")
-    start = p.add_mutually_exclusive_group()
-    start.add_argument("--init", default=None,
-                       help="start from this draft: embedded name or directory, with the target's tokenizer")
-    start.add_argument("--config", default="small",
-                       help="size of a new Llama draft: small (1 layer, 256 wide; default), "
-                            "tiny, or JSON (a file or inline) with hidden_size, "
-                            "num_hidden_layers, num_attention_heads, intermediate_size")
-    p.add_argument("--steps", type=positive_int, default=1000, help="optimizer steps (default 1000)")
+    p.add_argument("--steps", type=positive_int, default=steps, help=f"optimizer steps (default {steps})")
     p.add_argument("--seq-len", type=positive_int, default=512,
                    help="tokens per training window, at most the target's context (default 512)")
     p.add_argument("--batch-size", type=positive_int, default=4, help="windows per step (default 4)")
-    p.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (default 2e-3)")
+    p.add_argument("--lr", type=float, default=lr, help=f"peak learning rate (default {lr:g})")
     p.add_argument("--warmup", type=int, default=20, help="warmup steps (default 20)")
     p.add_argument("--kl-weight", type=float, default=1.0)
     p.add_argument("--ce-weight", type=float, default=0.1)
@@ -107,6 +101,28 @@ def _configure_draft(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _configure_draft(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    _configure_distill(p)
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--init", default=None,
+                       help="start from this draft: embedded name or directory, with the target's tokenizer")
+    start.add_argument("--config", default="small",
+                       help="size of a new Llama draft: small (1 layer, 256 wide; default), "
+                            "tiny, or JSON (a file or inline) with hidden_size, "
+                            "num_hidden_layers, num_attention_heads, intermediate_size")
+    return p
+
+
+def _configure_exit_head(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    _configure_distill(p, steps=300, lr=1e-3)
+    p.add_argument("--exit-layer", type=positive_int, required=True,
+                   help="the head reads the target's residual stream after this many layers (1..layers-1)")
+    p.add_argument("--extra-block", action="store_true",
+                   help="put one trainable transformer block (initialised from the target's next layer) "
+                        "in front of the head")
+    return p
+
+
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``train`` sub-command (and ``train draft``) to an argparse ``subparsers``."""
     p = subparsers.add_parser(
@@ -114,12 +130,17 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0])
     _configure(p)
     p.set_defaults(func=run_train)
-    sub = p.add_subparsers(dest="train_command", metavar="draft")
+    sub = p.add_subparsers(dest="train_command", metavar="{draft,exit-head}")
     d = sub.add_parser("draft", help="distil a draft model for any target",
                        description="Distil a draft for a target: KL(target || draft) + CE on "
                                    "your text, with the target's tokenizer.")
     _configure_draft(d)
     d.set_defaults(func=run_train_draft)
+    e = sub.add_parser("exit-head", help="distil an early-exit head for any target the native runtime loads",
+                       description="Distil an early-exit head on a frozen target: KL(target || head) + CE on "
+                                   "your text, read from the target's residual stream after --exit-layer.")
+    _configure_exit_head(e)
+    e.set_defaults(func=run_train_exit_head)
     return p
 
 
@@ -151,6 +172,13 @@ def run_train_draft(args) -> int:
 
     check_out(args.out, args.force)
     logging.disable_progress_bar()  # transformers' load/save bars: noise next to ours
+    return run(args, _command(args), log=lambda m: print(m, file=sys.stderr, flush=True))
+
+
+def run_train_exit_head(args) -> int:
+    from .exit_head import run_train_exit_head as run
+
+    check_out(args.out, args.force)
     return run(args, _command(args), log=lambda m: print(m, file=sys.stderr, flush=True))
 
 

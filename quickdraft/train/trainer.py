@@ -192,15 +192,21 @@ def make_distill_loss(teacher, kl_weight: float, ce_weight: float) -> Callable:
     def loss_fn(model, batch):
         inp, labels = batch[:, :-1], batch[:, 1:]
         with torch.no_grad():
-            t_logp = F.log_softmax(teacher(input_ids=inp).logits.float(), dim=-1)
-        logits = model(input_ids=inp).logits
-        logp = F.log_softmax(logits, dim=-1)
-        V = logits.size(-1)
-        kl = (t_logp.exp() * (t_logp - logp)).sum(-1).mean()
-        ce = F.nll_loss(logp.reshape(-1, V), labels.reshape(-1))
-        return kl_weight * kl + ce_weight * ce, {"kl": kl.item(), "ce": ce.item()}
+            t_logits = teacher(input_ids=inp).logits
+        return distill_objective(t_logits, model(input_ids=inp).logits, labels, kl_weight, ce_weight)
 
     return loss_fn
+
+
+def distill_objective(t_logits: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
+                      kl_weight: float, ce_weight: float) -> tuple[torch.Tensor, dict]:
+    """kl_weight * KL(teacher || student) + ce_weight * CE of logits ``[B, T, V]``."""
+    t_logp = F.log_softmax(t_logits.float(), dim=-1)
+    logp = F.log_softmax(logits, dim=-1)
+    V = logits.size(-1)
+    kl = (t_logp.exp() * (t_logp - logp)).sum(-1).mean()
+    ce = F.nll_loss(logp.reshape(-1, V), labels.reshape(-1))
+    return kl_weight * kl + ce_weight * ce, {"kl": kl.item(), "ce": ce.item()}
 
 
 # ---------------------------------------------------------------------------- threads

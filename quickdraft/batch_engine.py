@@ -1,0 +1,273 @@
+"""The batched decode loop: many rows, each at its own pace, verified in one target pass.
+
+Each step every active row proposes a chain (its own k), the target scores all rows in
+ONE forward pass, and each row keeps its own number of accepted tokens. Rows are ragged:
+own prompt length, positions, KV-cache row and sampling settings (its own generator).
+Rows join (``add``) and leave (finish or ``cancel``) between steps; a freed cache row is
+reused by the next row (continuous batching), so no row waits for the slowest.
+
+It is ``engine.decode``'s loop for a batch (the same acceptance rules, sampling, stop
+conditions and stats, per row): the first pass of a row is its prefill, which also
+verifies a chain drafted from the prompt. Rows joining in the same step share a prefill
+pass of their own (merged with the decode pass, a long prompt would pad every other row
+to its length); every later step of every row shares one pass. Batch invariance: see ``models/ragged.py`` and docs/batching.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from .drafters.batched import BatchDrafter, make_batch_drafter
+from .drafters.factory import DraftOptions
+from .engine import ContextOverflowError
+from .models.lm import NativeLM
+from .models.ragged import Feed, padded_shape, ragged_forward
+from .proposal import EMPTY, Proposal
+from .sampling import SamplingParams
+from .stats import GenerationStats
+from .stopping import StopConditions
+from .verify import AcceptanceRule, acceptance_for
+
+#: Most draft tokens per step the policy considers.
+MAX_BATCH_K = 8
+
+
+class BatchFullError(RuntimeError):
+    """Every row of the batch is taken; wait for one to finish (or cancel one)."""
+
+
+@dataclass
+class RowUpdate:
+    """What one step did for one row: ``tokens`` emitted (may be empty), of which the first
+    ``drafted`` were drafted and accepted (the rest: the target's own token); ``finish`` is
+    "stop" (EOS or a stop string), "length" (token budget or context) or None while running;
+    ``stats`` are the row's running stats."""
+
+    tokens: list[int]
+    drafted: int
+    finish: str | None
+    stats: GenerationStats
+
+
+@dataclass
+class _Row:
+    id: int
+    slot: int
+    sequence: torch.Tensor  # prompt + emitted tokens (the first ``length``)
+    length: int
+    params: SamplingParams
+    generator: torch.Generator
+    rule: AcceptanceRule
+    stop: StopConditions
+    stats: GenerationStats
+    added: float
+    cached: int = 0  # tokens in the target's cache row
+    first_token: float | None = None
+    proposal: Proposal = field(default_factory=lambda: EMPTY)
+
+
+class BatchEngine:
+    """Batched speculative decoding over a native target (and draft).
+
+    ``method``: ar, draft, ngram or hybrid (``options`` sets the n-gram sizes).
+    ``num_speculative_tokens``: k for every batch size, or None for the policy: the cost
+    model's k for the current number of rows (0 = plain decoding when speculation would
+    not pay), from measured verify costs per (batch, width) and the acceptance measured
+    so far. ``max_len`` bounds prompt + generated tokens of a row (default: the context).
+    ``drafter`` replaces the method's batch drafter (the hook for new drafters, e.g. early
+    exit); ``policy`` the batch policy; ``acceptance(params, generator)`` makes a row's
+    acceptance rule (default: the lossless one, ``verify.acceptance_for``).
+
+    Not thread-safe: call ``add``, ``cancel`` and ``step`` from one thread (a server runs
+    them in its step loop, between steps).
+    """
+
+    def __init__(
+        self,
+        target: NativeLM,
+        *,
+        method: str = "draft",
+        draft: NativeLM | None = None,
+        max_batch_size: int = 8,
+        max_len: int | None = None,
+        num_speculative_tokens: int | None = None,
+        options: DraftOptions = DraftOptions(),
+        drafter: BatchDrafter | None = None,
+        policy=None,
+        acceptance: Callable[[SamplingParams, torch.Generator], AcceptanceRule] = acceptance_for,
+    ) -> None:
+        if not isinstance(target, NativeLM):
+            raise ValueError("batched decoding needs the native runtime for the target (--backend native)")
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if num_speculative_tokens is not None and num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
+        self.target = target
+        self.model = target.model
+        self.method = method
+        self.max_batch_size = max_batch_size
+        self.context = min(target.context_length, max_len or target.context_length)
+        # Slots past a row's end hold padding (up to MAX_PAD) and a chain; keep room for both.
+        cache_len = self.context + 2 * MAX_BATCH_K + 16
+        self.cache = self.model.new_cache(max_batch_size + 1, cache_len)
+        self.scratch = max_batch_size
+        self.drafter = drafter or make_batch_drafter(method, draft, target.vocab_size, max_batch_size, cache_len,
+                                                     options.ngram_max, options.ngram_min)
+        self.num_speculative_tokens = num_speculative_tokens
+        if policy is None and num_speculative_tokens is None and method != "ar":
+            from .bench.batch_policy import BatchPolicy
+
+            policy = BatchPolicy.for_engine(self, draft)
+        self.policy = policy
+        self.acceptance = acceptance
+        self.pooled = GenerationStats()  # acceptance of every row, for the policy
+        self.prefill_seconds = 0.0  # time in the joining rows' prefill passes, all rows together
+        self._last_count = self._packed_count = 0
+        self._rows: dict[int, _Row] = {}
+        self._free = list(range(max_batch_size))
+        self._next_id = 0
+
+    @property
+    def active(self) -> int:
+        """Rows decoding now."""
+        return len(self._rows)
+
+    @property
+    def free_slots(self) -> int:
+        """Rows that can still be added."""
+        return len(self._free)
+
+    def add(self, prompt: torch.Tensor, params: SamplingParams = SamplingParams(),
+            stop: StopConditions | None = None) -> int:
+        """Start a row after ``prompt`` (``[T]`` ids); returns its id. Its prefill runs in the
+        next ``step``. Raises ContextOverflowError for a prompt that leaves no room in the
+        context, BatchFullError when no row is free."""
+        prompt = prompt.to(torch.long).view(-1)
+        if prompt.numel() == 0:
+            raise ValueError("the prompt is empty; give at least one token")
+        if prompt.numel() >= self.context:
+            raise ContextOverflowError(
+                f"the prompt has {prompt.numel()} tokens but the context is {self.context}; shorten it or truncate it"
+            )
+        if not self._free:
+            raise BatchFullError(f"all {self.max_batch_size} rows of the batch are taken")
+        stop = stop or StopConditions(self.context - prompt.numel(), self.target.eos_token_ids)
+        slot = self._free.pop(0)
+        generator = params.generator()
+        sequence = torch.zeros(self.context + 1, dtype=torch.long)
+        sequence[: prompt.numel()] = prompt
+        stats = GenerationStats(prompt_tokens=prompt.numel())
+        row = _Row(self._next_id, slot, sequence, prompt.numel(), params, generator,
+                   self.acceptance(params, generator), stop, stats, time.perf_counter())
+        self._next_id += 1
+        self.drafter.join(slot, prompt, params, generator)
+        self._rows[row.id] = row
+        return row.id
+
+    def cancel(self, row: int) -> None:
+        """Drop a row now and free its cache row (unknown or finished ids are ignored)."""
+        r = self._rows.pop(row, None)
+        if r is not None:
+            self.drafter.leave(r.slot)
+            self._free.append(r.slot)
+            self._free.sort()
+
+    def k_for(self, rows: int) -> int:
+        """Draft tokens per row this step, for ``rows`` rows (0: plain decoding)."""
+        if self.num_speculative_tokens is not None:
+            return self.num_speculative_tokens
+        if self.policy is None:
+            return 0
+        return self.policy.k(rows, self.pooled)
+
+    def step(self) -> dict[int, RowUpdate]:
+        """One step for every active row; rows whose update has a finish are gone after it."""
+        rows = list(self._rows.values())
+        if not rows:
+            return {}
+        k = self.k_for(len(rows))
+        ks = []
+        for r in rows:
+            room = self.context - r.length
+            ks.append(max(0, min(k, r.stop.max_new_tokens - r.stop.count - 1, room - 1)))
+        proposals = self.drafter.propose([r.slot for r in rows], [r.sequence[: r.length] for r in rows], ks)
+        for r, p in zip(rows, proposals):
+            r.proposal = p
+        logits = self._verify(rows)
+        updates = {}
+        now = time.perf_counter()
+        for r, row_logits in zip(rows, logits):
+            updates[r.id] = self._advance(r, row_logits, now)
+        for row_id, update in updates.items():
+            if update.finish:
+                self.cancel(row_id)
+        return updates
+
+    def _verify(self, rows: list[_Row]) -> list[torch.Tensor]:
+        """The target's logits per row (``[proposal + 1, V]``): the rows joining now share
+        one prefill pass, the others one decode pass (a row's arithmetic is its own either
+        way: ``models/ragged.py``)."""
+        feeds = []
+        for r in rows:
+            fed = torch.cat([r.sequence[r.cached : r.length], r.proposal.tokens])
+            feeds.append(Feed(r.slot, r.cached, fed, r.proposal.size + 1))
+        out: list[torch.Tensor | None] = [None] * len(rows)
+        joining = [i for i, r in enumerate(rows) if not r.stats.target_forward_passes]
+        ongoing = [i for i, r in enumerate(rows) if r.stats.target_forward_passes]
+        for group in (joining, ongoing):
+            if group:
+                started = time.perf_counter()
+                if group is ongoing:
+                    self._prepare(len(group), max(feeds[i].tokens.numel() for i in group))
+                for i, row_logits in zip(group, ragged_forward(self.model, self.cache, [feeds[i] for i in group],
+                                                               self.scratch)):
+                    out[i] = row_logits
+                if group is joining:
+                    self.prefill_seconds += time.perf_counter() - started
+        return out
+
+    def _prepare(self, rows: int, width: int) -> None:
+        """Keep the target's decode kernels prepacked for the decode pass's row count once
+        it repeats (packing costs about a pass; canonical counts round alike packed or not)."""
+        padded = padded_shape(rows, width)
+        count = padded[0] * padded[1]
+        if count == self._last_count and count != self._packed_count:
+            self.target.prepare(count)
+            self._packed_count = count
+        self._last_count = count
+
+    def _advance(self, r: _Row, logits: torch.Tensor, now: float) -> RowUpdate:
+        verdict = r.rule(r.proposal, logits)
+        accepted = len(verdict.path)
+        first = r.stats.target_forward_passes == 0
+        r.stats.record_step(r.proposal.size, accepted)
+        self.pooled.record_step(r.proposal.size, accepted)
+        self.drafter.verified(r.slot, r.length, accepted)
+        r.cached = r.length + accepted  # the chain's accepted tokens stay in place
+        emitted: list[int] = []
+        finish = None
+        for token in r.proposal.tokens[:accepted].tolist() + [verdict.next_token]:
+            if r.stop.is_eos(token):
+                finish = "stop"
+                break
+            emitted.append(token)
+            finish = r.stop.check(token)
+            if finish:
+                break
+        r.sequence[r.length : r.length + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
+        r.length += len(emitted)
+        r.stats.new_tokens += len(emitted)
+        if finish is None and r.length >= self.context:
+            finish = "length"
+        if first:
+            r.first_token = now
+            r.stats.prefill_seconds = r.stats.time_to_first_token = now - r.added
+        else:
+            r.stats.decode_seconds = now - r.first_token
+        if finish:
+            r.stats.finish_reason = finish
+        return RowUpdate(emitted, min(accepted, len(emitted)), finish, r.stats)

@@ -1,0 +1,165 @@
+"""Text in, text out for many prompts at once: the batched engine behind
+``SpeculativeGenerator.generate([...])`` and ``quickdraft generate --prompts-file``."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from .batch_engine import MAX_BATCH_K, BatchEngine
+from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from .drafters.factory import DraftOptions
+from .drafters.hybrid import HybridDrafter
+from .drafters.shapes import Shape
+from .sampling import SamplingParams
+from .stats import GenerationStats
+from .stopping import StopConditions, cut_at_stop
+
+
+@dataclass
+class Request:
+    """One prompt of a batch and its own settings (the keywords of ``generate``)."""
+
+    prompt: str | Sequence[int]
+    max_new_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    truncate_prompt: bool = False
+
+
+def batch_method(drafter) -> tuple[str, object, DraftOptions]:
+    """The batched method, draft model and options matching a single-sequence drafter."""
+    if isinstance(drafter, NoDrafter):
+        return "ar", None, DraftOptions()
+    if isinstance(drafter, NgramDrafter):
+        return "ngram", None, DraftOptions(ngram_max=drafter.ngram_max, ngram_min=drafter.ngram_min)
+    if isinstance(drafter, HybridDrafter) and type(drafter.model.shape) is Shape:
+        ngram = drafter.ngram
+        return "hybrid", drafter.model.model, DraftOptions(ngram_max=ngram.ngram_max, ngram_min=ngram.ngram_min)
+    if isinstance(drafter, DraftModelDrafter) and type(drafter.shape) is Shape:
+        return "draft", drafter.model, DraftOptions()
+    name = getattr(drafter, "name", type(drafter).__name__)
+    raise ValueError(f"{name} does not batch: token trees and multi-draft are batch 1; "
+                     "batched decoding supports ar, draft, ngram and hybrid")
+
+
+def generate_many(gen, requests: Sequence[Request], batch_size: int = 8,
+                  num_speculative_tokens: int | None = None) -> list:
+    """Generate every request with continuous batching (at most ``batch_size`` rows at a
+    time; a finished row's place goes to the next request). ``num_speculative_tokens``
+    None lets the batch policy choose k per batch size. Returns one ``Generation`` per
+    request, in order."""
+    from .generator import Generation
+
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    method, draft, options = batch_method(gen.drafter)
+    encoded = []
+    for req in requests:
+        stats = GenerationStats()
+        ids = gen._start(req.prompt, req.max_new_tokens, req.truncate_prompt, stats)
+        encoded.append((ids, stats))
+    if not encoded:
+        return []
+    longest = max(ids.numel() + req.max_new_tokens for (ids, _), req in zip(encoded, requests))
+    engine = BatchEngine(gen.target, method=method, draft=draft, max_batch_size=min(batch_size, len(requests)),
+                         max_len=longest + MAX_BATCH_K + 1, num_speculative_tokens=num_speculative_tokens,
+                         options=options)
+    waiting = deque(range(len(requests)))
+    running: dict[int, int] = {}  # engine row -> request index
+    tokens: list[list[int]] = [[] for _ in requests]
+    stats: list[GenerationStats | None] = [None] * len(requests)
+    while waiting or running:
+        while waiting and engine.free_slots:
+            i = waiting.popleft()
+            req = requests[i]
+            stop = StopConditions(req.max_new_tokens, gen.eos_token_ids, req.stop, gen.tokenizer)
+            running[engine.add(encoded[i][0], req.sampling, stop)] = i
+        for row, update in engine.step().items():
+            i = running[row]
+            tokens[i].extend(update.tokens)
+            if update.finish:
+                update.stats.truncated_prompt_tokens = encoded[i][1].truncated_prompt_tokens
+                stats[i] = update.stats
+                del running[row]
+    out = []
+    for req, ids, st in zip(requests, tokens, stats):
+        text = gen.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        out.append(Generation(cut_at_stop(text, req.stop), ids, st))
+    return out
+
+
+#: Per-line settings a prompts file may give (the rest come from the command line).
+LINE_KEYS = ("prompt", "id", "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop")
+
+
+def _setting(line: dict, key: str, default, kind, ok, requirement: str, where: str):
+    value = line.get(key, default)
+    if value is default:
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool) or not ok(value):
+        raise ValueError(f"{where}: \"{key}\" must be {requirement}, got {json_text(value)}")
+    return value
+
+
+def json_text(value) -> str:
+    import json
+
+    return json.dumps(value)[:40]
+
+
+def read_prompts_file(path, defaults: Request, seed: int | None) -> list[tuple[Request, dict]]:
+    """The requests of a JSONL file (one object per line: "prompt", optional "id",
+    "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop"; blank lines are
+    skipped), each with the settings it ends up with. ``defaults`` holds the command
+    line's settings. Bad input is a one-line ValueError naming the line."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"prompts file {path} does not exist")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ValueError(f"prompts file {path} is not UTF-8 text") from None
+    out = []
+    for number, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        where = f"{path} line {number}"
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{where} is not JSON ({exc.msg}); write one object per line") from None
+        if not isinstance(line, dict):
+            raise ValueError(f"{where} is not a JSON object; write {{\"prompt\": \"...\"}} per line")
+        unknown = sorted(set(line) - set(LINE_KEYS))
+        if unknown:
+            raise ValueError(f"{where}: unknown key {unknown[0]!r}; a line may have {', '.join(LINE_KEYS)}")
+        if not isinstance(line.get("prompt"), str) or not line["prompt"]:
+            raise ValueError(f"{where}: needs a non-empty \"prompt\" string")
+        d = defaults.sampling
+        max_new = _setting(line, "max_new_tokens", defaults.max_new_tokens, int, lambda v: v >= 1, "an integer >= 1", where)
+        temperature = _setting(line, "temperature", d.temperature, float, lambda v: v >= 0, "a number >= 0", where)
+        top_k = _setting(line, "top_k", d.top_k, int, lambda v: v >= 0, "an integer >= 0", where)
+        top_p = _setting(line, "top_p", d.top_p, float, lambda v: 0 < v <= 1, "a number in (0, 1]", where)
+        row_seed = _setting(line, "seed", seed, int, lambda v: True, "an integer", where)
+        stop = line.get("stop", defaults.stop)
+        if isinstance(stop, str):
+            stop = [stop]
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise ValueError(f"{where}: \"stop\" must be a string or a list of strings")
+        params = SamplingParams(temperature, top_k, top_p, row_seed)
+        request = Request(line["prompt"], max_new, params, [s for s in stop if s], defaults.truncate_prompt)
+        settings = {"max_new_tokens": max_new, "temperature": temperature, "top_k": top_k, "top_p": top_p,
+                    "seed": row_seed, "stop": request.stop}
+        if "id" in line:
+            settings["id"] = line["id"]
+        out.append((request, settings))
+    if not out:
+        raise ValueError(f"prompts file {path} has no prompts")
+    return out

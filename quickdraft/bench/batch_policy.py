@@ -1,0 +1,148 @@
+"""How many draft tokens per row a batch should use (docs/batching.md, "Policy").
+
+With more rows a verify pass stops being memory-bound: a pass over ``B`` rows of ``k + 1``
+tokens costs more than one over ``B`` rows of 1 token, and more so as ``B`` grows. The
+policy measures the target's ragged pass for every (batch, width) and the draft's
+batched step per batch size, once per model pair and machine (cached next to the auto-k
+choices), and per step lets the cost model (``cost_model.choose_k``) pick k for the
+current number of rows from the acceptance measured so far; k = 0 (plain decoding) when
+no k is predicted to beat batched plain decoding by ``MIN_GAIN``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+from ..models.ragged import Feed, ragged_forward
+from ..stats import GenerationStats
+from .autok import cache_dir, machine_fingerprint, model_fingerprint
+from .cost_model import StepCosts, choose_k
+
+#: Acceptance by position assumed until the batch has drafted ``MIN_DRAFTED`` tokens.
+PRIOR_ACCEPTANCE = [0.75, 0.6, 0.5, 0.42, 0.36, 0.3, 0.26, 0.22]
+MIN_DRAFTED = 64
+#: Speculate only when predicted to be at least this much faster than plain decoding: the
+#: margin covers the per-row bookkeeping of a speculative step the cost model leaves out.
+MIN_GAIN = 1.1
+WIDTHS = (1, 2, 3, 4, 5, 7, 9)
+CONTEXT = 256
+CACHE_VERSION = 1
+
+
+def batch_sizes(max_batch_size: int) -> list[int]:
+    return sorted({b for b in (1, 2, 4, 8, 16, 32) if b <= max_batch_size} | {max_batch_size})
+
+
+def _interpolate(table: dict[int, float], x: int) -> float:
+    keys = sorted(table)
+    if x in table:
+        return table[x]
+    lo = max([k for k in keys if k < x], default=keys[0])
+    hi = min([k for k in keys if k > x], default=keys[-1])
+    if lo == hi:
+        return table[lo]
+    return table[lo] + (table[hi] - table[lo]) * (x - lo) / (hi - lo)
+
+
+def measure_batch_costs(model, cache, scratch: int, draft_model=None, draft_cache=None, draft_scratch=0,
+                        sizes: Sequence[int] = (1,), widths: Sequence[int] = WIDTHS,
+                        repeats: int = 3) -> dict:
+    """Median seconds of a target ragged pass per (batch, width) and of a batched 1-token
+    draft step per batch size, at a context of ``CONTEXT`` tokens per row (less when the
+    caches are shorter)."""
+    from ..models.ragged import MAX_PAD
+
+    vocab = model.config.vocab_size
+    room = min([cache.max_len] + ([draft_cache.max_len] if draft_cache is not None else []))
+    context = max(1, min(CONTEXT, room - max(widths) - MAX_PAD - 1))
+    ids = torch.arange(context + max(widths)) % vocab
+    perf = time.perf_counter
+
+    def timed(m, c, s, feeds) -> float:
+        ragged_forward(m, c, feeds, s)  # warm
+        times = []
+        for _ in range(repeats):
+            started = perf()
+            ragged_forward(m, c, feeds, s)
+            times.append(perf() - started)
+        return statistics.median(times)
+
+    verify: dict[str, dict[str, float]] = {}
+    draft: dict[str, float] = {}
+    for b in sizes:
+        for row in range(b):  # each row holds the context
+            ragged_forward(model, cache, [Feed(row, 0, ids[:context], 0)], scratch)
+            if draft_model is not None:
+                ragged_forward(draft_model, draft_cache, [Feed(row, 0, ids[:context], 0)], draft_scratch)
+        verify[str(b)] = {str(w): timed(model, cache, scratch, [Feed(r, context, ids[context: context + w], w)
+                                                                for r in range(b)]) for w in widths}
+        if draft_model is not None:
+            draft[str(b)] = timed(draft_model, draft_cache, draft_scratch,
+                                  [Feed(r, context, ids[context: context + 1], 1) for r in range(b)])
+    return {"verify": verify, "draft": draft}
+
+
+class BatchPolicy:
+    """k per number of rows from measured costs (``table``) and acceptance."""
+
+    def __init__(self, table: dict, max_k: int = 8, prior: Sequence[float] = PRIOR_ACCEPTANCE,
+                 min_gain: float = MIN_GAIN) -> None:
+        self.verify = {int(b): {int(w): t for w, t in ws.items()} for b, ws in table["verify"].items()}
+        self.draft = {int(b): t for b, t in table.get("draft", {}).items()}
+        self.max_k = min(max_k, max(max(ws) for ws in self.verify.values()) - 1)
+        self.prior = list(prior)
+        self.min_gain = min_gain
+
+    def costs(self, rows: int) -> StepCosts:
+        """The cost model's step costs for a batch of ``rows`` rows (interpolated)."""
+        widths = sorted({w for ws in self.verify.values() for w in ws})
+        verify = {w: _interpolate({b: ws[w] for b, ws in self.verify.items() if w in ws}, rows) for w in widths}
+        t_draft = _interpolate(self.draft, rows) if self.draft else 0.0
+        return StepCosts(t_ar=verify[1], t_draft=t_draft, verify=verify)
+
+    def k(self, rows: int, pooled: GenerationStats | None = None) -> int:
+        """The k to use with ``rows`` rows, given the acceptance pooled over the batch."""
+        per_position = self.prior
+        if pooled is not None and pooled.drafted_tokens >= MIN_DRAFTED:
+            per_position = pooled.per_position_acceptance
+        return choose_k(self.costs(rows), per_position=per_position, max_k=self.max_k, min_gain=self.min_gain)
+
+    @classmethod
+    def for_engine(cls, engine, draft=None, remeasure: bool = False) -> BatchPolicy:
+        """Measure (or read the cached) costs for this engine's target, draft and batch size."""
+        from ..drafters.batched import BatchedDraftModel, BatchedHybrid
+
+        drafter = engine.drafter.model if isinstance(engine.drafter, BatchedHybrid) else engine.drafter
+        drafter = drafter if isinstance(drafter, BatchedDraftModel) else None
+        draft_model = drafter.model if drafter is not None else None
+        sizes = batch_sizes(engine.max_batch_size)
+        identity = {"version": CACHE_VERSION, "sizes": sizes, "widths": list(WIDTHS), "machine": machine_fingerprint(),
+                    "target": model_fingerprint(engine.target),
+                    "draft": model_fingerprint(draft) if draft is not None and draft_model is not None else None}
+        path = None
+        if identity["target"] is not None:
+            digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
+            path = cache_dir() / f"batch-{digest}.json"
+            if not remeasure:
+                try:
+                    return cls(json.loads(path.read_text()))
+                except (OSError, ValueError, KeyError, TypeError):
+                    pass
+        table = measure_batch_costs(engine.model, engine.cache, engine.scratch, draft_model,
+                                    getattr(drafter, "cache", None), getattr(drafter, "scratch", 0), sizes)
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_suffix(f".tmp{os.getpid()}")
+                tmp.write_text(json.dumps({**identity, **table}, indent=1))
+                os.replace(tmp, path)
+            except OSError:
+                pass  # not cached: measured again next time
+        return cls(table)

@@ -1,0 +1,116 @@
+"""The cost model applied to early exit: which exit layer L (and k) pays most.
+
+For each L, :func:`measure_exit_layer` times the calls one early-exit step is made of
+(a draft step = layers [0, L) + the exit head over one token; the base pass of the last
+drafted token = layers [0, L) alone; verification = layers [L, N) over k + 1 tokens
+resuming from cached hidden states, or all N layers without sharing) and measures the
+per-position acceptance of the head on the calibration prompts. The cost model
+(:func:`.cost_model.predicted_speedup`) then predicts the speedup of every (L, k).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..drafters.early_exit import EarlyExitDrafter
+from ..engine import decode
+from ..models.exit_head import ExitHead
+from ..models.lm import NativeLM, eos_token_ids
+from ..stats import GenerationStats
+from ..stopping import StopConditions
+from .autok import CALIBRATION_PROMPTS
+from .cost_model import StepCosts, best_k, speedup_curve
+
+
+@dataclass
+class ExitLayerChoice:
+    """Measured costs, acceptance and predictions per exit layer; ``layer``/``k``: the best."""
+
+    layer: int
+    k: int
+    per_layer: dict[int, dict] = field(default_factory=dict)
+
+    @property
+    def predicted_speedup(self) -> float:
+        return self.per_layer[self.layer]["predicted"][self.k]
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()  # warm
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def step_costs(target: NativeLM, head: ExitHead, context: torch.Tensor, max_k: int, share_kv: bool = True,
+               repeats: int = 7) -> StepCosts:
+    """StepCosts of early exit at ``head.exit_layer`` after ``context`` (token ids): t_ar is a
+    plain step, t_draft a draft step, verify[n] the verify pass over n tokens (from layer L
+    with ``share_kv``); the base pass of the last drafted token is per-step overhead."""
+    model, n_layers, layer = target.model, target.config.n_layers, head.exit_layer
+    length = context.numel()
+    target.reset(length + max_k + 2)
+    target.extend(context, logits="none")
+    one = context[-1:].view(1, 1)
+    pos1 = torch.tensor([[length]])
+
+    def run(tokens, layers, hidden=None, logits="all"):
+        positions = torch.arange(length, length + tokens.shape[1])[None]
+        return model(None if hidden is not None else tokens, positions, target.cache, hidden=hidden,
+                     layers=layers, logits=logits)
+
+    t_ar = _median_seconds(lambda: run(one, (0, n_layers)), repeats)
+
+    def draft_step():
+        h = run(one, (0, layer), logits="none").hidden
+        head.logits(head.transform(h, model, pos1, head.new_cache(1, length + 2, h)), model)
+    t_draft = _median_seconds(draft_step, repeats)
+    base = _median_seconds(lambda: run(one, (0, layer), logits="none"), repeats) if share_kv else 0.0
+    verify = {}
+    for n in range(1, max_k + 2):
+        tokens = context[-n:].view(1, -1) if n <= length else one.repeat(1, n)
+        target.prepare(n)
+        hidden = torch.zeros(1, n, model.config.hidden_size) if share_kv else None
+        verify[n] = _median_seconds(lambda t=tokens, h=hidden: run(t, (layer if share_kv else 0, n_layers), h), repeats)
+    target.prepare(1)
+    return StepCosts(t_ar=t_ar, t_draft=t_draft, verify=verify, overhead=base)
+
+
+def measure_exit_layer(target: NativeLM, tokenizer, heads: dict[int, ExitHead] | None = None,
+                       max_k: int = 6, calibration_tokens: int = 48, share_kv: bool = True,
+                       repeats: int = 7) -> ExitLayerChoice:
+    """Costs and greedy acceptance of early exit at every layer (the shared head unless
+    ``heads`` gives one per layer); the (L, k) with the best predicted speedup."""
+    n_layers = target.config.n_layers
+    heads = heads or {layer: ExitHead(target.config, layer, trained=False) for layer in range(1, n_layers)}
+    prompts = [torch.tensor(tokenizer(p, verbose=False)["input_ids"]) for p in CALIBRATION_PROMPTS]
+    eos = eos_token_ids(target, tokenizer)
+    per_layer: dict[int, dict] = {}
+    best = (0.0, 0, 0)
+    for layer, head in sorted(heads.items()):
+        drafter = EarlyExitDrafter(target, head, share_kv=share_kv)
+        stats, context = GenerationStats(), None
+        for ids in prompts:
+            one = GenerationStats()
+            out = [t for s in decode(target, ids, StopConditions(calibration_tokens, eos), drafter=drafter,
+                                     num_speculative_tokens=max_k, stats=one) for t in s.tokens]
+            stats.merge(one)
+            context = context if context is not None else torch.cat([ids, torch.tensor(out, dtype=torch.long)])
+        per_position = stats.per_position_acceptance or [0.0]
+        costs = step_costs(target, head, context, max_k, share_kv, repeats)
+        curve = speedup_curve(costs, per_position=per_position, max_k=max_k)
+        k = best_k(costs, per_position=per_position, max_k=max_k)
+        per_layer[layer] = {"per_position": list(per_position), "costs": costs.to_dict(), "predicted": curve,
+                            "k": k, "draft_cost_ratio": costs.t_draft / costs.t_ar,
+                            "verify_ratio": costs.t_verify(k + 1) / costs.t_ar}
+        if curve[k] > best[0]:
+            best = (curve[k], layer, k)
+    return ExitLayerChoice(best[1], best[2], per_layer)

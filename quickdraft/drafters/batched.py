@@ -1,0 +1,203 @@
+"""Drafters for the batched engine: who proposes for every row of a batch at once.
+
+A batch drafter sees rows by their cache slot. Per step the engine asks it for one chain
+per row (``propose``: row ``i`` gets at most ``ks[i]`` tokens) and then tells it, per row,
+how much of its chain was accepted (``verified``). Rows join (``join``) and leave
+(``leave``) between steps. Proposals are chains: token trees stay batch 1.
+
+- :class:`BatchedNoDrafter`: plain decoding.
+- :class:`PerRowDrafter`: a stateless single-sequence drafter (n-gram lookup) run per row.
+- :class:`BatchedDraftModel`: the draft model, one batched draft forward per draft
+  position with its own batched KV cache (ragged, batch invariant, like the target's).
+- :class:`BatchedHybrid`: the n-gram chain where it matches, the draft model elsewhere.
+
+Early exit (the target's first layers + its head proposing) plugs in here the same way:
+a class with these five methods whose ``propose`` runs the target's first layers over the
+rows (``Transformer.forward(layers=(0, n), ragged=...)``) into its own cache rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from ..models.lm import NativeLM
+from ..models.ragged import Feed, ragged_forward
+from ..proposal import EMPTY, Proposal
+from ..sampling import SamplingParams, choose
+from .base import Drafter
+from .draft_model import present_logits
+from .ngram import NgramDrafter
+
+
+class BatchDrafter(Protocol):
+    """Proposes a chain per row of a batch (see the module docstring)."""
+
+    name: str
+
+    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> None:
+        """A row starts in ``slot`` after ``prompt``, sampling with its own ``params`` and
+        ``generator`` (the target's: a drafter that samples draws from it)."""
+
+    def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
+        """A chain of at most ``ks[i]`` tokens after ``sequences[i]`` for the row in ``slots[i]``."""
+
+    def verified(self, slot: int, length: int, accepted: int) -> None:
+        """Of the row's last chain (proposed after ``length`` tokens) ``accepted`` tokens were kept."""
+
+    def leave(self, slot: int) -> None:
+        """The row in ``slot`` is gone; the slot may be reused."""
+
+
+class BatchedNoDrafter:
+    """Proposes nothing: the batched engine then is batched plain decoding."""
+
+    name = "ar"
+
+    def join(self, slot, prompt, params, generator) -> None:
+        pass
+
+    def propose(self, slots, sequences, ks) -> list[Proposal]:
+        return [EMPTY] * len(slots)
+
+    def verified(self, slot, length, accepted) -> None:
+        pass
+
+    def leave(self, slot) -> None:
+        pass
+
+
+class PerRowDrafter:
+    """A stateless single-sequence drafter (``NgramDrafter``) asked row by row."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        self.drafter = drafter
+        self.name = drafter.name
+
+    def join(self, slot, prompt, params, generator) -> None:
+        pass
+
+    def propose(self, slots, sequences, ks) -> list[Proposal]:
+        return [self.drafter.propose(seq, k) if k > 0 else EMPTY for seq, k in zip(sequences, ks)]
+
+    def verified(self, slot, length, accepted) -> None:
+        pass
+
+    def leave(self, slot) -> None:
+        pass
+
+
+class BatchedDraftModel:
+    """The draft model drafting a chain for every row: draft position ``d`` is one batched
+    forward over the rows still drafting (row ``i`` drafts ``ks[i]`` tokens).
+
+    As the single-sequence drafter does, each row's first pass feeds what its cache lacks
+    (the last token, or a catch-up after accepted tokens), the last drafted token is never
+    fed, and each token is chosen with ``sampling.choose`` and the row's own generator, so
+    a row's draft (and the random numbers it consumes) is the one it gets alone.
+    """
+
+    name = "draft"
+
+    def __init__(self, draft: NativeLM, target_vocab_size: int, max_batch_size: int, max_len: int) -> None:
+        self.model = draft.model
+        self.lm = draft
+        self.vocab_size = target_vocab_size
+        self.scratch = max_batch_size  # the cache row padding rows write to
+        self.cache = self.model.new_cache(max_batch_size + 1, max_len)
+        self.lengths = [0] * max_batch_size
+        self.params: dict[int, SamplingParams] = {}
+        self.generators: dict[int, torch.Generator] = {}
+
+    def join(self, slot, prompt, params, generator) -> None:
+        self.params[slot], self.generators[slot] = params, generator
+        self.lengths[slot] = 0
+        if prompt.numel() > 1:  # the draft's prefill, alone (it has no logits to give)
+            ragged_forward(self.model, self.cache, [Feed(slot, 0, prompt[:-1], 0)], self.scratch)
+            self.lengths[slot] = prompt.numel() - 1
+
+    def propose(self, slots, sequences, ks) -> list[Proposal]:
+        chains: list[list[int]] = [[] for _ in slots]
+        probs: list[list[torch.Tensor]] = [[] for _ in slots]
+        for depth in range(max(ks, default=0)):
+            rows = [i for i, k in enumerate(ks) if k > depth]
+            feeds = []
+            for i in rows:
+                slot = slots[i]
+                fed = sequences[i][self.lengths[slot] :] if depth == 0 else torch.tensor(chains[i][-1:])
+                feeds.append(Feed(slot, self.lengths[slot], fed, 1))
+                self.lengths[slot] += fed.numel()
+            logits = ragged_forward(self.model, self.cache, feeds, self.scratch)
+            for i, row_logits in zip(rows, logits):
+                slot = slots[i]
+                token, q = choose(present_logits(row_logits[0], self.vocab_size), self.params[slot],
+                                  self.generators[slot])
+                chains[i].append(token)
+                if q is not None:
+                    probs[i].append(q)
+        out = []
+        for chain, q in zip(chains, probs):
+            if not chain:
+                out.append(EMPTY)
+            else:
+                out.append(Proposal.chain(torch.tensor(chain, dtype=torch.long), torch.stack(q) if q else None))
+        return out
+
+    def verified(self, slot, length, accepted) -> None:
+        # The cache holds the sequence's ``length`` tokens plus the chain's fed tokens; keep
+        # the accepted ones (chains need no moving).
+        self.lengths[slot] = min(self.lengths[slot], length + accepted)
+
+    def leave(self, slot) -> None:
+        self.params.pop(slot, None)
+        self.generators.pop(slot, None)
+
+
+class BatchedHybrid:
+    """The n-gram chain for rows whose tail matches, the draft model's for the others (the
+    draft model catches up on the tokens it skipped the next time it drafts for a row)."""
+
+    def __init__(self, ngram: NgramDrafter, model: BatchedDraftModel) -> None:
+        self.ngram, self.model = PerRowDrafter(ngram), model
+        self.name = f"hybrid({ngram.name}+draft)"
+
+    def join(self, slot, prompt, params, generator) -> None:
+        self.model.join(slot, prompt, params, generator)
+
+    def propose(self, slots, sequences, ks) -> list[Proposal]:
+        found = self.ngram.propose(slots, sequences, ks)
+        rest = [k if not p.size else 0 for p, k in zip(found, ks)]
+        drafted = self.model.propose(slots, sequences, rest)
+        return [p if p.size else d for p, d in zip(found, drafted)]
+
+    def verified(self, slot, length, accepted) -> None:
+        self.model.verified(slot, length, accepted)
+
+    def leave(self, slot) -> None:
+        self.model.leave(slot)
+
+
+BATCH_METHODS = ("ar", "draft", "ngram", "hybrid")
+
+
+def make_batch_drafter(method: str, draft: NativeLM | None, target_vocab_size: int, max_batch_size: int,
+                       max_len: int, ngram_max: int = 3, ngram_min: int = 1) -> BatchDrafter:
+    """The batch drafter of ``method`` (ar, draft, ngram, hybrid); trees and multi-draft are
+    batch 1 only, early exit plugs in here once it lands."""
+    if method == "ar":
+        return BatchedNoDrafter()
+    if method == "ngram":
+        return PerRowDrafter(NgramDrafter(ngram_max, ngram_min))
+    if method not in BATCH_METHODS:
+        raise ValueError(f"method {method!r} does not batch; batched decoding supports {', '.join(BATCH_METHODS)} "
+                         "(token trees and multi-draft are batch 1)")
+    if draft is None:
+        raise ValueError(f"--method {method} needs a draft model (--draft); ngram and ar need none")
+    if not isinstance(draft, NativeLM):
+        raise ValueError("batched decoding needs the native runtime for the draft (--backend native)")
+    model = BatchedDraftModel(draft, target_vocab_size, max_batch_size, max_len)
+    if method == "hybrid":
+        return BatchedHybrid(NgramDrafter(ngram_max, ngram_min), model)
+    return model

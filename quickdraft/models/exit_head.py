@@ -1,0 +1,190 @@
+"""Exit heads: turn the residual stream after the target's layer L into next-token logits.
+
+An early-exit draft is the target's own layers ``[0, L)`` plus one of these heads:
+
+* the **shared** head: the target's final norm + LM head, nothing trained (the "logit
+  lens");
+* a **trained** head: an affine translator ``h + A h + b`` (A zero-initialised) and its
+  own final norm in front of the target's LM head, as the tuned lens (Belrose et al.
+  2023) does; only ``hidden_size^2`` parameters, and the LM head stays shared;
+* the same with an **extra transformer block** first (lucidrains' "extra transformer
+  block head"), initialised from the target's layer L. Its keys and values live in a
+  cache of its own (one layer).
+
+A trained head is a small directory: ``config.json`` (:class:`ExitHeadConfig`, with the
+target's name and fingerprint), ``model.safetensors`` (the head's weights only), a model
+card and the training log. :func:`load_exit_head` refuses a head made for another target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .loading import CheckpointError
+from .transformer import Block, Transformer, make_norm
+
+HEAD_CONFIG = "config.json"
+HEAD_WEIGHTS = "model.safetensors"
+HEAD_KIND = "quickdraft-exit-head"
+
+
+@dataclass
+class ExitHeadConfig:
+    """What a saved head is: its layer, its parts and the target it was trained on."""
+
+    exit_layer: int
+    hidden_size: int
+    vocab_size: int
+    extra_block: bool = False
+    target: str = ""  # the target's name (embedded name or directory name)
+    target_fingerprint: str = ""  # :func:`target_fingerprint` of the target it was trained on
+    kind: str = HEAD_KIND
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def target_fingerprint(model: Transformer) -> str:
+    """A short content hash of a target: its shape and a few of its weights (embedding rows
+    and norms, which the CPU decode kernels leave in place), so the same weights give the
+    same fingerprint wherever they are stored."""
+    cfg = model.config
+    h = hashlib.sha256(json.dumps([cfg.family, cfg.n_layers, cfg.hidden_size, cfg.vocab_size]).encode())
+    with torch.no_grad():
+        for t in (model.embed.weight[:8], model.embed.weight[-8:], model.norm.weight,
+                  model.layers[-1].mlp_norm.weight):
+            h.update(t.detach().to(torch.float32).cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+class ExitHead(nn.Module):
+    """Logits from the residual stream after layer ``exit_layer`` of ``target``.
+
+    ``trained=False`` is the shared head (no parameters of its own). Otherwise the head
+    has a translator (zero-initialised: it starts as the shared head) and its own norm,
+    and with ``extra_block`` a transformer block with a one-layer KV cache in front.
+    """
+
+    def __init__(self, config: ModelConfig, exit_layer: int, trained: bool = True, extra_block: bool = False) -> None:
+        super().__init__()
+        if extra_block and not trained:
+            raise ValueError("an extra block head is a trained head")
+        self.exit_layer = exit_layer
+        self.trained = trained
+        self.block = Block(config) if extra_block else None
+        self.norm = make_norm(config) if trained else None
+        self.translator = nn.Linear(config.hidden_size, config.hidden_size) if trained else None
+        self.block_config = dataclasses.replace(config, n_layers=1)
+
+    @property
+    def kind(self) -> str:
+        return "extra-block" if self.block is not None else "trained" if self.trained else "shared"
+
+    def init_from(self, target: Transformer) -> ExitHead:
+        """Start as the shared head: the target's final norm, a zero translator and, for the
+        extra block, a copy of the target's layer ``exit_layer`` (what would run next)."""
+        with torch.no_grad():
+            if self.norm is not None:
+                self.norm.load_state_dict(target.norm.state_dict())
+            if self.translator is not None:
+                self.translator.weight.zero_()
+                self.translator.bias.zero_()
+            if self.block is not None:
+                source = target.layers[min(self.exit_layer, target.config.n_layers - 1)]
+                self.block.load_state_dict(source.state_dict())
+        return self
+
+    def new_cache(self, batch_size: int, max_len: int, like: torch.Tensor) -> KVCache | None:
+        """The extra block's KV cache (None without one)."""
+        if self.block is None:
+            return None
+        return KVCache(self.block_config, batch_size, max_len, dtype=like.dtype, device=like.device)
+
+    def transform(self, hidden: torch.Tensor, target: Transformer, positions: torch.Tensor,
+                  cache: KVCache | None) -> torch.Tensor:
+        """The head's residual stream (``[B, T, H]``) before its norm; the extra block
+        writes its keys and values for ``positions`` (``[B, T]``, = cache slots) to ``cache``."""
+        x = hidden
+        if self.block is not None:
+            rope, rows, mask, kv_len = target.attention_inputs(positions, cache)
+            x = self.block(x, rope, cache, 0, rows, positions, mask, kv_len)
+        if self.translator is not None:
+            x = x + self.translator(x)
+        return x
+
+    def logits(self, x: torch.Tensor, target: Transformer) -> torch.Tensor:
+        """Logits of :meth:`transform`'s output with the target's LM head."""
+        return target.lm_head((self.norm or target.norm)(x))
+
+    def config_for(self, target: Transformer, target_name: str) -> ExitHeadConfig:
+        cfg = target.config
+        return ExitHeadConfig(self.exit_layer, cfg.hidden_size, cfg.vocab_size, self.block is not None,
+                              target_name, target_fingerprint(target))
+
+
+def save_exit_head(head: ExitHead, target: Transformer, target_name: str, out: Path) -> None:
+    """``config.json`` + ``model.safetensors`` (the head's own weights, bf16) in ``out``."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()}
+    save_file(state, str(out / HEAD_WEIGHTS))
+    (out / HEAD_CONFIG).write_text(json.dumps(head.config_for(target, target_name).to_json(), indent=2) + "\n")
+    for f in (out / HEAD_WEIGHTS, out / HEAD_CONFIG):
+        f.chmod(0o644)  # safetensors may create 0600 files; ship them readable
+
+
+def is_exit_head_dir(path: str | Path) -> bool:
+    config = Path(path) / HEAD_CONFIG
+    try:
+        return config.is_file() and json.loads(config.read_text()).get("kind") == HEAD_KIND
+    except (OSError, ValueError):
+        return False
+
+
+def read_head_config(path: str | Path) -> ExitHeadConfig:
+    path = Path(path)
+    if not is_exit_head_dir(path):
+        raise CheckpointError(f"{path} is not an exit head directory (no {HEAD_CONFIG} of kind {HEAD_KIND}); "
+                              "train one with `quickdraft train exit-head`")
+    values = json.loads((path / HEAD_CONFIG).read_text())
+    names = {f.name for f in dataclasses.fields(ExitHeadConfig)}
+    return ExitHeadConfig(**{k: v for k, v in values.items() if k in names})
+
+
+def load_exit_head(path: str | Path, target: Transformer) -> ExitHead:
+    """A trained head for ``target``; a one-line CheckpointError when it was made for
+    another target (vocabulary, width, depth or weights differ)."""
+    from safetensors.torch import load_file
+
+    cfg = read_head_config(path)
+    tc = target.config
+    if (cfg.hidden_size, cfg.vocab_size) != (tc.hidden_size, tc.vocab_size):
+        raise CheckpointError(
+            f"exit head {path} was trained for a target with hidden size {cfg.hidden_size} and vocabulary "
+            f"{cfg.vocab_size}, not this one ({tc.hidden_size}, {tc.vocab_size}); train one for it with "
+            "`quickdraft train exit-head --target ...`")
+    if not 1 <= cfg.exit_layer < tc.n_layers:
+        raise CheckpointError(f"exit head {path} exits after layer {cfg.exit_layer}, but the target has "
+                              f"{tc.n_layers} layers; train one for this target")
+    if cfg.target_fingerprint and cfg.target_fingerprint != target_fingerprint(target):
+        raise CheckpointError(
+            f"exit head {path} was trained on another target ({cfg.target or 'unnamed'}, weights differ); "
+            "train one for this target with `quickdraft train exit-head --target ...`")
+    head = ExitHead(tc, cfg.exit_layer, trained=True, extra_block=cfg.extra_block)
+    try:
+        state = load_file(str(Path(path) / HEAD_WEIGHTS))
+        head.load_state_dict({k: v.to(target.embed.weight.dtype) for k, v in state.items()})
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise CheckpointError(f"cannot load the exit head in {path}: {str(exc).splitlines()[0][:160]}") from None
+    return head.to(target.embed.weight.device).eval().requires_grad_(False)

@@ -1,0 +1,86 @@
+"""One forward pass over a ragged batch: every row feeds its own number of tokens after its
+own cached length, and gets back the logits of its own last tokens.
+
+Batch invariance (a row's logits do not depend, bit for bit, on the other rows) needs
+identical per-row arithmetic, so:
+
+- attention runs row by row over the row's real tokens and cache (``RaggedRow``); padding
+  is never visible to anyone, the row itself included;
+- every matrix product has a *canonical* row count (``decode_linear.canonical_rows``):
+  the batch is padded with padding tokens (more columns) or padding rows (a scratch cache
+  row) up to the cheapest such count, so MKL rounds each row the same way whatever the
+  batch holds. Norms, RoPE, activations and the embedding are per token already.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .decode_linear import canonical_rows
+from .kv_cache import KVCache
+from .transformer import RaggedRow, Transformer
+
+MAX_PAD = 12  # padding tokens or rows tried when looking for the cheapest canonical shape
+
+
+@dataclass(frozen=True)
+class Feed:
+    """What one row feeds: ``tokens`` (``[n]``, n >= 1) written after the ``start`` tokens its
+    cache row ``cache_row`` holds; ``logits`` of its last ``logits`` tokens are wanted (0: none)."""
+
+    cache_row: int
+    start: int
+    tokens: torch.Tensor
+    logits: int
+
+
+def padded_shape(rows: int, width: int) -> tuple[int, int]:
+    """(rows, width) >= the given ones with a canonical product ``rows * width``, the one
+    with the fewest tokens (then the fewest padding rows)."""
+    best = None
+    for w in range(width, width + MAX_PAD + 1):
+        for r in range(rows, rows + MAX_PAD + 1):
+            if canonical_rows(r * w) == r * w:
+                if best is None or (r * w, r) < (best[0] * best[1], best[0]):
+                    best = (r, w)
+                break
+    return best
+
+
+@torch.inference_mode()
+def ragged_forward(model: Transformer, cache: KVCache, feeds: Sequence[Feed], scratch_row: int) -> list[torch.Tensor]:
+    """Run ``feeds`` in one pass; per feed the logits ``[feed.logits, V]`` of its last tokens
+    (None for 0). ``scratch_row`` is a cache row no real row uses (padding rows write there)."""
+    width = max(f.tokens.numel() for f in feeds)
+    rows, width = padded_shape(len(feeds), width)
+    context = model.config.max_position_embeddings
+    tokens = torch.zeros(rows, width, dtype=torch.long)
+    slots = torch.arange(width).repeat(rows, 1)
+    ragged = []
+    for b in range(rows):
+        if b < len(feeds):
+            f = feeds[b]
+            n = f.tokens.numel()
+            tokens[b, :n] = f.tokens
+            slots[b] += f.start
+            ragged.append(RaggedRow(f.cache_row, f.start, n))
+        else:
+            ragged.append(RaggedRow(scratch_row, 0, 0))
+    positions = slots.clamp(max=context - 1)  # padding may run past the context; real tokens never do
+    hidden = model(tokens, positions, cache, slots=slots, logits="none", ragged=ragged).hidden
+    picks = [b * width + f.tokens.numel() - f.logits + i for b, f in enumerate(feeds) for i in range(f.logits)]
+    if not picks:
+        return [None] * len(feeds)
+    flat = hidden.reshape(rows * width, -1)[torch.tensor(picks)]
+    total = canonical_rows(len(picks))
+    if total > len(picks):
+        flat = torch.cat([flat, flat.new_zeros(total - len(picks), flat.shape[-1])])
+    logits = model.head(flat)[: len(picks)]
+    out, at = [], 0
+    for f in feeds:
+        out.append(logits[at : at + f.logits] if f.logits else None)
+        at += f.logits
+    return out

@@ -1,0 +1,170 @@
+"""``quickdraft train exit-head``: distil an early-exit head on a frozen target.
+
+The student is an :class:`~quickdraft.models.exit_head.ExitHead` reading the target's
+residual stream after layer L; the teacher is the whole target. Both come out of ONE
+native forward pass of the frozen target (its logits and its layer-L hidden states), so
+a training step costs a target forward plus the head. Everything else is the draft
+trainer's: data (:mod:`.textdata`), KL + CE (:func:`.trainer.distill_objective`), the
+loop with progress, checkpoints, resume and Ctrl-C (:func:`.distill.train`), held-out
+agreement (:func:`.trainer.evaluate`) and the card (:mod:`.card`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+
+from ..generator import load_tokenizer
+from ..machine import machine_info
+from ..models.config import UnsupportedModelError
+from ..models.exit_head import ExitHead, is_exit_head_dir, save_exit_head
+from ..models.loading import load_native, resolve_model_dir
+from ..models.registry import read_meta
+from . import card
+from .distill import DistillTask, check_settings, tokenize, train
+from .draft import default_work_dir
+from .presets import Stage
+from .textdata import TrainInputError, read_text_data
+from .trainer import count_params, distill_objective, evaluate
+
+
+def load_native_teacher(target: str | Path):
+    """The target in the native runtime, fp32, frozen: ``(model, directory, tokenizer)``."""
+    target_dir = resolve_model_dir(target)
+    try:
+        model = load_native(target_dir, torch.float32)
+    except UnsupportedModelError as exc:
+        raise TrainInputError(f"{target}: {exc}; exit heads need a target the native runtime loads") from None
+    return model.eval().requires_grad_(False), target_dir, load_tokenizer(target_dir)
+
+
+class TargetPass:
+    """One forward pass of the frozen target over token windows ``[B, T]``: its logits and
+    its residual stream after ``layer`` (the KV cache is kept between same-shape calls)."""
+
+    def __init__(self, target, layer: int) -> None:
+        self.target, self.layer, self.cache = target, layer, None
+
+    @torch.no_grad()
+    def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        bsz, length = tokens.shape
+        if self.cache is None or self.cache.k.shape[1] != bsz or self.cache.max_len < length:
+            self.cache = self.target.new_cache(bsz, length)
+        positions = torch.arange(length)[None].expand(bsz, -1)
+        out = self.target(tokens, positions, self.cache, output_hidden_states=[self.layer])
+        return out.logits, out.hidden_states[self.layer], positions
+
+
+def head_logits(head: ExitHead, target, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The head's logits over whole windows (a fresh cache for the extra block)."""
+    cache = head.new_cache(hidden.shape[0], hidden.shape[1], hidden)
+    return head.logits(head.transform(hidden, target, positions, cache), target)
+
+
+class _Logits(nn.Module):
+    """``model(input_ids=...).logits`` for :func:`.trainer.evaluate`: the target's own
+    logits, or (with ``head``) the exit head's."""
+
+    def __init__(self, target_pass: TargetPass, head: ExitHead | None = None) -> None:
+        super().__init__()
+        self.target_pass, self.head = target_pass, head
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
+        logits, hidden, positions = self.target_pass(input_ids)
+        if self.head is not None:
+            logits = head_logits(self.head, self.target_pass.target, hidden, positions)
+        return SimpleNamespace(logits=logits)
+
+
+def make_exit_loss(target_pass: TargetPass, kl_weight: float, ce_weight: float):
+    def loss_fn(head: ExitHead, batch: torch.Tensor):
+        inp, labels = batch[:, :-1], batch[:, 1:]
+        t_logits, hidden, positions = target_pass(inp)
+        logits = head_logits(head, target_pass.target, hidden, positions)
+        return distill_objective(t_logits, logits, labels, kl_weight, ce_weight)
+
+    return loss_fn
+
+
+def check_out_dir(out: Path, force: bool) -> None:
+    if out.is_file():
+        raise TrainInputError(f"--out {out} is a file; pass a directory")
+    if out.is_dir() and any(out.iterdir()) and not is_exit_head_dir(out) and not force:
+        raise TrainInputError(f"--out {out} is not empty and holds no exit head; pass a new directory, "
+                              "or --force to write into it")
+
+
+def run_train_exit_head(args, command: str, log=print) -> int:
+    """Run ``quickdraft train exit-head``; returns the exit code (130 when Ctrl-C stopped it)."""
+    out = Path(args.out)
+    check_out_dir(out, args.force)
+    target, target_dir, tok = load_native_teacher(args.target)
+    n_layers, context = target.config.n_layers, target.config.max_position_embeddings
+    if not 1 <= args.exit_layer < n_layers:
+        raise TrainInputError(f"--exit-layer must be in 1..{n_layers - 1} for this target ({n_layers} layers), "
+                              f"got {args.exit_layer}")
+    if args.seq_len > context:
+        raise TrainInputError(f"--seq-len {args.seq_len} is longer than the target's context ({context}); "
+                              f"pass at most {context}")
+    tokens = tokenize(read_text_data(args.data), tok, args.seq_len)
+    torch.manual_seed(args.seed)
+    head = ExitHead(target.config, args.exit_layer, trained=True, extra_block=args.extra_block).init_from(target)
+    stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+                  ckpt_every=args.ckpt_every, log_every=args.log_every)
+    work = Path(args.work_dir) if args.work_dir else default_work_dir(out)
+    check_settings(work, {
+        "kind": "exit-head", "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
+        "exit_layer": args.exit_layer, "extra_block": args.extra_block, "seq_len": args.seq_len,
+        "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup, "seed": args.seed,
+        "kl_weight": args.kl_weight, "ce_weight": args.ce_weight}, args.resume)
+    split = tokens.manifest["split"]
+    target_name = read_meta(target_dir).get("name") or target_dir.name
+    log(f"[train exit-head] target {target_dir} ({count_params(target):,} params, {n_layers} layers); head after "
+        f"layer {args.exit_layer}{' with an extra block' if args.extra_block else ''}, {count_params(head):,} "
+        f"params; {split['train_tokens']:,} train / {split['heldout_tokens']:,} held-out tokens; {args.steps} "
+        f"steps of {args.batch_size} x {args.seq_len}")
+    target_pass = TargetPass(target, args.exit_layer)
+    task = DistillTask("exit-head", target, head, make_exit_loss(target_pass, args.kl_weight, args.ce_weight),
+                       lambda d: save_exit_head(head, target, target_name, d))
+    summary = train(task, tokens, stage, args.seq_len, args.seed, work, resume=args.resume,
+                    progress=not args.no_progress, threads=args.threads)
+    out.mkdir(parents=True, exist_ok=True)
+    task.save(out)
+    shutil.copyfile(work / "train_log.jsonl", out / "train_log.jsonl")
+    (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
+    report = {"kind": "exit-head", "command": command, "target": target_name, "target_dir": str(target_dir),
+              "target_params": count_params(target), "params": count_params(head),
+              "exit_layer": args.exit_layer, "n_layers": n_layers, "extra_block": args.extra_block,
+              "seq_len": args.seq_len, "seed": args.seed, "stage": asdict(stage),
+              "kl_weight": args.kl_weight, "ce_weight": args.ce_weight, "train": summary,
+              "data": {k: v for k, v in tokens.manifest.items() if k != "file_list"}, "hardware": machine_info()}
+    if not summary["interrupted"]:
+        # Held-out agreement of the saved (bf16) head, and of the shared head at the same layer.
+        from ..models.exit_head import load_exit_head
+
+        saved = load_exit_head(out, target)
+        shared = ExitHead(target.config, args.exit_layer, trained=False)
+        teacher = _Logits(target_pass)
+        report["heldout"] = evaluate(_Logits(target_pass, saved), tokens.heldout, None, args.seq_len,
+                                     args.eval_tokens, teacher=teacher)
+        report["heldout_shared_head"] = evaluate(_Logits(target_pass, shared), tokens.heldout, None,
+                                                 args.seq_len, args.eval_tokens, teacher=teacher)
+    (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")
+    card.write_exit_head_card(out, report)
+    if summary["interrupted"]:
+        log(f"[train exit-head] stopped at step {summary['steps_done']}/{args.steps}; a usable head is in "
+            f"{out}; continue with the same command and --resume")
+        return 130
+    ev, base = report["heldout"], report["heldout_shared_head"]
+    log(f"[train exit-head] held-out greedy agreement with the target {ev['greedy_agreement']:.1%} (shared head "
+        f"at layer {args.exit_layer}: {base['greedy_agreement']:.1%}), KL {ev['kl_from_target']:.4f}; head saved "
+        f"to {out}")
+    return 0

@@ -1,0 +1,203 @@
+"""Batched speculative decoding: lossless per row, batch invariant, continuous batching."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quickdraft.batch_engine import BatchEngine, BatchFullError
+from quickdraft.drafters import DraftModelDrafter, NoDrafter
+from quickdraft.engine import ContextOverflowError, decode
+from quickdraft.models.decode_linear import canonical_rows, mkl_prepack_available
+from quickdraft.models.ragged import Feed, ragged_forward
+from quickdraft.sampling import SamplingParams
+from quickdraft.stopping import StopConditions
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def prompts(models):
+    tok = models[0]
+    texts = ["def add(a, b):\n", "for i in range(10):\n    print(i, i * i)\n" * 4, "x", "class Point:\n"]
+    ids = [torch.tensor(tok(t)["input_ids"]) for t in texts]
+    assert ids[2].numel() == 1 and ids[1].numel() > 10 * ids[0].numel() // 2  # very different lengths
+    return ids
+
+
+def plain(target, ids, stop):
+    return [t for s in decode(target, ids, stop, drafter=NoDrafter()) for t in s.tokens]
+
+
+def run(engine, jobs, join_at=None, cancel=None):
+    """Run ``jobs`` (prompt, params, stop) through ``engine``; ``join_at`` {step: job index}
+    adds a job mid-way, ``cancel`` (step, job index) cancels one. Returns tokens and finish per job."""
+    join_at = join_at or {}
+    rows, out, finish = {}, {}, {}
+    for i, (ids, params, stop) in enumerate(jobs):
+        if i not in join_at.values():
+            rows[engine.add(ids, params, stop)] = i
+    step = 0
+    while engine.active or any(i not in rows.values() for i in join_at.values()):
+        for i in [j for s, j in join_at.items() if s == step]:
+            ids, params, stop = jobs[i]
+            rows[engine.add(ids, params, stop)] = i
+        if cancel and cancel[0] == step:
+            row = next(r for r, j in rows.items() if j == cancel[1])
+            before = engine.free_slots
+            engine.cancel(row)
+            assert engine.free_slots == before + 1
+            finish[cancel[1]] = "cancelled"
+        for row, update in engine.step().items():
+            out.setdefault(rows[row], []).extend(update.tokens)
+            assert update.drafted <= len(update.tokens)
+            if update.finish:
+                finish[rows[row]] = update.finish
+        step += 1
+    return out, finish
+
+
+@pytest.mark.skipif(not mkl_prepack_available(), reason="the canonical row counts are MKL's")
+def test_canonical_row_counts_round_every_row_alike():
+    torch.manual_seed(0)
+    w = torch.randn(64, 200)
+    x = torch.randn(80, 64)
+    reference = x @ w
+    for rows in sorted({canonical_rows(n) for n in range(1, 81)}):
+        assert torch.equal(x[:rows] @ w, reference[:rows]), rows
+        # The prepacked kernel the engine switches to for a repeating row count, too.
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(w.t().contiguous(), rows)
+        assert torch.equal(torch.ops.mkl._mkl_linear(x[:rows], packed, w.t().contiguous(), None, rows),
+                           reference[:rows]), rows
+
+
+def test_ragged_forward_logits_do_not_depend_on_the_batch(models, prompts):
+    """Bit for bit: a row's logits alone equal its logits next to any other rows."""
+    target = models[1]
+    model = target.model
+    cache = model.new_cache(5, 160)
+    for slot, ids in enumerate(prompts):
+        ragged_forward(model, cache, [Feed(slot, 0, ids, 0)], 4)
+    widths = [1, 5, 3, 2]
+
+    def feed(slot):
+        return Feed(slot, prompts[slot].numel(), torch.arange(3, 3 + widths[slot]), widths[slot])
+
+    alone = {s: ragged_forward(model, cache, [feed(s)], 4)[0] for s in range(4)}
+    for group in ([0, 1], [1, 2, 3], [3, 0, 2, 1], [2, 0]):
+        together = ragged_forward(model, cache, [feed(s) for s in group], 4)
+        for s, logits in zip(group, together):
+            assert torch.equal(logits, alone[s]), (group, s)
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram", "hybrid"])
+def test_greedy_rows_equal_plain_decoding_and_their_solo_runs(models, prompts, method):
+    tok, target, drafts = models
+    eos = [tok.eos_token_id]
+    budgets = [MAX_NEW, 9, MAX_NEW, 15]  # rows finish at different steps
+    jobs = [(ids, SamplingParams(), StopConditions(n, eos)) for ids, n in zip(prompts, budgets)]
+    expected = [plain(target, ids, StopConditions(n, eos)) for ids, n in zip(prompts, budgets)]
+
+    def engine(size):
+        return BatchEngine(target, method=method, draft=drafts["perturbed"], max_batch_size=size,
+                           max_len=200, num_speculative_tokens=4)
+
+    # Three rows at once; the fourth joins mid-way; a fifth copy of row 0 is cancelled.
+    jobs_plus = jobs + [(prompts[0], SamplingParams(), StopConditions(MAX_NEW, eos))]
+    out, finish = run(engine(4), jobs_plus, join_at={3: 3, 1: 4}, cancel=(2, 4))
+    for i in range(4):
+        assert out[i] == expected[i], i
+        solo, _ = run(engine(1), [(prompts[i], SamplingParams(), StopConditions(budgets[i], eos))])
+        assert solo[0] == expected[i]
+    assert finish[1] == "length" and finish[4] == "cancelled"
+
+
+def test_seeded_sampled_rows_reproduce_their_solo_output(models, prompts):
+    tok, target, drafts = models
+    eos = [tok.eos_token_id]
+    params = [SamplingParams(0.8, seed=1), SamplingParams(1.0, top_p=0.9, seed=2), SamplingParams(),
+              SamplingParams(0.6, top_k=20, seed=3)]
+    jobs = [(ids, p, StopConditions(MAX_NEW, eos)) for ids, p in zip(prompts, params)]
+
+    def engine(size):
+        return BatchEngine(target, method="draft", draft=drafts["perturbed"], max_batch_size=size,
+                           max_len=200, num_speculative_tokens=3)
+
+    together, _ = run(engine(4), jobs, join_at={2: 1})
+    for i, (ids, p, _) in enumerate(jobs):
+        solo, _ = run(engine(1), [(ids, p, StopConditions(MAX_NEW, eos))])
+        assert together[i] == solo[0], i
+        # The single-sequence engine, same seed and k, draws the same random numbers.
+        single = decode(target, ids, StopConditions(MAX_NEW, eos),
+                        drafter=DraftModelDrafter(drafts["perturbed"], target.vocab_size),
+                        params=p, num_speculative_tokens=3)
+        assert together[i] == [t for s in single for t in s.tokens], i
+
+
+def test_per_row_stop_strings_eos_and_budgets(models, prompts):
+    tok, target, drafts = models
+    eos = [tok.eos_token_id]
+    first = plain(target, prompts[1], StopConditions(MAX_NEW, eos))
+    text = tok.decode(first)
+    stop_at = text[len(text) // 3 : len(text) // 3 + 2]
+    eos_row = [first[4]]  # pretend a generated token is EOS: the row stops before it
+    stops = [StopConditions(MAX_NEW, eos, [stop_at], tok), StopConditions(MAX_NEW, eos_row),
+             StopConditions(3, eos), StopConditions(1, eos)]
+    rows = [prompts[1], prompts[1], prompts[0], prompts[3]]
+    expected, reasons = [], []
+    for ids, stop in zip(rows, [StopConditions(MAX_NEW, eos, [stop_at], tok), StopConditions(MAX_NEW, eos_row),
+                                StopConditions(3, eos), StopConditions(1, eos)]):
+        stats_steps = list(decode(target, ids, stop, drafter=NoDrafter()))
+        expected.append([t for s in stats_steps for t in s.tokens])
+    engine = BatchEngine(target, method="draft", draft=drafts["copy"], max_batch_size=4, max_len=200,
+                         num_speculative_tokens=5)
+    out, finish = run(engine, [(ids, SamplingParams(), stop) for ids, stop in zip(rows, stops)])
+    assert [out.get(i, []) for i in range(4)] == expected
+    reasons = [finish[i] for i in range(4)]
+    assert reasons == ["stop", "stop", "length", "length"]
+    assert stop_at in tok.decode(out[0]) and len(out[1]) == first.index(first[4])
+
+
+def test_slots_overflow_and_cancel(models, prompts):
+    tok, target, drafts = models
+    engine = BatchEngine(target, method="ngram", max_batch_size=2, max_len=64, num_speculative_tokens=2)
+    a = engine.add(prompts[0], SamplingParams(), StopConditions(4, [tok.eos_token_id]))
+    engine.add(prompts[2], SamplingParams(), StopConditions(4, [tok.eos_token_id]))
+    assert engine.free_slots == 0 and engine.active == 2
+    with pytest.raises(BatchFullError):
+        engine.add(prompts[3], SamplingParams(), StopConditions(4, [tok.eos_token_id]))
+    engine.cancel(a)
+    assert engine.free_slots == 1 and engine.active == 1
+    with pytest.raises(ContextOverflowError):
+        engine.add(torch.zeros(64, dtype=torch.long), SamplingParams(), StopConditions(4, []))
+    engine.add(prompts[3], SamplingParams(), StopConditions(4, [tok.eos_token_id]))
+    assert engine.active == 2
+    while engine.active:
+        engine.step()
+    assert engine.free_slots == 2
+    with pytest.raises(ValueError, match="does not batch"):
+        BatchEngine(target, method="tree", max_batch_size=2)
+
+
+def test_policy_turns_speculation_off_when_verification_is_compute_bound():
+    from quickdraft.bench.batch_policy import BatchPolicy
+
+    # Batch 1: a 9-token pass costs 1.2 plain steps (memory-bound); batch 8: 9x (compute-bound).
+    table = {"verify": {"1": {str(w): 1.0 + 0.025 * (w - 1) for w in range(1, 10)},
+                        "8": {str(w): 2.0 * w for w in range(1, 10)}},
+             "draft": {"1": 0.1, "8": 0.15}}
+    policy = BatchPolicy(table)
+    assert policy.k(1) >= 3
+    assert policy.k(8) == 0
+    assert 0 <= policy.k(4) <= policy.k(1)
+
+
+def test_engine_with_the_measured_policy_stays_lossless(models, prompts, private_cache_dir):
+    tok, target, drafts = models
+    eos = [tok.eos_token_id]
+    engine = BatchEngine(target, method="draft", draft=drafts["copy"], max_batch_size=2, max_len=120)
+    assert engine.policy is not None and 0 <= engine.k_for(2) <= 8
+    assert list(private_cache_dir.glob("quickdraft/autok/batch-*.json"))  # measured once, cached
+    jobs = [(ids, SamplingParams(), StopConditions(12, eos)) for ids in prompts[:2]]
+    out, _ = run(engine, jobs)
+    assert [out[0], out[1]] == [plain(target, ids, StopConditions(12, eos)) for ids in prompts[:2]]
