@@ -265,7 +265,8 @@ class SpeculativeGenerator:
             drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options, target=pair.target)
             gen = cls(pair.target, pair.tokenizer, drafter, acceptance=acceptance)
             chain = chain_drafter(drafter)
-            if chain is not None and chain.stop.name != "fixed":
+            policy = chain.stop if chain is not None else getattr(drafter, "stop_policy", None)
+            if policy is not None and policy.name != "fixed":
                 gen.num_speculative_tokens = ADAPTIVE_MAX_DEPTH  # k caps the chain; the policy stops sooner
             elif chain is not None and hasattr(chain.model, "profile"):
                 gen.num_speculative_tokens = chain.model.profile.k  # layer skip: the k it was tuned at

@@ -104,6 +104,24 @@ def test_draft_stop_policy_is_consulted_and_stays_lossless():
     assert stop.observed and all(d <= 2 and a <= d for d, a in stop.observed)
 
 
+@pytest.mark.parametrize("policy", ["confidence:0.3", "dv", "heuristic"])
+def test_every_draft_stop_policy_through_the_factory_is_lossless(policy, tmp_path):
+    """--draft-stop reaches early exit through make_drafter (the CLI's path); cost is refused."""
+    from quickdraft.drafters import DraftOptions, make_drafter
+
+    lm = native_lm()
+    head_dir = tmp_path / "head"
+    save_exit_head(random_head(lm, 2, "trained"), lm.model, "tiny", head_dir)
+    drafter = make_drafter("early-exit", None, lm.vocab_size,
+                           DraftOptions(draft_stop=policy, exit_head=str(head_dir)), target=lm)
+    assert drafter.stop_policy.name != "fixed"
+    for prompt in PROMPTS:
+        assert generate(lm, drafter, prompt, k=6) == generate(lm, None, prompt)
+    with pytest.raises(ValueError, match="early exit"):
+        make_drafter("early-exit", None, lm.vocab_size, DraftOptions(draft_stop="cost", exit_head=str(head_dir)),
+                     target=lm)
+
+
 @pytest.mark.parametrize("kind", ["shared", "extra-block"])
 def test_shared_cache_equals_a_fresh_prefill_after_any_number_of_steps(kind):
     lm = native_lm()

@@ -25,7 +25,7 @@ METHODS = {
     "auto": "the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
 }
 NEEDS_DRAFT = ("draft", "tree", "multi-draft", "hybrid", "auto")
-CHAIN_METHODS = ("draft", "hybrid", "layer-skip")  # the methods --draft-stop applies to
+CHAIN_METHODS = ("draft", "hybrid", "layer-skip", "early-exit")  # the methods --draft-stop applies to
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,12 @@ def make_drafter(
 
         if target is None:
             raise ValueError("--method early-exit drafts with the target's own layers: pass the target")
-        return early_exit_drafter(target, options)
+        if options.draft_stop.startswith("cost"):
+            # The cost policy weighs measured draft-step costs; they are measured for draft
+            # models (auto-k) and skip drafts, not yet for an exit head.
+            raise ValueError("--draft-stop cost needs measured draft costs, which early exit does not have "
+                             "yet; use fixed, confidence:T, dv or heuristic")
+        return early_exit_drafter(target, options, stop)
     if method == "ngram":
         return NgramDrafter(options.ngram_max, options.ngram_min)
     shape = draft_shape(method, options)
