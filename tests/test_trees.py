@@ -220,3 +220,18 @@ def test_dynamic_tree_scores_fit_fresh_caches(tiny_family):
     reference = run(load_model(tiny_family["target"]), ids, 12)
     drafter = make_drafter("tree", draft, target.vocab_size, DraftOptions(tree="dynamic:6"))
     assert run(target, ids, 12, drafter, k=7) == reference
+
+
+def test_compaction_works_on_a_cache_allocated_in_inference_mode():
+    """A cache first allocated inside inference mode (e.g. by the bench's step-cost timing)
+    is an inference tensor; compacting a tree step outside it must still work."""
+    from quickdraft.models.config import ModelConfig
+    from quickdraft.models.kv_cache import KVCache
+
+    cfg = ModelConfig(family="llama", model_type="llama", vocab_size=16, hidden_size=8, n_layers=1, n_heads=2,
+                      n_kv_heads=1, head_dim=4, intermediate_size=8, max_position_embeddings=16)
+    with torch.inference_mode():
+        cache = KVCache(cfg, 1, 8)
+        cache.k[0, 0, 0, :, 0] = torch.arange(8.0)
+    cache.move(torch.tensor([5, 6]), 2)
+    assert cache.k[0, 0, 0, :, 0].tolist() == [0, 1, 5, 6, 4, 5, 6, 7]

@@ -36,6 +36,9 @@ class KVCache:
         self.k[layer][rows, :, slots] = k.transpose(1, 2)
         self.v[layer][rows, :, slots] = v.transpose(1, 2)
 
+    # Inference mode: the cache may have been allocated inside it (an inference tensor),
+    # which only inference mode may update in place.
+    @torch.inference_mode()
     def move(self, src: torch.Tensor, dst: int, row: int = 0) -> None:
         """Copy the slots ``src`` of ``row`` (every layer) to ``dst .. dst + len(src) - 1``:
         compacts the accepted path of a token tree into place. Sources may overlap the
