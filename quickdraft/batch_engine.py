@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .bench.batch_policy import RecentAcceptance
 from .drafters.batched import BatchDrafter, make_batch_drafter
 from .drafters.factory import DraftOptions
 from .engine import ContextOverflowError
@@ -124,7 +125,7 @@ class BatchEngine:
             policy = BatchPolicy.for_engine(self, draft)
         self.policy = policy
         self.acceptance = acceptance
-        self.pooled = GenerationStats()  # acceptance of every row, for the policy
+        self.pooled = RecentAcceptance()  # acceptance of recent proposals, for the policy
         self.prefill_seconds = 0.0  # time in the joining rows' prefill passes, all rows together
         self._last_count = self._packed_count = 0
         self._rows: dict[int, _Row] = {}

@@ -201,3 +201,19 @@ def test_engine_with_the_measured_policy_stays_lossless(models, prompts, private
     jobs = [(ids, SamplingParams(), StopConditions(12, eos)) for ids in prompts[:2]]
     out, _ = run(engine, jobs)
     assert [out[0], out[1]] == [plain(target, ids, StopConditions(12, eos)) for ids in prompts[:2]]
+
+
+def test_policy_acceptance_follows_recent_proposals():
+    """The batch policy sees the acceptance of recent proposals, not of every prompt since
+    the engine started: after a run of poor acceptance, the earlier good run is forgotten."""
+    from quickdraft.bench.batch_policy import RecentAcceptance
+
+    recent = RecentAcceptance(window=8)
+    for _ in range(8):
+        recent.record_step(4, 4)
+    assert recent.per_position_acceptance == [1.0] * 4
+    for _ in range(8):
+        recent.record_step(4, 0)
+    assert recent.per_position_acceptance == [0.0] * 4 and recent.drafted_tokens == 32
+    recent.record_step(0, 0)  # a plain step proposes nothing and says nothing about acceptance
+    assert len(recent.steps) == 8

@@ -16,6 +16,7 @@ import json
 import os
 import statistics
 import time
+from collections import deque
 from collections.abc import Sequence
 
 import torch
@@ -89,6 +90,28 @@ def measure_batch_costs(model, cache, scratch: int, draft_model=None, draft_cach
     return {"verify": verify, "draft": draft}
 
 
+class RecentAcceptance:
+    """Per-position acceptance over the last ``window`` verified proposals (all rows), so the
+    policy follows the prompts in the batch now rather than every prompt since the engine
+    started (long prompts accept less than short ones)."""
+
+    def __init__(self, window: int = 256) -> None:
+        self.steps: deque[tuple[int, int]] = deque(maxlen=window)
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.steps.append((drafted, accepted))
+
+    @property
+    def drafted_tokens(self) -> int:
+        return sum(d for d, _ in self.steps)
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        depth = max((d for d, _ in self.steps), default=0)
+        return [sum(a > i for d, a in self.steps if d > i) / sum(d > i for d, _ in self.steps) for i in range(depth)]
+
+
 class BatchPolicy:
     """k per number of rows from measured costs (``table``) and acceptance."""
 
@@ -107,8 +130,8 @@ class BatchPolicy:
         t_draft = _interpolate(self.draft, rows) if self.draft else 0.0
         return StepCosts(t_ar=verify[1], t_draft=t_draft, verify=verify)
 
-    def k(self, rows: int, pooled: GenerationStats | None = None) -> int:
-        """The k to use with ``rows`` rows, given the acceptance pooled over the batch."""
+    def k(self, rows: int, pooled: GenerationStats | RecentAcceptance | None = None) -> int:
+        """The k to use with ``rows`` rows, given the acceptance of the batch's recent proposals."""
         per_position = self.prior
         if pooled is not None and pooled.drafted_tokens >= MIN_DRAFTED:
             per_position = pooled.per_position_acceptance

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..batch_engine import BatchFullError, RowUpdate
 from ..drafters import DraftOptions, make_drafter
 from ..engine import ContextOverflowError, Step, decode
 from ..generator import DEFAULT_NUM_SPECULATIVE_TOKENS
@@ -22,22 +23,6 @@ from ..models.lm import CausalLM, HFCausalLM, NativeLM
 from ..sampling import SamplingParams
 from ..stats import GenerationStats
 from ..stopping import StopConditions
-
-
-@dataclass
-class RowUpdate:
-    """What one step did for one row: ``tokens`` emitted (the first ``drafted`` of them are
-    accepted draft tokens), ``finish`` ("stop", "length") on the row's last update, and the
-    row's running :class:`GenerationStats` (complete once ``finish`` is set)."""
-
-    tokens: list[int]
-    drafted: int
-    finish: str | None
-    stats: GenerationStats
-
-
-class BatchFullError(RuntimeError):
-    """Every row of the engine is taken; wait for one to finish."""
 
 
 def fork(lm: CausalLM) -> CausalLM:
