@@ -146,25 +146,14 @@ def _verify_pass(target: CausalLM, sequence: torch.Tensor, length: int, proposal
     n = proposal.size
     fed = torch.cat([sequence[target.length : length], proposal.tokens]) if n else sequence[target.length : length]
     pad = width - fed.numel() if 1 < fed.numel() < width else 0
-    if proposal.hidden is not None:
-        return _resume_pass(target, fed, proposal, length, pad)
+    # Early exit with a shared cache: only the layers from ``start_layer`` run, resuming
+    # from the drafter's hidden states of everything fed (padding nodes get zero rows).
+    resume = {} if proposal.hidden is None else {"hidden": proposal.hidden, "start_layer": proposal.start_layer}
     if pad:
         fed = torch.cat([fed, fed.new_zeros(pad)])
+        if resume:
+            resume["hidden"] = torch.cat([proposal.hidden, proposal.hidden.new_zeros(pad, proposal.hidden.shape[-1])])
     if proposal.is_chain and not pad:
-        return target.extend(fed, logits=n + 1)
-    positions, mask = tree_attention(proposal, target.length, length, pad)
-    return target.extend(fed, logits=n + 1 + pad, positions=positions, mask=mask)[: n + 1]
-
-
-def _resume_pass(target: CausalLM, fed: torch.Tensor, proposal: Proposal, length: int, pad: int) -> torch.Tensor:
-    """The verify pass of early exit with a shared cache: only the layers from
-    ``proposal.start_layer``, resuming from the drafter's hidden states (padding nodes get
-    zero rows; their logits and KV rows are dropped like their tokens')."""
-    n, hidden = proposal.size, proposal.hidden
-    resume = {"hidden": hidden, "start_layer": proposal.start_layer}
-    if not pad and proposal.is_chain:
         return target.extend(fed, logits=n + 1, **resume)
-    resume["hidden"] = torch.cat([hidden, hidden.new_zeros(pad, hidden.shape[-1])])
-    fed = torch.cat([fed, fed.new_zeros(pad)])
     positions, mask = tree_attention(proposal, target.length, length, pad)
     return target.extend(fed, logits=n + 1 + pad, positions=positions, mask=mask, **resume)[: n + 1]
