@@ -26,7 +26,7 @@ from .drafters.batched import BatchDrafter, make_batch_drafter
 from .drafters.factory import DraftOptions
 from .engine import ContextOverflowError
 from .models.lm import NativeLM
-from .models.ragged import Feed, padded_shape, ragged_forward
+from .models.ragged import Feed, ragged_forward
 from .proposal import EMPTY, Proposal
 from .sampling import SamplingParams
 from .stats import GenerationStats
@@ -127,7 +127,6 @@ class BatchEngine:
         self.acceptance = acceptance
         self.pooled = RecentAcceptance()  # acceptance of recent proposals, for the policy
         self.prefill_seconds = 0.0  # time in the joining rows' prefill passes, all rows together
-        self._last_count = self._packed_count = 0
         self._rows: dict[int, _Row] = {}
         self._free = list(range(max_batch_size))
         self._next_id = 0
@@ -222,24 +221,12 @@ class BatchEngine:
         for group in (joining, ongoing):
             if group:
                 started = time.perf_counter()
-                if group is ongoing:
-                    self._prepare(len(group), max(feeds[i].tokens.numel() for i in group))
                 for i, row_logits in zip(group, ragged_forward(self.model, self.cache, [feeds[i] for i in group],
                                                                self.scratch)):
                     out[i] = row_logits
                 if group is joining:
                     self.prefill_seconds += time.perf_counter() - started
         return out
-
-    def _prepare(self, rows: int, width: int) -> None:
-        """Keep the target's decode kernels prepacked for the decode pass's row count once
-        it repeats (packing costs about a pass; canonical counts round alike packed or not)."""
-        padded = padded_shape(rows, width)
-        count = padded[0] * padded[1]
-        if count == self._last_count and count != self._packed_count:
-            self.target.prepare(count)
-            self._packed_count = count
-        self._last_count = count
 
     def _advance(self, r: _Row, logits: torch.Tensor, now: float) -> RowUpdate:
         verdict = r.rule(r.proposal, logits)

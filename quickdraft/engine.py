@@ -77,9 +77,6 @@ def decode(
 
     started = time.perf_counter()
     target.reset(max_len)
-    # Plain decoding feeds one token a step; speculative steps feed the proposal + 1, padded
-    # to the drafter's verify width so that every such pass uses the kernels prepared here.
-    pad_width = target.prepare(width)
     drafter.start(prompt, params, generator, max_len)
 
     # The sequence buffer holds prompt + emitted tokens; the target's cache holds a prefix
@@ -119,7 +116,7 @@ def decode(
         # Never draft past the token budget or the context: a step yields up to depth + 1 tokens.
         k = min(num_speculative_tokens, stop.max_new_tokens - stop.count - 1, room - 1)
         proposal = drafter.propose(sequence[:length], k) if k > 0 else EMPTY
-        target_logits = _verify_pass(target, sequence, length, proposal, pad_width)
+        target_logits = _verify_pass(target, sequence, length, proposal)
         verdict = acceptance(proposal, target_logits)
         path = verdict.path
         stats.record_step(proposal.depth, len(path))
@@ -136,24 +133,14 @@ def decode(
     stats.decode_seconds = time.perf_counter() - (decode_started or started)
 
 
-def _verify_pass(target: CausalLM, sequence: torch.Tensor, length: int, proposal: Proposal, width: int) -> torch.Tensor:
-    """One target pass over what its cache lacks plus the proposal: logits ``[n + 1, V]``.
-
-    A pass of 2 to ``width`` - 1 tokens (``width``: what the target prepared its kernels
-    for, 0 for none) is padded up to ``width`` with nodes that see only the prefix and themselves, so its products have the
-    prepared row count; their logits and KV rows are dropped.
-    """
+def _verify_pass(target: CausalLM, sequence: torch.Tensor, length: int, proposal: Proposal) -> torch.Tensor:
+    """One target pass over what its cache lacks plus the proposal: logits ``[n + 1, V]``."""
     n = proposal.size
     fed = torch.cat([sequence[target.length : length], proposal.tokens]) if n else sequence[target.length : length]
-    pad = width - fed.numel() if 1 < fed.numel() < width else 0
     # Early exit with a shared cache: only the layers from ``start_layer`` run, resuming
-    # from the drafter's hidden states of everything fed (padding nodes get zero rows).
+    # from the drafter's hidden states of everything fed.
     resume = {} if proposal.hidden is None else {"hidden": proposal.hidden, "start_layer": proposal.start_layer}
-    if pad:
-        fed = torch.cat([fed, fed.new_zeros(pad)])
-        if resume:
-            resume["hidden"] = torch.cat([proposal.hidden, proposal.hidden.new_zeros(pad, proposal.hidden.shape[-1])])
-    if proposal.is_chain and not pad:
+    if proposal.is_chain:
         return target.extend(fed, logits=n + 1, **resume)
-    positions, mask = tree_attention(proposal, target.length, length, pad)
-    return target.extend(fed, logits=n + 1 + pad, positions=positions, mask=mask, **resume)[: n + 1]
+    positions, mask = tree_attention(proposal, target.length, length)
+    return target.extend(fed, logits=n + 1, positions=positions, mask=mask, **resume)

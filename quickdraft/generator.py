@@ -490,8 +490,6 @@ def bind_step_costs(drafter, target: CausalLM, tokenizer, k: int) -> None:
                                                   context_length=64)
         else:
             chain.stop.costs = cached_k(target, chain.model, tokenizer).costs
-    # On CPU the engine pads verify passes to the drafter's width (prepared kernels).
-    chain.stop.verify_width = drafter.verify_width(k) if getattr(target, "decode_linears", False) else None
 
 
 def chain_drafter(drafter) -> DraftModelDrafter | None:

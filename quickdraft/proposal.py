@@ -83,19 +83,11 @@ class Proposal:
 EMPTY = Proposal.chain(torch.empty(0, dtype=torch.long))
 
 
-def tree_attention(proposal: Proposal, cached: int, prefix: int, extra: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def tree_attention(proposal: Proposal, cached: int, prefix: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions ``[T]`` and mask ``[T, cached + T]`` for feeding ``sequence[cached:prefix]``
-    (causal), then the proposal's nodes, then ``extra`` padding nodes that see the prefix
-    and themselves only (``T = prefix - cached + n + extra``)."""
-    lead, n = prefix - cached, proposal.size
-    total = lead + n + extra
-    positions = torch.cat([
-        torch.arange(cached, prefix),
-        prefix + proposal.depths(),
-        torch.full((extra,), prefix, dtype=torch.long),
-    ])
-    mask = torch.ones(total, cached + total, dtype=torch.bool).tril(diagonal=cached)
-    block = torch.eye(n + extra, dtype=torch.bool)
-    block[:n, :n] = proposal.ancestors()
-    mask[lead:, prefix:] = block
+    (causal), then the proposal's nodes (``T = prefix - cached + n``)."""
+    lead = prefix - cached
+    positions = torch.cat([torch.arange(cached, prefix), prefix + proposal.depths()])
+    mask = torch.ones(lead + proposal.size, prefix + proposal.size, dtype=torch.bool).tril(diagonal=cached)
+    mask[lead:, prefix:] = proposal.ancestors()
     return positions, mask

@@ -8,7 +8,7 @@ import torch
 from quickdraft.batch_engine import BatchEngine, BatchFullError
 from quickdraft.drafters import DraftModelDrafter, NoDrafter
 from quickdraft.engine import ContextOverflowError, decode
-from quickdraft.models.decode_linear import canonical_rows, mkl_prepack_available
+from quickdraft.models.decode_linear import canonical_rows
 from quickdraft.models.ragged import Feed, ragged_forward
 from quickdraft.sampling import SamplingParams
 from quickdraft.stopping import StopConditions
@@ -57,18 +57,14 @@ def run(engine, jobs, join_at=None, cancel=None):
     return out, finish
 
 
-@pytest.mark.skipif(not mkl_prepack_available(), reason="the canonical row counts are MKL's")
 def test_canonical_row_counts_round_every_row_alike():
+    """The fallback without oneDNN: plain products (MKL) at canonical row counts."""
     torch.manual_seed(0)
     w = torch.randn(64, 200)
     x = torch.randn(80, 64)
     reference = x @ w
     for rows in sorted({canonical_rows(n) for n in range(1, 81)}):
         assert torch.equal(x[:rows] @ w, reference[:rows]), rows
-        # The prepacked kernel the engine switches to for a repeating row count, too.
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(w.t().contiguous(), rows)
-        assert torch.equal(torch.ops.mkl._mkl_linear(x[:rows], packed, w.t().contiguous(), None, rows),
-                           reference[:rows]), rows
 
 
 def test_ragged_forward_logits_do_not_depend_on_the_batch(models, prompts):

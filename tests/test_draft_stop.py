@@ -83,10 +83,12 @@ def test_cost_policy_drafts_while_one_more_token_raises_the_rate():
     assert not stop.keep_going(2, top1(0.3))
     stop.max_depth(16)  # a new chain starts from scratch
     assert not stop.keep_going(1, top1(0.3))  # 0.09 / 0.3 = 0.3 < 1.3 / 1.3
-    # When verify passes are padded to a fixed width, only the draft step costs: keep going.
-    padded = CostStop(costs, verify_width=13)
-    padded.max_depth(16)
-    assert padded.keep_going(1, top1(0.3))  # 0.09 / 0.1 = 0.9 > 1.3 / (0.1 + 3.4)
+    # When verifying more tokens is nearly free, only the draft step costs: keep going.
+    flat = CostStop(StepCosts(t_ar=1.0, t_draft=0.1, verify={n: 1.0 for n in range(1, 14)}))
+    flat.max_depth(16)
+    assert flat.keep_going(1, top1(0.6))  # 0.36 / 0.1 = 3.6 > 1.6 / 1.1
+    stop.max_depth(16)
+    assert not stop.keep_going(1, top1(0.6))  # 0.36 / 0.3 = 1.2 < 1.6 / 1.3
 
 
 @pytest.mark.parametrize("spec,message", [

@@ -94,10 +94,7 @@ class StepCostSampler:
         self._prepare()
         perf = time.perf_counter
         for n in self.sizes:
-            # Time each width as a decode loop verifying n tokens runs it: kernels prepared
-            # for n (once per width: preparing costs a pass or two) and warm (the first call
-            # after preparing is slower).
-            self.target.prepare(n)
+            # Time each width warm, as a decode loop runs it (the first call is slower).
             self.target.extend(self.tail[:n])
             self.target.crop(self.length)
             for _ in range(rounds):
@@ -257,8 +254,10 @@ def model_fingerprint(lm: CausalLM) -> dict | None:
 
 
 def machine_fingerprint() -> dict:
-    """What identifies the machine for the cache: CPU, cores, torch threads and version."""
+    """What identifies the machine for the cache: CPU, cores, torch threads and version,
+    and the linear kernels the native runtime decodes with (costs change with them)."""
     from ..machine import cpu_model
+    from ..models.decode_linear import onednn_linear_available
 
     return {
         "cpu": cpu_model(),
@@ -266,6 +265,7 @@ def machine_fingerprint() -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "linear_kernels": "onednn" if onednn_linear_available() else "torch",
     }
 
 

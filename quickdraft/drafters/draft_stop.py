@@ -154,16 +154,13 @@ class CostStop:
     tokens is expected to emit E_d = 1 + sum_{i<=d} P_i tokens in T_d = drafting(d) +
     verify(d + 1) seconds (``StepCosts``). One more token adds about P_d * c_d tokens (c_d
     the last confidence) for T_{d+1} - T_d seconds; it is drafted when that raises the
-    step's rate, i.e. when dE / dT > E_d / T_d. ``verify_width`` (when the engine pads
-    verify passes to a fixed width, as it does on CPU) makes every pass of 2 or more tokens
-    cost a pass of that width, so only the draft step is the marginal cost there.
+    step's rate, i.e. when dE / dT > E_d / T_d.
     """
 
     name = "cost"
 
-    def __init__(self, costs: StepCosts | None = None, verify_width: int | None = None,
-                 max_drafts: int = ADAPTIVE_MAX_DEPTH) -> None:
-        self.costs, self.verify_width, self.max_drafts = costs, verify_width, max_drafts
+    def __init__(self, costs: StepCosts | None = None, max_drafts: int = ADAPTIVE_MAX_DEPTH) -> None:
+        self.costs, self.max_drafts = costs, max_drafts
         self._reach = 1.0  # P_d
         self._expected = 1.0  # E_d
 
@@ -173,10 +170,7 @@ class CostStop:
 
     def _time(self, drafted: int) -> float:
         costs = self.costs
-        n = drafted + 1
-        if self.verify_width and 1 < n <= self.verify_width:
-            n = self.verify_width
-        return costs.t_drafting(drafted) + costs.t_verify(n) + costs.overhead
+        return costs.t_drafting(drafted) + costs.t_verify(drafted + 1) + costs.overhead
 
     def keep_going(self, depth: int, q: torch.Tensor) -> bool:
         if self.costs is None:

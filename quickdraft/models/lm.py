@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 
 from .config import ModelConfig, UnsupportedModelError
-from .decode_linear import prepack_decode_linears, use_decode_linears
+from .decode_linear import use_decode_linears
 from .loading import (
     CheckpointError,
     load_native,
@@ -35,11 +35,6 @@ class CausalLM(Protocol):
 
     def reset(self, max_len: int | None = None) -> None:
         """Start a new sequence with room for ``max_len`` tokens."""
-
-    def prepare(self, step_tokens: int) -> int:
-        """Most ``extend`` calls will feed ``step_tokens`` tokens (k + 1 for a target
-        verifying k draft tokens): prepare the kernels for that width. Returns the width
-        shorter steps should be padded to (0: padding does not pay here)."""
 
     def extend(
         self,
@@ -118,12 +113,6 @@ class NativeLM:
             self.cache = self.model.new_cache(1, max_len)
         self.length = 0
 
-    def prepare(self, step_tokens: int) -> int:
-        if not self.decode_linears:
-            return 0
-        prepack_decode_linears(self.model, step_tokens)
-        return step_tokens
-
     @torch.inference_mode()
     def extend(
         self,
@@ -180,9 +169,6 @@ class HFCausalLM:
 
         self.past = DynamicCache()
         self.length = 0
-
-    def prepare(self, step_tokens: int) -> int:
-        return 0  # transformers picks its kernels per call
 
     @torch.inference_mode()
     def extend(

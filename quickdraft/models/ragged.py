@@ -7,9 +7,11 @@ identical per-row arithmetic, so:
 - attention runs row by row over the row's real tokens and cache (``RaggedRow``); padding
   is never visible to anyone, the row itself included;
 - every matrix product has a *canonical* row count (``decode_linear.canonical_rows``):
-  the batch is padded with padding tokens (more columns) or padding rows (a scratch cache
-  row) up to the cheapest such count, so MKL rounds each row the same way whatever the
-  batch holds. Norms, RoPE, activations and the embedding are per token already.
+  with the native decode linears (oneDNN) every count is canonical; with plain
+  ``nn.Linear`` (MKL) the batch is padded with padding tokens (more columns) or padding
+  rows (a scratch cache row) up to the cheapest such count, so each row is rounded the
+  same way whatever the batch holds. Norms, RoPE, activations and the embedding are per
+  token already.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .decode_linear import canonical_rows
+from .decode_linear import canonical_rows, invariant_rows
 from .kv_cache import KVCache
 from .transformer import RaggedRow, Transformer
 
@@ -37,9 +39,11 @@ class Feed:
     logits: int
 
 
-def padded_shape(rows: int, width: int) -> tuple[int, int]:
+def padded_shape(rows: int, width: int, invariant: bool = False) -> tuple[int, int]:
     """(rows, width) >= the given ones with a canonical product ``rows * width``, the one
     with the fewest tokens (then the fewest padding rows)."""
+    if invariant:
+        return rows, width
     best = None
     for w in range(width, width + MAX_PAD + 1):
         for r in range(rows, rows + MAX_PAD + 1):
@@ -55,7 +59,8 @@ def ragged_forward(model: Transformer, cache: KVCache, feeds: Sequence[Feed], sc
     """Run ``feeds`` in one pass; per feed the logits ``[feed.logits, V]`` of its last tokens
     (None for 0). ``scratch_row`` is a cache row no real row uses (padding rows write there)."""
     width = max(f.tokens.numel() for f in feeds)
-    rows, width = padded_shape(len(feeds), width)
+    invariant = invariant_rows(model)
+    rows, width = padded_shape(len(feeds), width, invariant)
     context = model.config.max_position_embeddings
     tokens = torch.zeros(rows, width, dtype=torch.long)
     slots = torch.arange(width).repeat(rows, 1)
@@ -75,7 +80,7 @@ def ragged_forward(model: Transformer, cache: KVCache, feeds: Sequence[Feed], sc
     if not picks:
         return [None] * len(feeds)
     flat = hidden.reshape(rows * width, -1)[torch.tensor(picks)]
-    total = canonical_rows(len(picks))
+    total = canonical_rows(len(picks), invariant)
     if total > len(picks):
         flat = torch.cat([flat, flat.new_zeros(total - len(picks), flat.shape[-1])])
     logits = model.head(flat)[: len(picks)]
