@@ -475,7 +475,7 @@ class SpeculativeGenerator:
 def bind_step_costs(drafter, target: CausalLM, tokenizer, k: int) -> None:
     """Give a ``cost`` draft-stop policy the step costs it weighs (no-op for other policies):
     the cached auto-k measurement of a draft model, or (layer skip, whose draft is the
-    target) a brief measurement of the skip draft; and the verify width the engine pads to."""
+    target) a brief measurement of the skip draft."""
     from .drafters.draft_stop import CostStop
 
     chain = chain_drafter(drafter)

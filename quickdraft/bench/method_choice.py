@@ -14,8 +14,8 @@ follows exactly from the ranks, with the correlation between neighbouring positi
 - hybrid takes the n-gram proposal when there is one, else the draft chain.
 
 Each replayed step costs what the engine will spend on it: the draft passes
-(:meth:`StepCosts.t_drafting`) plus one target pass over the proposal + 1, padded to the
-drafter's verify width (as the engine pads), from costs measured on this machine
+(:meth:`StepCosts.t_drafting`) plus one target pass over the proposal + 1, from costs
+measured on this machine
 (:func:`~quickdraft.bench.autok.measure_step_costs`). The candidate with the highest
 predicted speedup wins. Sampled decoding accepts less than greedy: the choice is made for
 greedy and used for both (docs/methods.md, "Choosing a method: `--method auto`").
@@ -52,7 +52,7 @@ from .cost_model import StepCosts
 TREE_SHAPES = ((2,), (2, 1), (2, 1, 1), (2, 2, 1), (3, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1),
                (2, 1, 1, 1, 1), (3, 2, 1), (2, 1, 1, 1, 1, 1))
 MAX_K = 12
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: verify passes are no longer padded to the drafter's width
 
 
 @dataclass(frozen=True)
@@ -101,8 +101,9 @@ def record_trace(target: CausalLM, draft: CausalLM, prompt: torch.Tensor, new_to
     return Trace(prompt.tolist(), output, ranks)
 
 
-def _accepted(candidate: Candidate, trace: Trace, t: int, ngram: NgramDrafter) -> tuple[int, int, bool]:
-    """Replay one step at output position ``t``: (accepted tokens, draft passes, proposed)."""
+def _accepted(candidate: Candidate, trace: Trace, t: int, ngram: NgramDrafter) -> tuple[int, int, int]:
+    """Replay one step at output position ``t``: (accepted tokens, draft passes, proposed
+    tokens)."""
     ranks, n = trace.ranks, len(trace.output)
     room = n - t - 1  # the engine never drafts past the budget
     if candidate.method in ("ngram", "hybrid"):
@@ -113,23 +114,23 @@ def _accepted(candidate: Candidate, trace: Trace, t: int, ngram: NgramDrafter) -
             accepted = 0
             while accepted < len(proposal) and proposal[accepted] == trace.output[t + accepted]:
                 accepted += 1
-            return accepted, 0, True
+            return accepted, 0, len(proposal)
         if candidate.method == "ngram":
-            return 0, 0, False
+            return 0, 0, 0
     widths = candidate.tree if candidate.method == "tree" else (1,) * candidate.k
     depth = min(len(widths), room)
     if depth <= 0:
-        return 0, 0, False
+        return 0, 0, 0
     accepted = 0
     while accepted < depth and ranks[t + accepted] < widths[accepted]:
         accepted += 1
-    return accepted, depth, True
+    return accepted, depth, sum(math.prod(widths[: d + 1]) for d in range(depth))
 
 
-def replay(candidate: Candidate, trace: Trace, ngram: NgramDrafter | None = None) -> list[tuple[int, int, bool]]:
+def replay(candidate: Candidate, trace: Trace, ngram: NgramDrafter | None = None) -> list[tuple[int, int, int]]:
     """The steps greedy decoding with ``candidate`` takes on ``trace``: per step (accepted
-    draft tokens, draft passes, whether it proposed anything). Exact for greedy decoding:
-    as many steps as the engine's target passes."""
+    draft tokens, draft passes, tokens proposed). Exact for greedy decoding: as many steps
+    as the engine's target passes."""
     ngram = ngram or NgramDrafter()
     steps, t = [], 0
     while t < len(trace.output):
@@ -142,14 +143,13 @@ def replay(candidate: Candidate, trace: Trace, ngram: NgramDrafter | None = None
 def replay_speedup(candidate: Candidate, traces: Sequence[Trace], costs: StepCosts,
                    ngram: NgramDrafter | None = None) -> tuple[float, float]:
     """(predicted speedup over plain decoding, tokens per target pass) of ``candidate``
-    on the traces, with the engine's costs: draft passes plus a verify pass padded to the
-    drafter's width (a step that proposes nothing is a plain 1-token pass)."""
-    width = candidate.nodes + 1
+    on the traces, with the engine's costs: draft passes plus a verify pass over the
+    proposal + 1 (a step that proposes nothing is a plain 1-token pass)."""
     seconds = tokens = passes = 0.0
     for trace in traces:
         for _, draft_passes, proposed in replay(candidate, trace, ngram):
             seconds += costs.t_drafting(draft_passes) if draft_passes else 0.0
-            seconds += costs.t_verify(width if proposed else 1)
+            seconds += costs.t_verify(proposed + 1)
             passes += 1
         tokens += len(trace.output)
     if not seconds:
@@ -233,8 +233,8 @@ def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer, prompts: 
             traces.append(record_trace(target, draft, ids, new_tokens, eos))
     longest = max(traces, key=lambda tr: len(tr.prompt) + len(tr.output))
     context = torch.tensor(longest.prompt + longest.output, dtype=torch.long)
-    widest = max(c.nodes for c in candidates(max_k, draft is not None)) + 1
-    costs = measure_step_costs(target, draft, context, sorted({*range(1, max_k + 2), widest}), repeats=5)
+    widths = {c.nodes + 1 for c in candidates(max_k, draft is not None)}  # every full tree's pass
+    costs = measure_step_costs(target, draft, context, sorted({*range(1, max_k + 2), *widths}), repeats=5)
     table = {c.label: replay_speedup(c, traces, costs, ngram) for c in candidates(max_k, draft is not None)}
     table["ar"] = (1.0, 1.0)
     by_label = {c.label: c for c in candidates(max_k, draft is not None)}

@@ -136,10 +136,16 @@ register_method("hybrid", _drafter_rows("hybrid", [{"ngram_max": 3}]), needs_dra
                 help="n-gram continuation when one matches, else the draft model")
 
 
+ADAPTIVE_STOPS = ["confidence:0.7", "dv", "heuristic", "cost"]
+
+
 # Early exit (issue 11): the shared head and every head shipped for the target, each with
-# and without sharing the target's KV cache (the A/B of what sharing saves in verification).
+# and without sharing the target's KV cache (the A/B of what sharing saves in verification),
+# each at the k the early-exit cost model picks for it; then the trained head (shared KV)
+# with the adaptive draft-stop policies, drafting up to 12.
 def _early_exit_rows(ctx, config, k):
     from ..drafters.early_exit import SHARED, EarlyExitDrafter, resolve_exit_head, shipped_heads
+    from .exit_layer import measure_exit_layer
 
     heads = [str(path) for path in shipped_heads(ctx.target)]
     layer = resolve_exit_head(ctx.target, None, None).exit_layer  # the shipped head's layer, else the default
@@ -147,10 +153,13 @@ def _early_exit_rows(ctx, config, k):
     for spec in [SHARED, *heads]:
         head = resolve_exit_head(ctx.target, spec, layer if spec == SHARED else None)
         for share in (True, False):
-            settings = {"k": k, "L": head.exit_layer, "head": head.kind, "kv": "shared" if share else "own"}
+            head_k = measure_exit_layer(ctx.target, ctx.tokenizer, {head.exit_layer: head}, max_k=min(k, 8),
+                                        share_kv=share, repeats=3).k
+            settings = {"k": head_k, "L": head.exit_layer, "head": head.kind, "kv": "shared" if share else "own"}
             rows.append(EngineMethod("early-exit", lambda c, h=head, s=share: EarlyExitDrafter(c.target, h, share_kv=s),
-                                     k, settings=settings))
-    return rows
+                                     head_k, settings=settings))
+    stops = [{"draft_stop": s, "k": 12} for s in ADAPTIVE_STOPS if s != "cost"]  # cost: draft models only
+    return rows + _drafter_rows("early-exit", stops)(ctx, config, k)
 
 
 register_method("early-exit", _early_exit_rows,
@@ -173,7 +182,6 @@ register_method("auto", _auto_rows, needs_draft=True,
 
 # Layer skip and draft-stop policies (issue 11). Adaptive policies draft up to 12 (Draft &
 # Verify's max) and stop sooner; the variants' draft_stop combines with any chain method.
-ADAPTIVE_STOPS = ["confidence:0.7", "dv", "heuristic", "cost"]
 register_method("draft-stop", _drafter_rows("draft", [{"draft_stop": s, "k": 12} for s in ADAPTIVE_STOPS]),
                 needs_draft=True, help="the draft model with each adaptive --draft-stop policy (up to 12 tokens)")
 register_method("layer-skip", _drafter_rows("layer-skip", [{"k": "profile"}, {"draft_stop": "dv", "k": 12}]),

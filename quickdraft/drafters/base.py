@@ -21,8 +21,8 @@ class Drafter(Protocol):
 
     def verify_width(self, k: int) -> int:
         """The most tokens one verify pass feeds the target for proposals of depth <= ``k``:
-        the most nodes + 1 (1 for a drafter that never proposes). The target prepares its
-        kernels for this width."""
+        the most nodes + 1 (1 for a drafter that never proposes). The engine leaves this
+        much room in the KV cache past the sequence."""
 
     def start(self, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator, max_len: int) -> None:
         """A new generation after ``prompt``; ``max_len`` bounds the sequence + one proposal.
