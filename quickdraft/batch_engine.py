@@ -128,7 +128,7 @@ class BatchEngine:
         self.policy = policy
         self.acceptance = acceptance
         self.pooled = RecentAcceptance()  # acceptance of recent proposals, for the policy
-        self.prefill_seconds = 0.0  # time in the joining rows' prefill passes, all rows together
+        self.prefill_seconds = 0.0  # time in the joining rows' prefill passes (target and drafter), all rows
         self._rows: dict[int, _Row] = {}
         self._free = list(range(max_batch_size))
         self._next_id = 0
@@ -166,7 +166,9 @@ class BatchEngine:
         row = _Row(self._next_id, slot, sequence, prompt.numel(), params, generator,
                    self.acceptance(params, generator), stop, stats, time.perf_counter())
         self._next_id += 1
-        self.drafter.join(slot, prompt, params, generator)
+        started = time.perf_counter()
+        self.drafter.join(slot, prompt, params, generator)  # the drafter's prefill (early exit: L layers)
+        self.prefill_seconds += time.perf_counter() - started
         self._rows[row.id] = row
         return row.id
 
