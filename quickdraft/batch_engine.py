@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .bench.batch_policy import RecentAcceptance
-from .drafters.batched import BatchDrafter, make_batch_drafter
+from .drafters.batched import BATCH_METHODS, BatchDrafter, make_batch_drafter
 from .drafters.factory import DraftOptions
 from .engine import ContextOverflowError
 from .models.lm import NativeLM
@@ -33,6 +33,8 @@ from .stats import GenerationStats
 from .stopping import StopConditions
 from .verify import AcceptanceRule, acceptance_for
 
+#: The methods that batch (the server's ``--engine batch`` reads them here).
+METHODS = BATCH_METHODS
 #: Most draft tokens per step the policy considers.
 MAX_BATCH_K = 8
 
@@ -74,13 +76,14 @@ class _Row:
 class BatchEngine:
     """Batched speculative decoding over a native target (and draft).
 
-    ``method``: ar, draft, ngram or hybrid (``options`` sets the n-gram sizes).
+    ``method``: ar, draft, ngram, hybrid or early-exit (``options`` sets the n-gram sizes,
+    the exit head and the exit layer).
     ``num_speculative_tokens``: k for every batch size, or None for the policy: the cost
     model's k for the current number of rows (0 = plain decoding when speculation would
     not pay), from measured verify costs per (batch, width) and the acceptance measured
     so far. ``max_len`` bounds prompt + generated tokens of a row (default: the context).
-    ``drafter`` replaces the method's batch drafter (the hook for new drafters, e.g. early
-    exit); ``policy`` the batch policy; ``acceptance(params, generator)`` makes a row's
+    ``drafter`` replaces the method's batch drafter (the hook for new drafters);
+    ``policy`` the batch policy; ``acceptance(params, generator)`` makes a row's
     acceptance rule (default: the lossless one, ``verify.acceptance_for``).
 
     Not thread-safe: call ``add``, ``cancel`` and ``step`` from one thread (a server runs
@@ -116,17 +119,16 @@ class BatchEngine:
         cache_len = self.context + 2 * MAX_BATCH_K + 16
         self.cache = self.model.new_cache(max_batch_size + 1, cache_len)
         self.scratch = max_batch_size
-        self.drafter = drafter or make_batch_drafter(method, draft, target.vocab_size, max_batch_size, cache_len,
-                                                     options.ngram_max, options.ngram_min)
+        self.drafter = drafter or make_batch_drafter(method, draft, target, max_batch_size, cache_len, options)
         self.num_speculative_tokens = num_speculative_tokens
         if policy is None and num_speculative_tokens is None and method != "ar":
             from .bench.batch_policy import BatchPolicy
 
-            policy = BatchPolicy.for_engine(self, draft)
+            policy = BatchPolicy.for_engine(self)
         self.policy = policy
         self.acceptance = acceptance
         self.pooled = RecentAcceptance()  # acceptance of recent proposals, for the policy
-        self.prefill_seconds = 0.0  # time in the joining rows' prefill passes, all rows together
+        self.prefill_seconds = 0.0  # time in the joining rows' prefill passes (target and drafter), all rows
         self._rows: dict[int, _Row] = {}
         self._free = list(range(max_batch_size))
         self._next_id = 0
@@ -164,7 +166,9 @@ class BatchEngine:
         row = _Row(self._next_id, slot, sequence, prompt.numel(), params, generator,
                    self.acceptance(params, generator), stop, stats, time.perf_counter())
         self._next_id += 1
-        self.drafter.join(slot, prompt, params, generator)
+        started = time.perf_counter()
+        self.drafter.join(slot, prompt, params, generator)  # the drafter's prefill (early exit: L layers)
+        self.prefill_seconds += time.perf_counter() - started
         self._rows[row.id] = row
         return row.id
 

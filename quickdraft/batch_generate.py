@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from .batch_engine import MAX_BATCH_K, BatchEngine
 from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter
+from .drafters.batched import BATCH_METHODS
+from .drafters.early_exit import EarlyExitDrafter
 from .drafters.factory import DraftOptions
 from .drafters.hybrid import HybridDrafter
 from .drafters.shapes import Shape
@@ -39,9 +41,11 @@ def batch_method(drafter) -> tuple[str, object, DraftOptions]:
         return "hybrid", drafter.model.model, DraftOptions(ngram_max=ngram.ngram_max, ngram_min=ngram.ngram_min)
     if isinstance(drafter, DraftModelDrafter) and type(drafter.shape) is Shape:
         return "draft", drafter.model, DraftOptions()
+    if isinstance(drafter, EarlyExitDrafter):  # batched early exit keeps its own cache (no sharing)
+        return "early-exit", None, DraftOptions(exit_head=drafter.head)
     name = getattr(drafter, "name", type(drafter).__name__)
-    raise ValueError(f"{name} does not batch: token trees and multi-draft are batch 1; "
-                     "batched decoding supports ar, draft, ngram and hybrid")
+    raise ValueError(f"{name} does not batch: token trees, multi-draft and layer skip are batch 1; "
+                     f"batched decoding supports {', '.join(BATCH_METHODS)}")
 
 
 def generate_many(gen, requests: Sequence[Request], batch_size: int = 8,

@@ -2,9 +2,9 @@
 
 With more rows a verify pass stops being memory-bound: a pass over ``B`` rows of ``k + 1``
 tokens costs more than one over ``B`` rows of 1 token, and more so as ``B`` grows. The
-policy measures the target's ragged pass for every (batch, width) and the draft's
-batched step per batch size, once per model pair and machine (cached next to the auto-k
-choices), and per step lets the cost model (``cost_model.choose_k``) pick k for the
+policy measures the target's ragged pass for every (batch, width) and the drafter's
+batched step per batch size (the draft model's, or early exit's first layers + head),
+once per model pair and machine (cached next to the auto-k choices), and per step lets the cost model (``cost_model.choose_k``) pick k for the
 current number of rows from the acceptance measured so far; k = 0 (plain decoding) when
 no k is predicted to beat batched plain decoding by ``MIN_GAIN``.
 """
@@ -52,26 +52,28 @@ def _interpolate(table: dict[int, float], x: int) -> float:
     return table[lo] + (table[hi] - table[lo]) * (x - lo) / (hi - lo)
 
 
-def measure_batch_costs(model, cache, scratch: int, draft_model=None, draft_cache=None, draft_scratch=0,
-                        sizes: Sequence[int] = (1,), widths: Sequence[int] = WIDTHS,
-                        repeats: int = 3) -> dict:
+def measure_batch_costs(model, cache, scratch: int, drafter=None, sizes: Sequence[int] = (1,),
+                        widths: Sequence[int] = WIDTHS, repeats: int = 3) -> dict:
     """Median seconds of a target ragged pass per (batch, width) and of a batched 1-token
-    draft step per batch size, at a context of ``CONTEXT`` tokens per row (less when the
-    caches are shorter)."""
+    step of ``drafter`` (a ``BatchedChain``: the draft model or early exit) per batch size,
+    at a context of ``CONTEXT`` tokens per row (less when the caches are shorter)."""
     from ..models.ragged import MAX_PAD
 
     vocab = model.config.vocab_size
-    room = min([cache.max_len] + ([draft_cache.max_len] if draft_cache is not None else []))
+    room = min([cache.max_len] + ([drafter.cache.max_len] if drafter is not None else []))
     context = max(1, min(CONTEXT, room - max(widths) - MAX_PAD - 1))
     ids = torch.arange(context + max(widths)) % vocab
     perf = time.perf_counter
 
-    def timed(m, c, s, feeds) -> float:
-        ragged_forward(m, c, feeds, s)  # warm
+    def target(feeds):
+        return ragged_forward(model, cache, feeds, scratch)
+
+    def timed(forward, feeds) -> float:
+        forward(feeds)  # warm
         times = []
         for _ in range(repeats):
             started = perf()
-            ragged_forward(m, c, feeds, s)
+            forward(feeds)
             times.append(perf() - started)
         return statistics.median(times)
 
@@ -79,14 +81,13 @@ def measure_batch_costs(model, cache, scratch: int, draft_model=None, draft_cach
     draft: dict[str, float] = {}
     for b in sizes:
         for row in range(b):  # each row holds the context
-            ragged_forward(model, cache, [Feed(row, 0, ids[:context], 0)], scratch)
-            if draft_model is not None:
-                ragged_forward(draft_model, draft_cache, [Feed(row, 0, ids[:context], 0)], draft_scratch)
-        verify[str(b)] = {str(w): timed(model, cache, scratch, [Feed(r, context, ids[context: context + w], w)
-                                                                for r in range(b)]) for w in widths}
-        if draft_model is not None:
-            draft[str(b)] = timed(draft_model, draft_cache, draft_scratch,
-                                  [Feed(r, context, ids[context: context + 1], 1) for r in range(b)])
+            target([Feed(row, 0, ids[:context], 0)])
+            if drafter is not None:
+                drafter.forward([Feed(row, 0, ids[:context], 0)])
+        verify[str(b)] = {str(w): timed(target, [Feed(r, context, ids[context: context + w], w) for r in range(b)])
+                          for w in widths}
+        if drafter is not None:
+            draft[str(b)] = timed(drafter.forward, [Feed(r, context, ids[context: context + 1], 1) for r in range(b)])
     return {"verify": verify, "draft": draft}
 
 
@@ -138,17 +139,19 @@ class BatchPolicy:
         return choose_k(self.costs(rows), per_position=per_position, max_k=self.max_k, min_gain=self.min_gain)
 
     @classmethod
-    def for_engine(cls, engine, draft=None, remeasure: bool = False) -> BatchPolicy:
-        """Measure (or read the cached) costs for this engine's target, draft and batch size."""
-        from ..drafters.batched import BatchedDraftModel, BatchedHybrid
+    def for_engine(cls, engine, remeasure: bool = False) -> BatchPolicy:
+        """Measure (or read the cached) costs for this engine's target, drafter and batch size
+        (the draft model's step, or early exit's: the target's first layers + its head)."""
+        from ..drafters.batched import BatchedChain, BatchedDraftModel, BatchedHybrid
 
         drafter = engine.drafter.model if isinstance(engine.drafter, BatchedHybrid) else engine.drafter
-        drafter = drafter if isinstance(drafter, BatchedDraftModel) else None
-        draft_model = drafter.model if drafter is not None else None
+        drafter = drafter if isinstance(drafter, BatchedChain) else None
+        # A draft model's costs follow its files; early exit's its layer and head kind (its name).
+        draft_id = model_fingerprint(drafter.lm) if isinstance(drafter, BatchedDraftModel) else getattr(
+            drafter, "name", None)
         sizes = batch_sizes(engine.max_batch_size)
         identity = {"version": CACHE_VERSION, "sizes": sizes, "widths": list(WIDTHS), "machine": machine_fingerprint(),
-                    "target": model_fingerprint(engine.target),
-                    "draft": model_fingerprint(draft) if draft is not None and draft_model is not None else None}
+                    "target": model_fingerprint(engine.target), "draft": draft_id}
         path = None
         if identity["target"] is not None:
             digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
@@ -158,8 +161,7 @@ class BatchPolicy:
                     return cls(json.loads(path.read_text()))
                 except (OSError, ValueError, KeyError, TypeError):
                     pass
-        table = measure_batch_costs(engine.model, engine.cache, engine.scratch, draft_model,
-                                    getattr(drafter, "cache", None), getattr(drafter, "scratch", 0), sizes)
+        table = measure_batch_costs(engine.model, engine.cache, engine.scratch, drafter, sizes)
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)

@@ -66,8 +66,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                         f"k sweep {_span(QUICK.sweep)}")
     p.add_argument("--batch-size", metavar="SIZES",
                    help="batched throughput instead: plain vs speculative decoding with this many rows at "
-                        "a time, e.g. 1,4,8 (methods ar, draft, ngram, hybrid; k from the batch policy "
-                        "unless -k; docs/batching.md)")
+                        "a time, e.g. 1,4,8 (methods ar, draft, ngram, hybrid, early-exit with the shipped "
+                        "head; k from the batch policy unless -k; docs/batching.md)")
     p.add_argument("--threads", type=int, help=f"torch CPU threads (default {DEFAULT_THREADS})")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run_bench)

@@ -10,25 +10,31 @@ how much of its chain was accepted (``verified``). Rows join (``join``) and leav
 - :class:`BatchedDraftModel`: the draft model, one batched draft forward per draft
   position with its own batched KV cache (ragged, batch invariant, like the target's).
 - :class:`BatchedHybrid`: the n-gram chain where it matches, the draft model elsewhere.
-
-Early exit (the target's first layers + its head proposing) plugs in here the same way:
-a class with these five methods whose ``propose`` runs the target's first layers over the
-rows (``Transformer.forward(layers=(0, n), ragged=...)``) into its own cache rows.
+- :class:`BatchedEarlyExit`: early exit, the target's first L layers + an exit head,
+  drafting like the draft model (both are a :class:`BatchedChain`) into cache rows of
+  its own.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
+from ..models.decode_linear import invariant_rows, use_decode_linears
+from ..models.exit_head import ExitHead
+from ..models.kv_cache import KVCache
 from ..models.lm import NativeLM
 from ..models.ragged import Feed, ragged_forward
 from ..proposal import EMPTY, Proposal
 from ..sampling import SamplingParams, choose
 from .base import Drafter
 from .draft_model import present_logits
+from .early_exit import check_exit_layer, resolve_exit_head
+from .factory import DraftOptions
 from .ngram import NgramDrafter
 
 
@@ -89,33 +95,36 @@ class PerRowDrafter:
         pass
 
 
-class BatchedDraftModel:
-    """The draft model drafting a chain for every row: draft position ``d`` is one batched
-    forward over the rows still drafting (row ``i`` drafts ``ks[i]`` tokens).
+class BatchedChain:
+    """A model drafting a chain for every row: draft position ``d`` is one batched
+    ``forward`` over the rows still drafting (row ``i`` drafts ``ks[i]`` tokens), into a
+    KV cache of the drafter's own (a row per slot, plus a scratch row for padding).
 
-    As the single-sequence drafter does, each row's first pass feeds what its cache lacks
+    As the single-sequence drafters do, each row's first pass feeds what its cache lacks
     (the last token, or a catch-up after accepted tokens), the last drafted token is never
     fed, and each token is chosen with ``sampling.choose`` and the row's own generator, so
     a row's draft (and the random numbers it consumes) is the one it gets alone.
+    Subclasses give ``forward`` (a ragged pass over the drafter's cache).
     """
 
-    name = "draft"
+    name = "chain"
 
-    def __init__(self, draft: NativeLM, target_vocab_size: int, max_batch_size: int, max_len: int) -> None:
-        self.model = draft.model
-        self.lm = draft
+    def __init__(self, target_vocab_size: int, max_batch_size: int) -> None:
         self.vocab_size = target_vocab_size
         self.scratch = max_batch_size  # the cache row padding rows write to
-        self.cache = self.model.new_cache(max_batch_size + 1, max_len)
         self.lengths = [0] * max_batch_size
         self.params: dict[int, SamplingParams] = {}
         self.generators: dict[int, torch.Generator] = {}
+
+    def forward(self, feeds: Sequence[Feed]) -> list[torch.Tensor]:
+        """One ragged pass of the drafter over ``feeds`` (``models.ragged.ragged_forward``)."""
+        raise NotImplementedError
 
     def join(self, slot, prompt, params, generator) -> None:
         self.params[slot], self.generators[slot] = params, generator
         self.lengths[slot] = 0
         if prompt.numel() > 1:  # the draft's prefill, alone (it has no logits to give)
-            ragged_forward(self.model, self.cache, [Feed(slot, 0, prompt[:-1], 0)], self.scratch)
+            self.forward([Feed(slot, 0, prompt[:-1], 0)])
             self.lengths[slot] = prompt.numel() - 1
 
     def propose(self, slots, sequences, ks) -> list[Proposal]:
@@ -129,7 +138,7 @@ class BatchedDraftModel:
                 fed = sequences[i][self.lengths[slot] :] if depth == 0 else torch.tensor(chains[i][-1:])
                 feeds.append(Feed(slot, self.lengths[slot], fed, 1))
                 self.lengths[slot] += fed.numel()
-            logits = ragged_forward(self.model, self.cache, feeds, self.scratch)
+            logits = self.forward(feeds)
             for i, row_logits in zip(rows, logits):
                 slot = slots[i]
                 token, q = choose(present_logits(row_logits[0], self.vocab_size), self.params[slot],
@@ -153,6 +162,49 @@ class BatchedDraftModel:
     def leave(self, slot) -> None:
         self.params.pop(slot, None)
         self.generators.pop(slot, None)
+
+
+class BatchedDraftModel(BatchedChain):
+    """The draft model drafting a chain for every row (ragged, batch invariant, like the
+    target's pass)."""
+
+    name = "draft"
+
+    def __init__(self, draft: NativeLM, target_vocab_size: int, max_batch_size: int, max_len: int) -> None:
+        super().__init__(target_vocab_size, max_batch_size)
+        self.model = draft.model
+        self.lm = draft
+        self.cache = self.model.new_cache(max_batch_size + 1, max_len)
+
+    def forward(self, feeds):
+        return ragged_forward(self.model, self.cache, feeds, self.scratch)
+
+
+class BatchedEarlyExit(BatchedChain):
+    """Early exit drafting a chain for every row: the target's layers ``[0, L)`` and the
+    exit head, into a cache of the drafter's own (the target's shapes, layers ``[0, L)``
+    only). The target's cache is never written: its verify pass recomputes every layer
+    (the single-sequence drafter's ``share_kv=False``), so rows stay independent.
+
+    With decode linears on the target the head gets its own decode-linear copy, so every
+    product of the draft pass rounds a row alike whatever the batch holds."""
+
+    def __init__(self, target: NativeLM, head: ExitHead, max_batch_size: int, max_len: int) -> None:
+        super().__init__(target.vocab_size, max_batch_size)
+        check_exit_layer(target, head.exit_layer)
+        net = target.model
+        like = net.embed.weight
+        head = copy.deepcopy(head).to(like.dtype)
+        if invariant_rows(net):
+            use_decode_linears(head)
+        self.net, self.head, self.layers = net, head, (0, head.exit_layer)
+        self.name = f"early-exit(L={head.exit_layer},{head.kind})"
+        config = dataclasses.replace(net.config, n_layers=head.exit_layer)
+        self.cache = KVCache(config, max_batch_size + 1, max_len, dtype=like.dtype, device=like.device)
+        self.head_cache = head.new_cache(max_batch_size + 1, max_len, like)
+
+    def forward(self, feeds):
+        return ragged_forward(self.net, self.cache, feeds, self.scratch, self.layers, self.head, self.head_cache)
 
 
 class BatchedHybrid:
@@ -179,25 +231,29 @@ class BatchedHybrid:
         self.model.leave(slot)
 
 
-BATCH_METHODS = ("ar", "draft", "ngram", "hybrid")
+BATCH_METHODS = ("ar", "draft", "ngram", "hybrid", "early-exit")
 
 
-def make_batch_drafter(method: str, draft: NativeLM | None, target_vocab_size: int, max_batch_size: int,
-                       max_len: int, ngram_max: int = 3, ngram_min: int = 1) -> BatchDrafter:
-    """The batch drafter of ``method`` (ar, draft, ngram, hybrid); trees and multi-draft are
-    batch 1 only, early exit plugs in here once it lands."""
+def make_batch_drafter(method: str, draft: NativeLM | None, target: NativeLM, max_batch_size: int,
+                       max_len: int, options: DraftOptions = DraftOptions()) -> BatchDrafter:
+    """The batch drafter of ``method`` (ar, draft, ngram, hybrid, early-exit; ``options``
+    gives the n-gram sizes and the exit head and layer); trees, multi-draft and layer skip
+    are batch 1 only."""
     if method == "ar":
         return BatchedNoDrafter()
     if method == "ngram":
-        return PerRowDrafter(NgramDrafter(ngram_max, ngram_min))
+        return PerRowDrafter(NgramDrafter(options.ngram_max, options.ngram_min))
     if method not in BATCH_METHODS:
         raise ValueError(f"method {method!r} does not batch; batched decoding supports {', '.join(BATCH_METHODS)} "
-                         "(token trees and multi-draft are batch 1)")
+                         "(token trees, multi-draft and layer skip are batch 1)")
+    if method == "early-exit":
+        head = resolve_exit_head(target, options.exit_head, options.exit_layer)
+        return BatchedEarlyExit(target, head, max_batch_size, max_len)
     if draft is None:
         raise ValueError(f"--method {method} needs a draft model (--draft); ngram and ar need none")
     if not isinstance(draft, NativeLM):
         raise ValueError("batched decoding needs the native runtime for the draft (--backend native)")
-    model = BatchedDraftModel(draft, target_vocab_size, max_batch_size, max_len)
+    model = BatchedDraftModel(draft, target.vocab_size, max_batch_size, max_len)
     if method == "hybrid":
-        return BatchedHybrid(NgramDrafter(ngram_max, ngram_min), model)
+        return BatchedHybrid(NgramDrafter(options.ngram_max, options.ngram_min), model)
     return model

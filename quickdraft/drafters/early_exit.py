@@ -32,6 +32,14 @@ from ..sampling import SamplingParams
 from .shapes import Shape
 
 
+def check_exit_layer(target: CausalLM, exit_layer: int) -> None:
+    """A one-line ValueError unless ``exit_layer`` leaves layers after it in ``target``."""
+    n_layers = target.config.n_layers
+    if not 1 <= exit_layer < n_layers:
+        raise ValueError(f"--exit-layer must be in 1..{n_layers - 1} for this target ({n_layers} layers), "
+                         f"got {exit_layer}")
+
+
 class EarlyExitDrafter:
     """Drafts a chain with the target's layers ``[0, head.exit_layer)`` and ``head``.
 
@@ -43,10 +51,7 @@ class EarlyExitDrafter:
     def __init__(self, target: CausalLM, head: ExitHead, share_kv: bool = True, stop_policy=None) -> None:
         if not isinstance(target, NativeLM):
             raise ValueError(EARLY_EXIT_NEEDS_NATIVE)
-        n_layers = target.config.n_layers
-        if not 1 <= head.exit_layer < n_layers:
-            raise ValueError(f"--exit-layer must be in 1..{n_layers - 1} for this target "
-                             f"({n_layers} layers), got {head.exit_layer}")
+        check_exit_layer(target, head.exit_layer)
         self.lm, self.net, self.head = target, target.model, head.to(target.model.embed.weight.dtype)
         self.exit_layer, self.share_kv, self.stop_policy = head.exit_layer, share_kv, stop_policy
         self.name = f"early-exit(L={self.exit_layer},{head.kind}{'' if share_kv else ',no-share'})"
@@ -159,16 +164,20 @@ def default_exit_layer(n_layers: int) -> int:
     return max(1, n_layers // 2)
 
 
-def resolve_exit_head(target: CausalLM, head: str | None, exit_layer: int | None) -> ExitHead:
+def resolve_exit_head(target: CausalLM, head: str | ExitHead | None, exit_layer: int | None) -> ExitHead:
     """The exit head ``--draft``/``--exit-layer`` ask for: a head directory, ``shared`` (the
     target's final norm + LM head at ``exit_layer``), or None: the shipped head for this
-    target (at its layer) unless ``exit_layer`` asks for another layer, else shared."""
+    target (at its layer) unless ``exit_layer`` asks for another layer, else shared. A
+    loaded :class:`ExitHead` is returned as it is."""
     if not isinstance(target, NativeLM):
         raise ValueError(EARLY_EXIT_NEEDS_NATIVE)
+    if exit_layer is not None:
+        check_exit_layer(target, exit_layer)
+    if isinstance(head, ExitHead):  # already loaded (a drafter's head, passed on to a batch)
+        if exit_layer not in (None, head.exit_layer):
+            raise ValueError(f"the exit head exits after layer {head.exit_layer}, not --exit-layer {exit_layer}")
+        return head
     n_layers = target.config.n_layers
-    if exit_layer is not None and not 1 <= exit_layer < n_layers:
-        raise ValueError(f"--exit-layer must be in 1..{n_layers - 1} for this target ({n_layers} layers), "
-                         f"got {exit_layer}")
     path = shipped_head(target) if head is None else None if head == SHARED else Path(head).expanduser()
     if path is not None:
         config = read_head_config(path)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..models.lm import CausalLM
 from .base import Drafter, NoDrafter
@@ -10,6 +11,9 @@ from .draft_model import DraftModelDrafter
 from .draft_stop import FixedStop, parse_draft_stop
 from .ngram import NgramDrafter
 from .shapes import MultiDraft, Shape, StaticTree, parse_tree
+
+if TYPE_CHECKING:
+    from ..models.exit_head import ExitHead
 
 #: Decoding methods by name, with what each does (the CLI's ``--method`` choices). A new
 #: method adds an entry here and its drafter in :func:`make_drafter`.
@@ -40,7 +44,7 @@ class DraftOptions:
     draft_stop: str = "fixed"  # when a chain stops drafting (drafters/draft_stop.py)
     skip_profile: str | None = None  # layer-skip: a JSON skip profile (default: the shipped one)
     exit_layer: int | None = None  # early exit: None = the head's layer (shipped head) or the default
-    exit_head: str | None = None  # early exit: a head directory, "shared", or None (the shipped head)
+    exit_head: str | ExitHead | None = None  # early exit: a head directory, "shared", a loaded head or None (shipped)
     share_kv: bool = True  # early exit: drafting writes the target's cache, verification resumes at L
 
     def __post_init__(self) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from torch import nn
 from .config import ModelConfig
 from .kv_cache import KVCache
 from .loading import CheckpointError
-from .transformer import Block, Transformer, make_norm
+from .transformer import Block, RaggedRow, Transformer, make_norm
 
 HEAD_CONFIG = "config.json"
 HEAD_WEIGHTS = "model.safetensors"
@@ -110,13 +111,20 @@ class ExitHead(nn.Module):
         return KVCache(self.block_config, batch_size, max_len, dtype=like.dtype, device=like.device)
 
     def transform(self, hidden: torch.Tensor, target: Transformer, positions: torch.Tensor,
-                  cache: KVCache | None) -> torch.Tensor:
+                  cache: KVCache | None, slots: torch.Tensor | None = None,
+                  ragged: Sequence[RaggedRow] | None = None) -> torch.Tensor:
         """The head's residual stream (``[B, T, H]``) before its norm; the extra block
-        writes its keys and values for ``positions`` (``[B, T]``, = cache slots) to ``cache``."""
+        writes its keys and values for ``positions`` (``[B, T]``) to ``cache`` at ``slots``
+        (default: the positions), row by row for a ``ragged`` batch (as ``Transformer.forward``)."""
         x = hidden
         if self.block is not None:
-            rope, rows, mask, kv_len = target.attention_inputs(positions, cache)
-            x = self.block(x, rope, cache, 0, rows, positions, mask, kv_len)
+            slots = positions if slots is None else slots
+            if ragged is None:
+                rope, rows, mask, kv_len = target.attention_inputs(positions, cache, slots)
+                x = self.block(x, rope, cache, 0, rows, slots, mask, kv_len)
+            else:
+                rope, rows, row_masks, kv_len = target.ragged_inputs(positions, slots, cache, ragged)
+                x = self.block(x, rope, cache, 0, rows, slots, None, kv_len, ragged=row_masks)
         if self.translator is not None:
             x = x + self.translator(x)
         return x

@@ -18,12 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from .decode_linear import canonical_rows, invariant_rows
 from .kv_cache import KVCache
 from .transformer import RaggedRow, Transformer
+
+if TYPE_CHECKING:
+    from .exit_head import ExitHead
 
 MAX_PAD = 12  # padding tokens or rows tried when looking for the cheapest canonical shape
 
@@ -55,9 +59,16 @@ def padded_shape(rows: int, width: int, invariant: bool = False) -> tuple[int, i
 
 
 @torch.inference_mode()
-def ragged_forward(model: Transformer, cache: KVCache, feeds: Sequence[Feed], scratch_row: int) -> list[torch.Tensor]:
+def ragged_forward(model: Transformer, cache: KVCache, feeds: Sequence[Feed], scratch_row: int,
+                   layers: tuple[int, int] | None = None, head: ExitHead | None = None,
+                   head_cache: KVCache | None = None) -> list[torch.Tensor]:
     """Run ``feeds`` in one pass; per feed the logits ``[feed.logits, V]`` of its last tokens
-    (None for 0). ``scratch_row`` is a cache row no real row uses (padding rows write there)."""
+    (None for 0). ``scratch_row`` is a cache row no real row uses (padding rows write there).
+
+    Early exit's draft pass: ``layers`` (``(0, L)``) runs only those layers and ``head``,
+    an exit head (its extra block's cache: ``head_cache``), gives the logits in place of the
+    final norm + LM head. Its products must round rows alike too: plain ``nn.Linear`` in
+    the head rounds a row by the pass's canonical shape, decode linears by themselves."""
     width = max(f.tokens.numel() for f in feeds)
     invariant = invariant_rows(model)
     rows, width = padded_shape(len(feeds), width, invariant)
@@ -75,7 +86,9 @@ def ragged_forward(model: Transformer, cache: KVCache, feeds: Sequence[Feed], sc
         else:
             ragged.append(RaggedRow(scratch_row, 0, 0))
     positions = slots.clamp(max=context - 1)  # padding may run past the context; real tokens never do
-    hidden = model(tokens, positions, cache, slots=slots, logits="none", ragged=ragged).hidden
+    hidden = model(tokens, positions, cache, slots=slots, layers=layers, logits="none", ragged=ragged).hidden
+    if head is not None:
+        hidden = head.transform(hidden, model, positions, head_cache, slots, ragged)
     picks = [b * width + f.tokens.numel() - f.logits + i for b, f in enumerate(feeds) for i in range(f.logits)]
     if not picks:
         return [None] * len(feeds)
@@ -83,7 +96,7 @@ def ragged_forward(model: Transformer, cache: KVCache, feeds: Sequence[Feed], sc
     total = canonical_rows(len(picks), invariant)
     if total > len(picks):
         flat = torch.cat([flat, flat.new_zeros(total - len(picks), flat.shape[-1])])
-    logits = model.head(flat)[: len(picks)]
+    logits = (model.head(flat) if head is None else head.logits(flat, model))[: len(picks)]
     out, at = [], 0
     for f in feeds:
         out.append(logits[at : at + f.logits] if f.logits else None)

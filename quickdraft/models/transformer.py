@@ -257,6 +257,24 @@ class Transformer(nn.Module):
         rope = self._rope(positions) if self._inv_freq is not None else None
         return rope, rows, mask, kv_len
 
+    def ragged_inputs(self, positions: torch.Tensor, slots: torch.Tensor, cache: KVCache,
+                      ragged: Sequence[RaggedRow]) -> tuple:
+        """What every block of a ragged pass shares (see :meth:`forward`'s ``ragged``):
+        ``(rope, rows, [(row, its causal mask or None)], kv_len)``."""
+        kv_len = max(max(r.start + r.tokens for r in ragged), int(slots.max()) + 1)  # padding writes too
+        row_masks = []
+        for r in ragged:
+            causal = None
+            if r.tokens > 1:
+                causal = torch.ones(r.tokens, r.start + r.tokens, dtype=torch.bool, device=slots.device)
+                causal = causal.tril(diagonal=r.start)
+            row_masks.append((r, causal))
+        if kv_len > cache.max_len:
+            raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
+        rows = torch.tensor([r.cache_row for r in ragged], device=slots.device)[:, None]
+        rope = self._rope(positions) if self._inv_freq is not None else None
+        return rope, rows, row_masks, kv_len
+
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: the exit head shared by every layer."""
         return self.lm_head(self.norm(hidden))
@@ -312,17 +330,7 @@ class Transformer(nn.Module):
         if ragged is None:
             rope, rows, mask, kv_len = self.attention_inputs(positions, cache, slots, mask)
         else:
-            kv_len = max(max(r.start + r.tokens for r in ragged), int(slots.max()) + 1)  # padding writes too
-            for r in ragged:
-                causal = None
-                if r.tokens > 1:
-                    causal = torch.ones(r.tokens, r.start + r.tokens, dtype=torch.bool, device=slots.device)
-                    causal = causal.tril(diagonal=r.start)
-                row_masks.append((r, causal))
-            if kv_len > cache.max_len:
-                raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
-            rows = torch.tensor([r.cache_row for r in ragged], device=slots.device)[:, None]
-            rope = self._rope(positions) if self._inv_freq is not None else None
+            rope, rows, row_masks, kv_len = self.ragged_inputs(positions, slots, cache, ragged)
 
         states: dict[int, torch.Tensor] = {}
         if start in output_hidden_states:

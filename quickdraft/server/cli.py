@@ -9,7 +9,7 @@ import time
 
 from ..cli import CliError, add_method_options, choose_k, draft_options, notice, positive_int
 
-BATCHED_METHODS = ("ar", "draft", "ngram", "hybrid")  # unless the batched engine lists its METHODS
+BATCHED_METHODS = ("ar", "draft", "ngram", "hybrid", "early-exit")  # unless the batched engine lists its METHODS
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -35,8 +35,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",
                    help="model runtime: native (default when supported) or transformers")
     p.add_argument("--engine", choices=["auto", "batch", "solo"], default="auto",
-                   help="batch = rows verified together in one pass (draft, ngram, hybrid, ar on the native "
-                   "runtime); solo = each row its own decode loop, stepped in turn (every method and "
+                   help="batch = rows verified together in one pass (draft, ngram, hybrid, early-exit, ar on "
+                   "the native runtime); solo = each row its own decode loop, stepped in turn (every method and "
                    "backend); auto (default) = batch when it supports the method, else solo")
     p.add_argument("--max-batch-size", type=positive_int, default=8,
                    help="generations running at once (default 8)")
@@ -98,6 +98,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    import dataclasses
+
     import torch
     import uvicorn
 
@@ -114,8 +116,11 @@ def run_serve(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     options = draft_options(args)
     sock = listen(args.host, args.port)  # a taken port fails before the models load
+    draft = args.draft
+    if args.method == "early-exit" and draft is not None:  # the draft is an exit head directory
+        options, draft = dataclasses.replace(options, exit_head=draft), None
     with quiet_transformers():
-        pair = load_pair(args.model, args.draft, need_draft=args.method in NEEDS_DRAFT, backend=args.backend)
+        pair = load_pair(args.model, draft, need_draft=args.method in NEEDS_DRAFT, backend=args.backend)
     method = args.method
     if method == "auto":  # the cost model's method, k and tree for this pair and machine
         from ..bench.method_choice import cached_method
@@ -126,7 +131,7 @@ def run_serve(args: argparse.Namespace) -> int:
         options = DraftOptions(tree=",".join(map(str, choice.tree)) or "2,2,1", tree_children="top")
         if args.num_speculative_tokens is None and method != "ar":
             args.num_speculative_tokens = max(choice.k, 1)
-    drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options)
+    drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options, target=pair.target)
     gen = SpeculativeGenerator(pair.target, pair.tokenizer, drafter, acceptance=args.multi_draft_rule)
     k, k_source = choose_k(args, gen)
     if args.method == "auto" and k is not None:

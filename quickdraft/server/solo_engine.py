@@ -87,7 +87,7 @@ class SoloEngine:
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        make_drafter(method, draft, target.vocab_size, options)  # bad settings fail here, not per row
+        make_drafter(method, draft, target.vocab_size, options, target=target)  # bad settings fail here, not per row
         self.target, self.draft, self.method, self.options = target, draft, method, options
         self.max_batch_size = max_batch_size
         self.max_len = min(max_len or target.context_length, target.context_length)
@@ -123,7 +123,7 @@ class SoloEngine:
             )
         target = fork(self.target)
         draft = fork(self.draft) if self.draft is not None else None
-        drafter = make_drafter(self.method, draft, target.vocab_size, self.options)
+        drafter = make_drafter(self.method, draft, target.vocab_size, self.options, target=target)
         stats = GenerationStats()
         steps = decode(target, prompt, stop, drafter, params, self.num_speculative_tokens,
                        self.acceptance, stats)
