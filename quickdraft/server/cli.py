@@ -9,8 +9,6 @@ import time
 
 from ..cli import CliError, add_method_options, choose_k, draft_options, notice, positive_int
 
-BATCHED_METHODS = ("ar", "draft", "ngram", "hybrid", "early-exit")  # unless the batched engine lists its METHODS
-
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``serve`` sub-command to an argparse subparsers object."""
@@ -59,20 +57,14 @@ def make_engine(choice: str, target, method: str, draft, max_batch_size: int, k:
                 explicit_k: bool, options, acceptance: str):
     """The engine for these settings: the batched one where it supports them (``choice``
     auto or batch), else :class:`~quickdraft.server.solo_engine.SoloEngine`."""
+    from .. import batch_engine
     from .solo_engine import SoloEngine
 
     why_not = None
-    try:
-        from .. import batch_engine
-    except ImportError:
-        batch_engine = None
-        why_not = "this install has no batched engine"
-    if batch_engine is not None:
-        methods = getattr(batch_engine, "METHODS", BATCHED_METHODS)
-        if method not in methods:
-            why_not = f"the batched engine runs {', '.join(methods)}, not {method}"
-        elif target.backend != "native" or (draft is not None and draft.backend != "native"):
-            why_not = "the batched engine needs the native runtime"
+    if method not in batch_engine.METHODS:
+        why_not = f"the batched engine runs {', '.join(batch_engine.METHODS)}, not {method}"
+    elif target.backend != "native" or (draft is not None and draft.backend != "native"):
+        why_not = "the batched engine needs the native runtime"
     if choice == "batch" and why_not:
         raise CliError(f"--engine batch: {why_not}; use --engine solo or auto")
     if choice != "solo" and why_not is None:
