@@ -3,8 +3,8 @@
 Decoding reads every weight once per step, so a step is bound by memory, and a speculative
 verify pass of k+1 rows should cost little more than one row. PyTorch's default CPU linear
 (MKL sgemm) falls short of that on small row counts: a 9-row product of the embedded
-target's weights costs about twice a one-row product, and on AMD CPUs MKL skips its
-AVX-512 kernels altogether.
+target's weights costs about twice a one-row product, and on AMD CPUs MKL is known to
+take slower code paths than on Intel.
 
 ``DecodeLinear`` holds its weight in oneDNN's blocked layout, reordered once at load, and
 multiplies with oneDNN's inner-product kernel: measured on the embedded target (2 threads,
