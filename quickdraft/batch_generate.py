@@ -120,27 +120,10 @@ def read_prompts_file(path, defaults: Request, seed: int | None) -> list[tuple[R
     "max_new_tokens", "temperature", "top_k", "top_p", "seed", "stop"; blank lines are
     skipped), each with the settings it ends up with. ``defaults`` holds the command
     line's settings. Bad input is a one-line ValueError naming the line."""
-    import json
-    from pathlib import Path
+    from .jsonl import read_objects
 
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"prompts file {path} does not exist")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise ValueError(f"prompts file {path} is not UTF-8 text") from None
     out = []
-    for number, text in enumerate(lines, 1):
-        if not text.strip():
-            continue
-        where = f"{path} line {number}"
-        try:
-            line = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{where} is not JSON ({exc.msg}); write one object per line") from None
-        if not isinstance(line, dict):
-            raise ValueError(f"{where} is not a JSON object; write {{\"prompt\": \"...\"}} per line")
+    for where, line in read_objects(path, "prompts file"):
         unknown = sorted(set(line) - set(LINE_KEYS))
         if unknown:
             raise ValueError(f"{where}: unknown key {unknown[0]!r}; a line may have {', '.join(LINE_KEYS)}")

@@ -26,6 +26,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..jsonl import read_objects
+
 CATEGORIES = ("short", "long", "out-of-domain")
 BENCH_ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets" / "bench"  # the stored prompt sets
 CUSTOM = "custom"
@@ -64,36 +66,21 @@ def category_file(category: str) -> Path:
 
 def load_prompts(path: str | Path) -> list[BenchPrompt]:
     """Read a JSONL prompt file; raises :class:`PromptFileError` with a one-line message."""
-    path = Path(path)
-    if not path.is_file():
-        raise PromptFileError(f"prompt file not found: {path}")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptFileError(f"cannot read prompt file {path}: {exc}") from None
     prompts: list[BenchPrompt] = []
     seen: set[str] = set()
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise PromptFileError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise PromptFileError(f"{path}:{number}: expected a JSON object with 'id' and 'prompt'")
+    for where, obj in read_objects(path, "prompt file", PromptFileError):
         pid, prompt = obj.get("id"), obj.get("prompt")
         if isinstance(pid, int):
             pid = str(pid)
         if not isinstance(pid, str) or not pid:
-            raise PromptFileError(f"{path}:{number}: 'id' must be a non-empty string")
+            raise PromptFileError(f"{where}: 'id' must be a non-empty string")
         if not isinstance(prompt, str) or not prompt:
-            raise PromptFileError(f"{path}:{number}: 'prompt' must be a non-empty string")
+            raise PromptFileError(f"{where}: 'prompt' must be a non-empty string")
         if pid in seen:
-            raise PromptFileError(f"{path}:{number}: duplicate id {pid!r}")
+            raise PromptFileError(f"{where}: duplicate id {pid!r}")
         origin = obj.get("origin")
         if origin is not None and not isinstance(origin, dict):
-            raise PromptFileError(f"{path}:{number}: 'origin' must be a JSON object")
+            raise PromptFileError(f"{where}: 'origin' must be a JSON object")
         seen.add(pid)
         prompts.append(BenchPrompt(pid, prompt, str(obj.get("kind", CUSTOM)), str(obj.get("source", "")),
                                    str(obj.get("category") or CUSTOM), str(obj.get("size", "")), origin))

@@ -1,0 +1,37 @@
+"""Reading JSONL input files (prompt files): one JSON object per line, blank lines skipped.
+
+Every problem is one line naming the file and line, raised as the caller's error type, so
+each command keeps its own exit path and its own checks of the objects' fields.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def read_objects(path: str | Path, what: str, error: type[ValueError] = ValueError) -> Iterator[tuple[str, dict]]:
+    """``(where, obj)`` per non-blank line of ``path``, ``where`` being ``"PATH:LINE"`` for the
+    caller's own messages. ``what`` names the file in errors (e.g. "prompts file")."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{what} not found: {path} does not exist")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise error(f"cannot read {what} {path}: it is not UTF-8 text") from None
+    except OSError as exc:
+        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    for number, text in enumerate(lines, 1):
+        if not text.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise error(f"{where}: line {number} is not JSON ({exc.msg}); write one JSON object per line") from None
+        if not isinstance(obj, dict):
+            raise error(f"{where}: line {number} is not a JSON object; write one object per line, "
+                        "e.g. {\"prompt\": \"...\"}")
+        yield where, obj
