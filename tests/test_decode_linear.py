@@ -10,6 +10,7 @@ from quickdraft.models.decode_linear import (
     canonical_rows,
     invariant_rows,
     onednn_linear_available,
+    row_dependent_rounding,
     rows_are_invariant,
 )
 from quickdraft.models.lm import NativeLM
@@ -49,3 +50,24 @@ def test_native_lm_with_decode_linears_matches_plain_runtime(tiny_family):
         lm.reset(64)
     for chunk in (ids[:11], ids[11:16], ids[16:17], ids[17:20]):  # prefill, 5 tokens, 1, 3
         torch.testing.assert_close(fast.extend(chunk), plain.extend(chunk), atol=1e-4, rtol=1e-4)
+
+
+def test_single_row_kernel_only_inside_row_dependent_rounding():
+    """Small weights take MKL's one-row product only where the caller allows rounding that
+    depends on the row count (a draft model's steps); everywhere else every row count
+    rounds alike, which the target and batched rows rely on."""
+    torch.manual_seed(0)
+    linear = nn.Linear(256, 256, bias=True)
+    fast, big = DecodeLinear(linear), DecodeLinear(nn.Linear(1024, 1024))
+    assert fast.single_row_weight is not None and big.single_row_weight is None
+    x = torch.randn(4, 256)
+    with torch.no_grad():
+        rows = fast(x)
+        outside = torch.cat([fast(x[i : i + 1]) for i in range(4)])
+        with row_dependent_rounding():
+            inside = torch.cat([fast(x[i : i + 1]) for i in range(4)])
+            assert torch.equal(fast(x), rows)  # several rows: still oneDNN
+        after = fast(x[:1])
+    assert torch.equal(outside, rows) and torch.equal(after, rows[:1])
+    torch.testing.assert_close(inside, linear(x), atol=1e-5, rtol=1e-5)
+    assert not torch.equal(inside, rows)  # proves the other kernel ran

@@ -46,6 +46,20 @@ def test_ragged_batch_equals_each_row_alone(model):
         torch.testing.assert_close(step.logits[b, 0], alone_step.logits[0, -1], **ATOL)
 
 
+def test_int_positions_equal_explicit_positions_bit_for_bit(model):
+    """The contiguous fast path (positions / slots given as an int: slice writes, rope by
+    slicing) computes exactly what explicit position tensors do, cache included."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 96, (2, 12))
+    caches = model.new_cache(2, 32), model.new_cache(2, 32)
+    with torch.no_grad():
+        for a, b in ((0, 7), (7, 8), (8, 11), (11, 12)):  # prefill, one token, three, one
+            fast = model(ids[:, a:b], a, caches[0])
+            slow = model(ids[:, a:b], torch.arange(a, b).expand(2, -1), caches[1])
+            assert torch.equal(fast.logits, slow.logits), (a, b)
+    assert torch.equal(caches[0].k, caches[1].k) and torch.equal(caches[0].v, caches[1].v)
+
+
 def test_layer_range_resumes_from_hidden_state(model):
     ids = torch.randint(0, 96, (1, 7))
     full = run(model, ids)

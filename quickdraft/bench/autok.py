@@ -257,7 +257,7 @@ def machine_fingerprint() -> dict:
     """What identifies the machine for the cache: CPU, cores, torch threads and version,
     and the linear kernels the native runtime decodes with (costs change with them)."""
     from ..machine import cpu_model
-    from ..models.decode_linear import onednn_linear_available
+    from ..models.decode_linear import SMALL_WEIGHT_ELEMENTS, onednn_linear_available
 
     return {
         "cpu": cpu_model(),
@@ -265,7 +265,8 @@ def machine_fingerprint() -> dict:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "linear_kernels": "onednn" if onednn_linear_available() else "torch",
+        # The drafts' one-row MKL products changed step costs: part of the key.
+        "linear_kernels": f"onednn,mkl-rows1<={SMALL_WEIGHT_ELEMENTS}" if onednn_linear_available() else "torch",
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..models.decode_linear import row_dependent_rounding
 from ..models.lm import CausalLM
 from ..proposal import Proposal
 from ..sampling import SamplingParams
@@ -84,6 +85,9 @@ class DraftModelDrafter:
     def _last_fed(self) -> int:
         return max(self._slots, key=self._slots.get) if self._slots else -1
 
+    # The draft's one-token steps need not round like its multi-token passes: the target
+    # decides what is accepted, so take the fastest kernels.
+    @row_dependent_rounding()
     def propose(self, sequence: torch.Tensor, k: int) -> Proposal:
         start = sequence.shape[0]
         logits = self._present(self.model.extend(sequence[self.model.length :], logits="last"))

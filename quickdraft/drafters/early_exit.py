@@ -84,12 +84,11 @@ class EarlyExitDrafter:
     def _run(self, tokens: torch.Tensor, start: int, logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Layers [0, L) (and the head's extra block) over ``tokens`` at positions
         ``start..``: their hidden states ``[T, H]`` and the exit head's logits of the last."""
-        positions = torch.arange(start, start + tokens.shape[0])[None]
         cache = self.lm.cache if self.share_kv else self.base_cache
-        hidden = self.net(tokens[None], positions, cache, layers=(0, self.exit_layer), logits="none").hidden
+        hidden = self.net(tokens[None], start, cache, layers=(0, self.exit_layer), logits="none").hidden
         if not logits and self.head.block is None:
             return hidden[0], None
-        x = self.head.transform(hidden, self.net, positions, self.head_cache)
+        x = self.head.transform(hidden, self.net, start, self.head_cache)
         return hidden[0], self.head.logits(x[:, -1], self.net)[0] if logits else None
 
     def propose(self, sequence: torch.Tensor, k: int) -> Proposal:

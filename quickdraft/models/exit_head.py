@@ -110,17 +110,18 @@ class ExitHead(nn.Module):
             return None
         return KVCache(self.block_config, batch_size, max_len, dtype=like.dtype, device=like.device)
 
-    def transform(self, hidden: torch.Tensor, target: Transformer, positions: torch.Tensor,
-                  cache: KVCache | None, slots: torch.Tensor | None = None,
+    def transform(self, hidden: torch.Tensor, target: Transformer, positions: torch.Tensor | int,
+                  cache: KVCache | None, slots: torch.Tensor | int | None = None,
                   ragged: Sequence[RaggedRow] | None = None) -> torch.Tensor:
         """The head's residual stream (``[B, T, H]``) before its norm; the extra block
-        writes its keys and values for ``positions`` (``[B, T]``) to ``cache`` at ``slots``
+        writes its keys and values for ``positions`` (``[B, T]`` or an int, as in
+        ``Transformer.forward``) to ``cache`` at ``slots``
         (default: the positions), row by row for a ``ragged`` batch (as ``Transformer.forward``)."""
         x = hidden
         if self.block is not None:
             slots = positions if slots is None else slots
             if ragged is None:
-                rope, rows, mask, kv_len = target.attention_inputs(positions, cache, slots)
+                rope, rows, mask, kv_len = target.attention_inputs(positions, cache, slots, shape=x.shape[:2])
                 x = self.block(x, rope, cache, 0, rows, slots, mask, kv_len)
             else:
                 rope, rows, row_masks, kv_len = target.ragged_inputs(positions, slots, cache, ragged)

@@ -30,8 +30,16 @@ class KVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.max_len = max_len
 
-    def write(self, layer: int, rows: torch.Tensor, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store ``k``/``v`` (``[B, H, T, D]``) of ``layer`` at ``slots`` (``[B, T]``)."""
+    def write(self, layer: int, rows: torch.Tensor | None, slots: torch.Tensor | int, k: torch.Tensor,
+              v: torch.Tensor) -> None:
+        """Store ``k``/``v`` (``[B, H, T, D]``) of ``layer`` at ``slots`` (``[B, T]``) of cache
+        ``rows`` (``[B, 1]``); an int ``slots`` ``s``: at slots ``s .. s + T - 1`` of rows
+        ``0 .. B - 1`` (a plain slice copy: the common, contiguous case)."""
+        if isinstance(slots, int):
+            end = slots + k.shape[2]
+            self.k[layer, : k.shape[0], :, slots:end] = k
+            self.v[layer, : v.shape[0], :, slots:end] = v
+            return
         # Advanced indices around a slice put the indexed dims first: target is [B, T, H, D].
         self.k[layer][rows, :, slots] = k.transpose(1, 2)
         self.v[layer][rows, :, slots] = v.transpose(1, 2)

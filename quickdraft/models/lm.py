@@ -104,7 +104,6 @@ class NativeLM:
         self.eos_token_ids = list(self.config.eos_token_ids)
         self.length = 0
         self.cache = None
-        self._positions = torch.arange(self.context_length)[None]
 
     def reset(self, max_len: int | None = None) -> None:
         # Slots may run a tree's width past the context (positions never do).
@@ -126,16 +125,17 @@ class NativeLM:
         if self.cache is None:
             self.reset()
         end = self.length + tokens.shape[-1]
-        slots = self._positions[:, self.length : end] if end <= self.context_length else None
-        if slots is None or positions is not None:
-            slots = torch.arange(self.length, end)[None]
+        # Slots are always contiguous after the cache (an int: slice writes, no gathers);
+        # positions too, except in a token tree.
+        slots = self.length
         positions = slots if positions is None else positions.view(1, -1)
+        if mask is not None:
+            mask = mask[None]
         if hidden is None:
-            out = self.model(tokens.view(1, -1), positions, self.cache, slots=slots,
-                             mask=None if mask is None else mask[None], logits=logits)
+            out = self.model(tokens.view(1, -1), positions, self.cache, slots=slots, mask=mask, logits=logits)
         else:  # early exit: layers below start_layer are already in the cache
-            out = self.model(None, positions, self.cache, slots=slots, mask=None if mask is None else mask[None],
-                             logits=logits, hidden=hidden[None], layers=(start_layer, self.config.n_layers))
+            out = self.model(None, positions, self.cache, slots=slots, mask=mask, logits=logits,
+                             hidden=hidden[None], layers=(start_layer, self.config.n_layers))
         self.length = end
         return None if out.logits is None else out.logits[0]
 

@@ -217,8 +217,10 @@ class Transformer(nn.Module):
         length = max_len or self.config.max_position_embeddings
         return KVCache(self.config, batch_size, length, dtype=weight.dtype, device=weight.device)
 
-    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        needed = int(positions.max()) + 1
+    def _rope(self, positions: torch.Tensor | int, length: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos / sin for ``positions`` (``[B, T]``; an int ``p``: ``p .. p + length - 1`` in
+        every row), shaped ``[B or 1, 1, T, head_dim]``."""
+        needed = (positions + length) if isinstance(positions, int) else int(positions.max()) + 1
         if self._rope_cache is None or self._rope_cache[0].shape[0] < needed:
             size = max(needed, 2 * (self._rope_cache[0].shape[0] if self._rope_cache else 1024))
             freqs = torch.outer(torch.arange(size, dtype=torch.float64), self._inv_freq)
@@ -226,35 +228,45 @@ class Transformer(nn.Module):
             dtype, device = self.embed.weight.dtype, self.embed.weight.device
             self._rope_cache = (emb.cos().to(dtype=dtype, device=device), emb.sin().to(dtype=dtype, device=device))
         cos, sin = self._rope_cache
+        if isinstance(positions, int):  # a slice: no gather, no host sync
+            return cos[None, None, positions : positions + length], sin[None, None, positions : positions + length]
         return cos[positions].unsqueeze(1), sin[positions].unsqueeze(1)
 
-    def embed_tokens(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def embed_tokens(self, tokens: torch.Tensor, positions: torch.Tensor | int) -> torch.Tensor:
         x = self.embed(tokens)
         if self.pos_embed is not None:
+            if isinstance(positions, int):
+                positions = torch.arange(positions, positions + tokens.shape[-1], device=tokens.device)[None]
             x = x + self.pos_embed(positions)
         return x
 
     def attention_inputs(
-        self, positions: torch.Tensor, cache: KVCache, slots: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
+        self, positions: torch.Tensor | int, cache: KVCache, slots: torch.Tensor | int | None = None,
+        mask: torch.Tensor | None = None, shape: tuple[int, int] = (1, 1),
     ) -> tuple:
         """What every block of a pass shares: ``(rope, rows, mask [B, 1, T, S] or None,
-        kv_len)`` for queries at ``positions`` written to ``slots`` (see :meth:`forward`)."""
+        kv_len)`` for queries at ``positions`` written to ``slots`` (see :meth:`forward`).
+        ``shape`` is the pass's ``(B, T)``, needed when the positions are an int."""
         if slots is None:
             slots = positions
-        bsz, seqlen = positions.shape
-        if mask is None:
+        bsz, seqlen = shape if isinstance(positions, int) else positions.shape
+        if mask is not None:
+            kv_len = mask.shape[-1]
+            mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
+        elif isinstance(slots, int):
+            kv_len = slots + seqlen
+            if seqlen > 1:  # causal after the cached prefix, alike in every row
+                mask = torch.ones(seqlen, kv_len, dtype=torch.bool, device=cache.k.device).tril(diagonal=slots)
+                mask = mask[None, None]
+        else:
             kv_len = int(slots.max()) + 1
             if seqlen > 1 or bsz > 1:
                 visible = torch.arange(kv_len, device=slots.device)
                 mask = (visible[None, None, :] <= slots[:, :, None]).unsqueeze(1)
-        else:
-            kv_len = mask.shape[-1]
-            mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
         if kv_len > cache.max_len:
             raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
-        rows = torch.arange(bsz, device=slots.device)[:, None]
-        rope = self._rope(positions) if self._inv_freq is not None else None
+        rows = None if isinstance(slots, int) else torch.arange(bsz, device=slots.device)[:, None]
+        rope = self._rope(positions, seqlen) if self._inv_freq is not None else None
         return rope, rows, mask, kv_len
 
     def ragged_inputs(self, positions: torch.Tensor, slots: torch.Tensor, cache: KVCache,
@@ -282,10 +294,10 @@ class Transformer(nn.Module):
     def forward(
         self,
         tokens: torch.Tensor | None,
-        positions: torch.Tensor,
+        positions: torch.Tensor | int,
         cache: KVCache,
         *,
-        slots: torch.Tensor | None = None,
+        slots: torch.Tensor | int | None = None,
         mask: torch.Tensor | None = None,
         hidden: torch.Tensor | None = None,
         layers: tuple[int, int] | None = None,
@@ -299,9 +311,11 @@ class Transformer(nn.Module):
 
         Args:
             tokens: ``[B, T]`` token ids; ``None`` when resuming from ``hidden``.
-            positions: ``[B, T]`` position ids.
+            positions: ``[B, T]`` position ids, or an int ``p``: positions ``p .. p + T - 1``
+                in every row (contiguous decoding: no gathers, no host syncs).
             cache: the KV cache; new keys/values are written at ``slots``.
-            slots: ``[B, T]`` cache slots (default: ``positions``).
+            slots: ``[B, T]`` cache slots, or an int ``s``: slots ``s .. s + T - 1`` of cache
+                rows ``0 .. B - 1`` (default: ``positions``).
             mask: boolean ``[B or 1, T, S]`` over cache slots ``0..S-1`` (True = attend).
                 Default: slot ``s`` is visible to a query in slot ``q`` iff ``s <= q``.
             hidden: ``[B, T, hidden_size]`` residual stream to resume from at layer ``a``.
@@ -328,7 +342,7 @@ class Transformer(nn.Module):
         slots = positions if slots is None else slots
         row_masks: list[tuple[RaggedRow, torch.Tensor | None]] = []
         if ragged is None:
-            rope, rows, mask, kv_len = self.attention_inputs(positions, cache, slots, mask)
+            rope, rows, mask, kv_len = self.attention_inputs(positions, cache, slots, mask, x.shape[:2])
         else:
             rope, rows, row_masks, kv_len = self.ragged_inputs(positions, slots, cache, ragged)
 
