@@ -26,6 +26,7 @@ import torch
 
 from ..drafters import DraftModelDrafter
 from ..engine import decode
+from ..models.decode_linear import row_dependent_rounding
 from ..models.lm import CausalLM, eos_token_ids
 from ..sampling import SamplingParams
 from ..stats import GenerationStats
@@ -105,11 +106,12 @@ class StepCostSampler:
                 if record:
                     self.times[n].append(elapsed)
                 if self.draft is not None and n == self.sizes[-1]:
-                    started = perf()
-                    for j in range(self.burst):
-                        self.draft.extend(self.draft_tokens[j : j + 1], logits="last")
-                        if record:
-                            self.burst_times[j + 1].append(perf() - started)
+                    with row_dependent_rounding():  # the kernels DraftModelDrafter drafts with
+                        started = perf()
+                        for j in range(self.burst):
+                            self.draft.extend(self.draft_tokens[j : j + 1], logits="last")
+                            if record:
+                                self.burst_times[j + 1].append(perf() - started)
                     self.draft.crop(self.length)
 
     def costs(self) -> StepCosts:

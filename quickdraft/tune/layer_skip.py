@@ -32,6 +32,7 @@ from ..bench.cost_model import StepCosts, best_k, speedup_curve
 from ..drafters import DraftModelDrafter
 from ..drafters.layer_skip import LayerSkipLM, SkipProfile, model_fingerprint
 from ..engine import decode
+from ..models.decode_linear import row_dependent_rounding
 from ..models.lm import NativeLM
 from ..sampling import SamplingParams
 from ..stats import GenerationStats
@@ -72,9 +73,10 @@ def skip_step_seconds(target: NativeLM, context: torch.Tensor, profiles: dict[st
         for name, view in views.items():
             view.reset()
             view.extend(context, logits="none")  # the target holds it: nothing to compute
-            started = time.perf_counter()
-            view.extend(token, logits="last")
-            times[name].append(time.perf_counter() - started)
+            with row_dependent_rounding():  # the kernels DraftModelDrafter drafts with
+                started = time.perf_counter()
+                view.extend(token, logits="last")
+                times[name].append(time.perf_counter() - started)
     first = next(iter(times))
     out = {first: statistics.median(times[first][1:])}
     for name in list(times)[1:]:
