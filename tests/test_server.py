@@ -250,3 +250,33 @@ def test_load_32_requests_8_concurrent_with_hang_ups(server, plain):
     assert 0 < accepted <= drafted
     assert gained("vllm:spec_decode_num_accepted_tokens_per_pos_total") == accepted
     assert stream_completion(server.url, MODEL, PROMPTS[3], 12).text == plain[PROMPTS[3]]
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_signal_mid_stream_stops_the_server_cleanly(tmp_path, sig):
+    """The step loop runs in the main thread and HTTP in another: SIGTERM (a process manager)
+    or Ctrl-C during a stream ends both, with exit status 0, within the grace period; the
+    open stream gets a 503-style error chunk and [DONE] instead of a cut connection."""
+    import signal
+    import time
+
+    from serving import ServerProcess
+
+    srv = ServerProcess(["-k", "3", "--max-batch-size", "2"], tmp_path / "serve.log")
+    try:
+        conn = srv.connection()
+        conn.request("POST", "/v1/completions", json.dumps(
+            {"model": MODEL, "prompt": PROMPTS[0], "max_tokens": 2000, "stream": True, "temperature": 0}),
+            {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.readline().startswith(b"data: ")  # streaming now
+        started = time.monotonic()
+        srv.proc.send_signal(getattr(signal, sig))
+        rest = resp.read().decode()  # the stream ends with OpenAI's error object, not a cut
+        assert '"code":"server_shutdown"' in rest and rest.endswith("data: [DONE]\n\n"), rest[-300:]
+        assert srv.proc.wait(15) == 0, (srv.proc.returncode, srv.log.read_text())
+        assert time.monotonic() - started < 10
+        conn.close()
+    finally:
+        srv.stop()
+    assert "Traceback" not in srv.log.read_text()

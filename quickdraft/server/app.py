@@ -44,7 +44,7 @@ from .openai_schema import (
     Timings,
     Usage,
 )
-from .scheduler import Event, Job, QueueFullError, Scheduler
+from .scheduler import Event, Job, QueueFullError, Scheduler, ShuttingDownError
 
 STATIC = Path(__file__).parent / "static"
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # the OpenAI API's default for /v1/completions
@@ -114,12 +114,14 @@ class BodyLimit:
         return await self.app(scope, limited, send)
 
 
-def create_app(state: ServerState) -> FastAPI:
-    """The application for one loaded model; ``state.scheduler`` is started and stopped
-    with it."""
+def create_app(state: ServerState, start_scheduler: bool = True) -> FastAPI:
+    """The application for one loaded model; ``state.scheduler`` is stopped with it, and
+    started with it in a thread of its own unless ``start_scheduler`` is False (the caller
+    runs its loop: `quickdraft serve` does, in the main thread)."""
 
     async def lifespan(app: FastAPI):
-        state.scheduler.start()
+        if start_scheduler:
+            state.scheduler.start()
         yield
         state.scheduler.stop()
 
@@ -232,6 +234,8 @@ def create_app(state: ServerState) -> FastAPI:
         except QueueFullError as exc:
             raise APIError(429, str(exc), code="queue_full", type="rate_limit_exceeded",
                            headers={"Retry-After": "1"}) from None
+        except ShuttingDownError as exc:
+            raise APIError(503, str(exc), code="server_shutdown", type="server_error") from None
         reply = Reply(state, chat, body, jobs, [len(ids) for ids in prompts], stops)
         if body.stream:
             return StreamingResponse(reply.stream(events), media_type="text/event-stream",
@@ -413,6 +417,8 @@ class Reply:
 def event_error(event: Event) -> APIError:
     if event.error_code == "server_error":
         return APIError(500, event.error, type="server_error", code="server_error")
+    if event.error_code == "server_shutdown":
+        return APIError(503, event.error, type="server_error", code="server_shutdown")
     return APIError(400, event.error, code=event.error_code)
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import sys
+import threading
 import time
 
 from ..cli import CliError, add_method_options, choose_k, draft_options, notice, positive_int
@@ -146,7 +148,25 @@ def run_serve(args: argparse.Namespace) -> int:
     print(f"quickdraft: serving {name} ({settings['method']}{k_text}, {engine.name} engine, {args.max_batch_size} rows, "
           f"queue {args.max_queue}) at {url}  (playground {url}/, OpenAI API {url}/v1, {url}/metrics, "
           f"{url}/health; Ctrl-C stops)", file=sys.stderr, flush=True)
-    config = uvicorn.Config(create_app(state), log_level=args.log_level, timeout_graceful_shutdown=3,
-                            lifespan="on")
-    uvicorn.Server(config).run(sockets=[sock])
+    config = uvicorn.Config(create_app(state, start_scheduler=False), log_level=args.log_level,
+                            timeout_graceful_shutdown=3, lifespan="on")
+    server = uvicorn.Server(config)
+
+    def serve_http() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            scheduler.stop()  # the HTTP side is gone (or never came up): nothing left to serve
+
+    # The step loop runs here, in the main thread (oneDNN is twice as slow from others:
+    # scheduler.py), and the HTTP server in a thread; Ctrl-C or SIGTERM ends both.
+    http = threading.Thread(target=serve_http, name="quickdraft-http", daemon=True)
+    http.start()
+    signal.signal(signal.SIGTERM, lambda *_: scheduler.stop())
+    try:
+        scheduler.run()
+    except KeyboardInterrupt:
+        pass
+    server.should_exit = True
+    http.join(timeout=10)
     return 0

@@ -1,9 +1,15 @@
-"""Continuous batching: the engine's step loop in a thread of its own, fed by a bounded queue.
+"""Continuous batching: the engine's step loop, fed by a bounded queue.
 
 Between two steps the loop drops the rows whose clients went away (their cache is freed
 there and then), admits waiting jobs into the free rows, and runs one step for every
 active row; each row's update goes to its request's asyncio queue on the event loop. The
-engine is only ever touched by this thread, and the event loop never waits on a step.
+engine is only ever touched by the loop's thread, and the event loop never waits on a step.
+
+`quickdraft serve` runs the loop in the process's main thread and the HTTP server in
+another: oneDNN's products (the native runtime's decode linears) run at about half speed
+when called from any other thread (measured on this 2-core CPU: a one-row product of the
+target's MLP weight 112 us instead of 59 us; OpenMP teams of non-initial threads), which
+had halved the server's tokens/s.
 """
 
 from __future__ import annotations
@@ -28,6 +34,13 @@ from .metrics import ServerMetrics
 
 class QueueFullError(RuntimeError):
     """The queue holds ``max_queue`` waiting generations already."""
+
+
+class ShuttingDownError(RuntimeError):
+    """The step loop has stopped (the server is shutting down)."""
+
+
+SHUTDOWN_MESSAGE = "the server is shutting down; retry the request on another instance or after a restart"
 
 
 @dataclass
@@ -79,21 +92,51 @@ class Scheduler:
         self._stopping = False
         self._state = {"active": 0, "free_slots": engine.free_slots, "kv_cache_bytes": 0}
         self._free = engine.free_slots  # rows free once the waiting jobs admitted so far are in
-        self._thread = threading.Thread(target=self._run, name="quickdraft-steps", daemon=True)
+        self._thread: threading.Thread | None = None
+        self._ended = False  # the loop has returned (or died)
         metrics.engine_state = self.state
 
     def start(self) -> None:
+        """Run the step loop in a thread of its own (in-process use; see the module
+        docstring for why `quickdraft serve` calls :meth:`run` from the main thread)."""
+        self._thread = threading.Thread(target=self.run, name="quickdraft-steps", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        """End the loop after the current step (safe from any thread and signal handler)."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        self._thread.join(timeout=30)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        """The step loop is running (or about to start)."""
+        return not self._ended
+
+    def run(self) -> None:
+        """The step loop, in the calling thread, until :meth:`stop`."""
+        try:
+            self._loop()
+        finally:
+            self._ended = True
+            self._end_open_jobs()
+
+    def _end_open_jobs(self) -> None:
+        """The loop is over: running and waiting generations end now with a 503, so their
+        streams close within the HTTP server's grace period instead of being cut."""
+        with self._wake:
+            jobs = [*self._rows.values(), *self._waiting]
+            self._waiting.clear()
+        self._rows.clear()
+        for job in jobs:
+            if not job.done:
+                job.done = True
+                try:
+                    job.send(Event(job.index, error=SHUTDOWN_MESSAGE, error_code="server_shutdown"))
+                except RuntimeError:  # the event loop is closed already: nobody is listening
+                    pass
 
     def state(self) -> dict:
         """Occupancy as of the last step: active rows, free rows, KV bytes, waiting jobs."""
@@ -104,6 +147,8 @@ class Scheduler:
         """Queue a request's generations, all or none (:class:`QueueFullError`): jobs that a
         free row will take at the next step do not count against ``max_queue``."""
         with self._wake:
+            if self._stopping or self._ended:
+                raise ShuttingDownError(SHUTDOWN_MESSAGE)
             if len(self._waiting) + len(jobs) > self.max_queue + self._free:
                 raise QueueFullError(
                     f"the server is busy: {len(self._waiting)} generations are waiting already "
@@ -121,7 +166,7 @@ class Scheduler:
                     self._cancelled.append(job)
             self._wake.notify()
 
-    def _run(self) -> None:
+    def _loop(self) -> None:
         while True:
             with self._wake:
                 while not (self._stopping or self._waiting or self._cancelled or self.engine.active):
