@@ -73,6 +73,7 @@ class Job:
     done: bool = False
     first_token_at: float | None = None
     seen: GenerationStats = field(default_factory=GenerationStats)
+    counted: bool = False  # holds one of the server's places (a row or the queue)
 
     def send(self, event: Event) -> None:
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -91,7 +92,10 @@ class Scheduler:
         self._wake = threading.Condition()
         self._stopping = False
         self._state = {"active": 0, "free_slots": engine.free_slots, "kv_cache_bytes": 0}
-        self._free = engine.free_slots  # rows free once the waiting jobs admitted so far are in
+        # Generations submitted and not yet finished, failed or cancelled: what the bound on
+        # rows + queue counts. Released the moment a job ends (before its client hears of
+        # it), so a client that sends its next request at once always finds its place.
+        self._in_flight = 0
         self._thread: threading.Thread | None = None
         self._ended = False  # the loop has returned (or died)
         metrics.engine_state = self.state
@@ -132,7 +136,7 @@ class Scheduler:
         self._rows.clear()
         for job in jobs:
             if not job.done:
-                job.done = True
+                self._finish(job)
                 try:
                     job.send(Event(job.index, error=SHUTDOWN_MESSAGE, error_code="server_shutdown"))
                 except RuntimeError:  # the event loop is closed already: nobody is listening
@@ -149,11 +153,14 @@ class Scheduler:
         with self._wake:
             if self._stopping or self._ended:
                 raise ShuttingDownError(SHUTDOWN_MESSAGE)
-            if len(self._waiting) + len(jobs) > self.max_queue + self._free:
+            if self._in_flight + len(jobs) > self.max_queue + self.engine.max_batch_size:
                 raise QueueFullError(
                     f"the server is busy: {len(self._waiting)} generations are waiting already "
                     f"(--max-queue {self.max_queue}); retry later"
                 )
+            for job in jobs:
+                job.counted = True
+            self._in_flight += len(jobs)
             self._waiting.extend(jobs)
             self._wake.notify()
 
@@ -164,6 +171,7 @@ class Scheduler:
                 if not job.done and not job.cancelled:
                     job.cancelled = True
                     self._cancelled.append(job)
+                    self._release(job)
             self._wake.notify()
 
     def _loop(self) -> None:
@@ -184,11 +192,23 @@ class Scheduler:
                 self._step()
             self._publish()
 
+    def _release(self, job: Job) -> None:
+        """Give back the job's place (once)."""
+        with self._wake:
+            if job.counted:
+                job.counted = False
+                self._in_flight -= 1
+
+    def _finish(self, job: Job) -> None:
+        """The job is over (finished, failed or dropped): mark it and free its place."""
+        job.done = True
+        self._release(job)
+
     def _drop(self, job: Job) -> None:
         if job.row is not None and self._rows.pop(job.row, None) is job:
             self.engine.cancel(job.row)
         if not job.done:
-            job.done = True
+            self._finish(job)
             self.metrics.label(self.metrics.cancelled).inc()
 
     def _admit(self) -> None:
@@ -197,11 +217,10 @@ class Scheduler:
                 if not self._waiting:
                     return
                 job = self._waiting.popleft()
-                self._free -= 1
             try:
                 job.row = self.engine.add(job.prompt, job.params, job.stop)
             except Exception as exc:  # the request's fault (400) or a bug (500): that request fails alone
-                job.done = True
+                self._finish(job)
                 if isinstance(exc, ContextOverflowError):
                     job.send(Event(job.index, error=str(exc), error_code="context_length_exceeded"))
                 elif isinstance(exc, ValueError):
@@ -220,7 +239,7 @@ class Scheduler:
             traceback.print_exc(file=sys.stderr)
             for row, job in list(self._rows.items()):
                 self.engine.cancel(row)
-                job.done = True
+                self._finish(job)
                 job.send(Event(job.index, error="the engine failed on this request", error_code="server_error"))
             self._rows.clear()
             return
@@ -238,7 +257,7 @@ class Scheduler:
                 self.metrics.label(self.metrics.ttft).observe(now - job.arrived)
             if update.finish:
                 del self._rows[row]
-                job.done = True
+                self._finish(job)
                 self.metrics.label(self.metrics.request_success, update.finish).inc()
                 self.metrics.label(self.metrics.e2e).observe(now - job.arrived)
             job.send(Event(job.index, list(update.tokens), update.drafted, update.finish, stats))
@@ -248,4 +267,3 @@ class Scheduler:
                  "kv_cache_bytes": int(getattr(self.engine, "kv_cache_bytes", 0))}
         with self._wake:
             self._state = state
-            self._free = state["free_slots"]
