@@ -242,14 +242,16 @@ class Transformer(nn.Module):
 
     def attention_inputs(
         self, positions: torch.Tensor | int, cache: KVCache, slots: torch.Tensor | int | None = None,
-        mask: torch.Tensor | None = None, shape: tuple[int, int] = (1, 1),
+        mask: torch.Tensor | None = None, shape: tuple[int, int] | None = None,
     ) -> tuple:
         """What every block of a pass shares: ``(rope, rows, mask [B, 1, T, S] or None,
         kv_len)`` for queries at ``positions`` written to ``slots`` (see :meth:`forward`).
         ``shape`` is the pass's ``(B, T)``, needed when the positions are an int."""
         if slots is None:
             slots = positions
-        bsz, seqlen = shape if isinstance(positions, int) else positions.shape
+        if isinstance(positions, int) and shape is None:
+            raise ValueError("attention_inputs needs the pass's (batch, tokens) shape with int positions")
+        bsz, seqlen = positions.shape if shape is None else shape
         if mask is not None:
             kv_len = mask.shape[-1]
             mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
