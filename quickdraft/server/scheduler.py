@@ -9,7 +9,7 @@ engine is only ever touched by the loop's thread, and the event loop never waits
 another: oneDNN's products (the native runtime's decode linears) run at about half speed
 when called from any other thread (measured on this 2-core CPU: a one-row product of the
 target's MLP weight 112 us instead of 59 us; OpenMP teams of non-initial threads), which
-had halved the server's tokens/s.
+had halved the server's tokens/s. `docs/bench/thread_penalty.py` reproduces it.
 """
 
 from __future__ import annotations
