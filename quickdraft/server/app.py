@@ -114,14 +114,11 @@ class BodyLimit:
         return await self.app(scope, limited, send)
 
 
-def create_app(state: ServerState, start_scheduler: bool = True) -> FastAPI:
-    """The application for one loaded model; ``state.scheduler`` is stopped with it, and
-    started with it in a thread of its own unless ``start_scheduler`` is False (the caller
-    runs its loop: `quickdraft serve` does, in the main thread)."""
+def create_app(state: ServerState) -> FastAPI:
+    """The application for one loaded model. The caller runs ``state.scheduler.run()``
+    (`quickdraft serve` does, in the main thread); the app stops it when it shuts down."""
 
     async def lifespan(app: FastAPI):
-        if start_scheduler:
-            state.scheduler.start()
         yield
         state.scheduler.stop()
 

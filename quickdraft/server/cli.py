@@ -148,7 +148,7 @@ def run_serve(args: argparse.Namespace) -> int:
     print(f"quickdraft: serving {name} ({settings['method']}{k_text}, {engine.name} engine, {args.max_batch_size} rows, "
           f"queue {args.max_queue}) at {url}  (playground {url}/, OpenAI API {url}/v1, {url}/metrics, "
           f"{url}/health; Ctrl-C stops)", file=sys.stderr, flush=True)
-    config = uvicorn.Config(create_app(state, start_scheduler=False), log_level=args.log_level,
+    config = uvicorn.Config(create_app(state), log_level=args.log_level,
                             timeout_graceful_shutdown=3, lifespan="on")
     server = uvicorn.Server(config)
 

@@ -96,23 +96,14 @@ class Scheduler:
         # rows + queue counts. Released the moment a job ends (before its client hears of
         # it), so a client that sends its next request at once always finds its place.
         self._in_flight = 0
-        self._thread: threading.Thread | None = None
         self._ended = False  # the loop has returned (or died)
         metrics.engine_state = self.state
-
-    def start(self) -> None:
-        """Run the step loop in a thread of its own (in-process use; see the module
-        docstring for why `quickdraft serve` calls :meth:`run` from the main thread)."""
-        self._thread = threading.Thread(target=self.run, name="quickdraft-steps", daemon=True)
-        self._thread.start()
 
     def stop(self) -> None:
         """End the loop after the current step (safe from any thread and signal handler)."""
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=30)
 
     @property
     def alive(self) -> bool:
@@ -120,7 +111,8 @@ class Scheduler:
         return not self._ended
 
     def run(self) -> None:
-        """The step loop, in the calling thread, until :meth:`stop`."""
+        """The step loop, in the calling thread (the main thread: see the module
+        docstring), until :meth:`stop`."""
         try:
             self._loop()
         finally:
