@@ -222,3 +222,33 @@ def test_init_draft_gets_the_targets_context(setup, tmp_path):
                      "--no-progress"]) == 0
     assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == 256
     assert "Initialised from" in (out / "README.md").read_text()
+
+
+def test_package_sources_export_records_versions_and_keeps_bench_packages_out(tmp_path, capsys):
+    from importlib import metadata
+
+    from quickdraft.train import packages
+    from quickdraft.train.textdata import read_text_data
+
+    out, manifest_path = tmp_path / "code", tmp_path / "manifest.json"
+    assert packages.main(["pluggy", "pytest:_pytest", "--out", str(out), "--manifest", str(manifest_path),
+                          "--max-bytes", "60000"]) == 0
+    manifest = json.loads(manifest_path.read_text())
+    by_name = {p["package"]: p for p in manifest["packages"]}
+    assert by_name["pluggy"]["version"] == metadata.version("pluggy")
+    assert by_name["_pytest"]["distribution"] == "pytest" and by_name["_pytest"]["license"] != "unknown"
+    assert all(0 < p["bytes"] <= 60000 for p in manifest["packages"])
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.py"))
+    assert len(files) == sum(p["files"] for p in manifest["packages"])
+    assert not [f for f in files if "/tests/" in f or f.split("/")[-1].startswith("test_")]
+    data = read_text_data([str(out)])  # what `train draft --data` reads
+    assert len(data.train) + len(data.heldout) == len(files)
+    # The bench's out-of-domain packages, unknown packages and a manifest inside --out: one line, exit 2
+    for argv in (["rich", "--out", str(tmp_path / "x"), "--manifest", str(tmp_path / "m.json")],
+                 ["no_such_package_qd", "--out", str(tmp_path / "y"), "--manifest", str(tmp_path / "m.json")],
+                 ["pluggy", "--out", str(out), "--manifest", str(out / "m.json")]):
+        capsys.readouterr()
+        assert packages.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1
+    assert not (tmp_path / "x").exists()
