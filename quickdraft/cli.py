@@ -140,7 +140,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     with quiet_transformers():
         gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend,
                                                    method_options, args.multi_draft_rule,
-                                                   remeasure=args.remeasure, log=notice)
+                                                   remeasure=args.remeasure, log=notice,
+                                                   draft_vocab=args.draft_vocab)
     gen.encode_prompt(prompt, args.truncate_prompt, room=args.max_new_tokens)  # a bad prompt fails first
     k, k_source = choose_k(args, gen)
     if args.show_tree:
@@ -218,7 +219,8 @@ def cmd_generate_batch(args: argparse.Namespace) -> int:
             request.sampling = dataclasses.replace(request.sampling, seed=settings["seed"])
     with quiet_transformers():
         gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend,
-                                                   draft_options(args), args.multi_draft_rule)
+                                                   draft_options(args), args.multi_draft_rule,
+                                                   draft_vocab=args.draft_vocab)
     requests = [request for request, _ in lines]
     for request in requests:  # a prompt over the context fails before decoding anything
         gen.encode_prompt(request.prompt, request.truncate_prompt, room=request.max_new_tokens)
@@ -306,6 +308,10 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exit-layer", type=positive_int, default=None,
                         help="early-exit: draft with the target's first L layers (default: the layer of the "
                         "target's shipped exit head, else the cost model's choice, measured briefly)")
+    parser.add_argument("--draft-vocab", type=non_negative_int, default=None, metavar="N",
+                        help="the draft model scores only its N most frequent tokens (its draft_vocab.json "
+                        "from `quickdraft train draft`; default: the size recorded there; 0 = the whole "
+                        "vocabulary). A cheaper draft step; output is the same")
     parser.add_argument("--no-share-kv", action="store_true",
                         help="early-exit: the draft keeps its own KV cache and verification recomputes every "
                         "layer (slower; for comparison)")

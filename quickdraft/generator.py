@@ -240,6 +240,7 @@ class SpeculativeGenerator:
         acceptance: str = "mss",
         remeasure: bool = False,
         log: Callable[[str], None] | None = None,
+        draft_vocab: int | None = None,
     ) -> SpeculativeGenerator:
         """Load a target (default: the embedded default) and, for the methods that need one
         (draft, tree, multi-draft, hybrid, auto), a draft (default: the embedded target's
@@ -251,14 +252,16 @@ class SpeculativeGenerator:
         ``method="auto"`` lets the cost model pick the method, k and tree shape for this
         pair and machine (measured once, a few seconds, then cached; ``remeasure`` measures
         again, ``log`` gets a line before a measurement); the choice is in
-        :attr:`method_choice`."""
+        :attr:`method_choice`. ``draft_vocab``: how many of its most frequent tokens the
+        draft scores (None: the draft's ``draft_vocab.json`` default, 0: all; output is the
+        same either way)."""
         from .pair import load_pair  # pair.py imports this module's tokenizer helpers
 
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         if method == "early-exit" and draft is not None:  # the draft is an exit head directory
             options, draft = dataclasses.replace(options, exit_head=str(draft)), None
-        pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend)
+        pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend, draft_vocab=draft_vocab)
         if method == "early-exit":
             options = _exit_layer_by_cost_model(pair, options)
         if method != "auto":

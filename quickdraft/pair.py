@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .generator import check_same_tokenizer, load_tokenizer
+from .models.draft_vocab import read_draft_vocab
 from .models.lm import CausalLM, load_model
 from .models.loading import resolve_pair
 
@@ -32,6 +33,7 @@ def load_pair(
     draft: str | Path | None = None,
     need_draft: bool = True,
     backend: str = "auto",
+    draft_vocab: int | None = None,
 ) -> ModelPair:
     """Load a target (default: the embedded default), its tokenizer and, when ``need_draft``,
     a draft (default: the embedded target's paired draft).
@@ -39,6 +41,9 @@ def load_pair(
     ``backend`` is ``"auto"`` (native when it supports the checkpoint, else transformers),
     ``"native"`` or ``"hf"``, applied to each model on its own. Raises ``ValueError`` when the
     draft's tokenizer differs from the target's.
+
+    ``draft_vocab``: how many of the draft's most frequent tokens it scores (its
+    ``draft_vocab.json``, :mod:`quickdraft.models.draft_vocab`): None its default, 0 all.
     """
     target_dir, draft_dir = resolve_pair(model, draft, need_draft)
     target = load_model(target_dir, backend)
@@ -46,5 +51,5 @@ def load_pair(
     draft_lm = None
     if draft_dir is not None:
         check_same_tokenizer(tokenizer, load_tokenizer(draft_dir), str(target_dir), str(draft_dir))
-        draft_lm = load_model(draft_dir, backend)
+        draft_lm = load_model(draft_dir, backend, head_vocab=read_draft_vocab(draft_dir, draft_vocab))
     return ModelPair(target, tokenizer, draft_lm, target_dir, draft_dir)

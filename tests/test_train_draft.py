@@ -70,10 +70,12 @@ def test_train_draft_end_to_end_pairs_and_is_lossless(setup, tmp_path, user_conf
     from quickdraft.models.loading import resolve_pair
 
     out = tmp_path / "draft"
-    assert train_draft(setup, out) == 0
+    assert train_draft(setup, out, "--draft-vocab", "128") == 0
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "README.md", "quickdraft.json",
-            "loss_curve.png", "train_log.jsonl", "data_manifest.json"} <= names
+            "loss_curve.png", "train_log.jsonl", "data_manifest.json", "draft_vocab.json"} <= names
+    vocab = json.loads((out / "draft_vocab.json").read_text())
+    assert vocab["size"] == 128 and sorted(vocab["ranking"]) == list(range(len(vocab["ranking"])))
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["max_position_embeddings"] == 256  # the target's context
     meta = json.loads((out / "quickdraft.json").read_text())
@@ -85,15 +87,20 @@ def test_train_draft_end_to_end_pairs_and_is_lossless(setup, tmp_path, user_conf
     assert manifest["split"]["train_tokens"] > 0 and manifest["split"]["heldout_tokens"] > 0
     card = (out / "README.md").read_text()
     assert "greedy agreement" in card and "draft / target cost ratio" in card
+    assert "scoring only the draft vocabulary (128 most frequent tokens" in card
     assert "quickdraft train draft --target" in card and "6 of 6 steps" in card
     # generate --model TARGET finds the draft (pairing file), and greedy output is unchanged
     assert resolve_pair(str(setup / "target"), None, need_draft=True)[1] == out
     spec = SpeculativeGenerator.from_pretrained(str(setup / "target"))
+    full = SpeculativeGenerator.from_pretrained(str(setup / "target"), draft_vocab=0)
+    assert spec.drafter.model.model.head_ids.tolist() == vocab["ranking"][:128]
+    assert full.drafter.model.model.head_ids is None
     plain = SpeculativeGenerator.from_pretrained(str(setup / "target"), method="ar")
     for prompt in ("def mean(values):", "class Counter:\n    def"):
         a = spec.generate(prompt, max_new_tokens=40)
         b = plain.generate(prompt, max_new_tokens=40)
-        assert a.token_ids == b.token_ids and a.stats.drafted_tokens > 0
+        assert a.token_ids == b.token_ids == full.generate(prompt, max_new_tokens=40).token_ids
+        assert a.stats.drafted_tokens > 0
 
 
 def test_interrupted_then_resumed_equals_uninterrupted(setup, tmp_path, monkeypatch, capsys):

@@ -248,10 +248,13 @@ def model_fingerprint(lm: CausalLM) -> dict | None:
         return None
     model_dir = Path(model_dir).resolve()
     files = sorted(p for p in model_dir.iterdir() if p.name == "config.json" or p.suffix == ".safetensors")
+    head_ids = getattr(getattr(lm, "model", None), "head_ids", None)
     return {
         "path": str(model_dir),
         "backend": lm.backend,
         "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files],
+        # A draft's restricted head (draft_vocab.json) changes its step cost and acceptance.
+        "head_vocab": None if head_ids is None else int(head_ids.numel()),
     }
 
 

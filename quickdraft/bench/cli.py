@@ -68,6 +68,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                    help="batched throughput instead: plain vs speculative decoding with this many rows at "
                         "a time, e.g. 1,4,8 (methods ar, draft, ngram, hybrid, early-exit with the shipped "
                         "head; k from the batch policy unless -k; docs/batching.md)")
+    p.add_argument("--draft-vocab", type=int, metavar="N",
+                   help="the draft scores only its N most frequent tokens (default: its draft_vocab.json "
+                        "size; 0 = all)")
     p.add_argument("--threads", type=int, help=f"torch CPU threads (default {DEFAULT_THREADS})")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run_bench)
@@ -101,7 +104,8 @@ def command_line(args) -> str:
     parts = ["quickdraft", "bench"]
     for flag, dest in [("--model", "model"), ("--draft", "draft"), ("--backend", "backend"), ("--methods", "methods"),
                        ("--categories", "categories"), ("--prompts", "prompts"), ("--max-new-tokens", "max_new_tokens"),
-                       ("--repeats", "repeats"), ("-k", "k"), ("--sweep", "sweep"), ("--json", "json"),
+                       ("--repeats", "repeats"), ("-k", "k"), ("--sweep", "sweep"),
+                       ("--draft-vocab", "draft_vocab"), ("--json", "json"),
                        ("--plot", "plot"), ("--markdown", "markdown")]:
         value = getattr(args, dest, None)
         if value is not None:
@@ -152,6 +156,7 @@ def _run(args, started: float) -> int:
         quick=args.quick, model=args.model, draft=args.draft, backend=args.backend, methods=methods,
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, temperature=args.temperature,
         seed=args.seed, k=args.k, sweep=_parse_sweep(args.sweep), threads=args.threads,
+        draft_vocab=args.draft_vocab,
     )
     per_category = QUICK.prompts if args.quick else FULL.prompts
     if args.prompts:

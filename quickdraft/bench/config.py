@@ -50,6 +50,7 @@ class BenchConfig:
     quick: bool = False
     threads: int | None = DEFAULT_THREADS  # None: leave torch's setting
     warmup_tokens: int = 32
+    draft_vocab: int | None = None  # the draft's scored tokens: None its default, 0 all
 
     @classmethod
     def create(cls, quick: bool = False, **given) -> BenchConfig:
@@ -92,6 +93,8 @@ class BenchConfig:
             raise BenchError(f"-k must be between 1 and {MAX_K}, got {self.k}")
         if any(not 1 <= k <= MAX_K for k in self.sweep):
             raise BenchError(f"--sweep values must be between 1 and {MAX_K}")
+        if self.draft_vocab is not None and self.draft_vocab < 0:
+            raise BenchError(f"--draft-vocab must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab}")
         if self.threads is not None and self.threads < 1:
             raise BenchError(f"--threads must be >= 1, got {self.threads}")
 

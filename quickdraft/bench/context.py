@@ -55,7 +55,8 @@ def load_context(config: BenchConfig) -> BenchContext:
     from ..pair import load_pair
     from .registry import needs_draft
 
-    pair = load_pair(config.model, config.draft, needs_draft(config.methods), config.backend)
+    pair = load_pair(config.model, config.draft, needs_draft(config.methods), config.backend,
+                     draft_vocab=config.draft_vocab)
     return BenchContext(pair.target, pair.tokenizer, pair.draft, pair.target_dir, pair.draft_dir)
 
 

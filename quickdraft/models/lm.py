@@ -220,7 +220,8 @@ def load_hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
 
 
 def load_model(
-    name_or_path: str | Path, backend: str = "auto", dtype: torch.dtype = torch.float32
+    name_or_path: str | Path, backend: str = "auto", dtype: torch.dtype = torch.float32,
+    head_vocab: torch.Tensor | None = None,
 ) -> CausalLM:
     """Load a model for decoding.
 
@@ -229,13 +230,18 @@ def load_model(
         backend: ``"native"``, ``"hf"`` or ``"auto"`` (native whenever it supports the
             checkpoint, transformers otherwise).
         dtype: compute dtype; keep float32 on CPU.
+        head_vocab: token ids the LM head scores (a draft's vocabulary,
+            :meth:`Transformer.restrict_head`); native runtime only, ignored by transformers.
     """
     if backend not in ("auto", "native", "hf"):
         raise ValueError(f"unknown backend {backend!r}; choose auto, native or hf")
     model_dir = resolve_model_dir(name_or_path)
     if backend in ("auto", "native"):
         try:
-            return NativeLM(load_native(model_dir, dtype), model_dir)
+            model = load_native(model_dir, dtype)
+            if head_vocab is not None:
+                model.restrict_head(head_vocab)
+            return NativeLM(model, model_dir)
         except UnsupportedModelError:
             if backend == "native":
                 raise

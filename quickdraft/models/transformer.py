@@ -210,6 +210,28 @@ class Transformer(nn.Module):
             self.lm_head.weight = self.embed.weight
         self._inv_freq = rope_inv_freq(config) if config.family == "llama" else None
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.head_ids: torch.Tensor | None = None  # restrict_head's vocabulary
+        self.sub_head: nn.Linear | None = None
+
+    def restrict_head(self, ids: torch.Tensor) -> None:
+        """Score only the tokens ``ids`` from now on; every other logit is ``-inf``.
+
+        A draft model's frequency-ranked vocabulary (FR-Spec, Zhao et al. 2025): on a small
+        draft the LM head is most of a decode step, and the tokens a draft gets right are
+        the frequent ones, so a head over the most frequent quarter or eighth of the
+        vocabulary drafts nearly as well at a fraction of the cost. Lossless for
+        speculative decoding: the draft's distribution is simply zero elsewhere. Call it
+        before wrapping the model in ``NativeLM`` (its decode kernels then pack this head).
+        """
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+        if ids.numel() == 0 or ids.min() < 0 or ids.max() >= self.config.vocab_size or ids.unique().numel() != ids.numel():
+            raise ValueError(f"restrict_head needs distinct token ids in [0, {self.config.vocab_size})")
+        weight = self.lm_head.weight.detach()
+        self.sub_head = nn.Linear(self.config.hidden_size, ids.numel(), bias=False,
+                                  device=weight.device, dtype=weight.dtype)
+        self.sub_head.weight.data.copy_(weight[ids])
+        self.sub_head.requires_grad_(False)
+        self.head_ids = ids.to(weight.device)
 
     def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
         """A zeroed KV cache for ``batch_size`` rows of up to ``max_len`` tokens."""
@@ -290,8 +312,14 @@ class Transformer(nn.Module):
         return rope, rows, row_masks, kv_len
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm + LM head: the exit head shared by every layer."""
-        return self.lm_head(self.norm(hidden))
+        """Final norm + LM head: the exit head shared by every layer (over the restricted
+        vocabulary after :meth:`restrict_head`, other logits ``-inf``)."""
+        x = self.norm(hidden)
+        if self.head_ids is None:
+            return self.lm_head(x)
+        scores = self.sub_head(x)
+        logits = scores.new_full((*scores.shape[:-1], self.config.vocab_size), float("-inf"))
+        return logits.index_copy_(logits.dim() - 1, self.head_ids, scores)
 
     def forward(
         self,

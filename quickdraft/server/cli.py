@@ -114,7 +114,8 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.method == "early-exit" and draft is not None:  # the draft is an exit head directory
         options, draft = dataclasses.replace(options, exit_head=draft), None
     with quiet_transformers():
-        pair = load_pair(args.model, draft, need_draft=args.method in NEEDS_DRAFT, backend=args.backend)
+        pair = load_pair(args.model, draft, need_draft=args.method in NEEDS_DRAFT, backend=args.backend,
+                         draft_vocab=args.draft_vocab)
     method = args.method
     if method == "auto":  # the cost model's method, k and tree for this pair and machine
         from ..bench.method_choice import cached_method

@@ -332,6 +332,9 @@ def write_distill_card(out: Path, r: dict) -> None:
             "",
             "| metric | value |", "|---|---|",
             f"| greedy agreement with the target (argmax equal) | {ev['greedy_agreement']:.2%} |",
+            *([f"| the same, scoring only the draft vocabulary ({r['draft_vocab']['size']:,} most frequent "
+               f"tokens, {r['draft_vocab']['covers']:.1%} of the training tokens; what the runtime drafts with) | "
+               f"{ev['greedy_agreement_draft_vocab']:.2%} |"] if "greedy_agreement_draft_vocab" in ev else []),
             f"| KL(target \\|\\| draft) (nats/token) | {ev['kl_from_target']:.4f} |",
             f"| cross-entropy (nats/token) | {ev['loss']:.4f} |",
             "",

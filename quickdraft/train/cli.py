@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..cli import positive_int
+from ..cli import non_negative_int, positive_int
 from ..models.registry import ASSETS_DIR, PACKAGE_DIR
 from .presets import PRESETS
 from .textdata import TrainInputError
@@ -110,6 +110,10 @@ def _configure_draft(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                        help="size of a new Llama draft: small (1 layer, 256 wide; default), "
                             "tiny, or JSON (a file or inline) with hidden_size, "
                             "num_hidden_layers, num_attention_heads, intermediate_size")
+    p.add_argument("--draft-vocab", type=non_negative_int, default=None, metavar="N",
+                   help="tokens the draft scores when drafting: the N most frequent in the training text "
+                        "(written to draft_vocab.json; default: an eighth of the vocabulary, at least 1024; "
+                        "0 = all). Generation overrides it with --draft-vocab")
     return p
 
 

@@ -16,10 +16,12 @@ import shutil
 from dataclasses import asdict, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..generator import check_same_tokenizer
 from ..machine import machine_info
+from ..models.draft_vocab import VOCAB_FILE, default_vocab_size, read_draft_vocab, write_draft_vocab
 from ..models.loading import resolve_model_dir
 from ..models.registry import META_FILE, PACKAGE_DIR, read_meta, register_draft
 from . import card
@@ -156,10 +158,19 @@ def run_train_draft(args, command: str, log=print) -> int:
         f"/ {split['heldout_tokens']:,} held-out tokens; {args.steps} steps of "
         f"{args.batch_size} x {seq_len}")
 
+    # The draft's frequency-ranked vocabulary (models/draft_vocab.py), from the train split.
+    vocab_size = teacher.config.vocab_size
+    counts = np.bincount(tokens.train.astype(np.int64), minlength=vocab_size)[:vocab_size]
+    vocab_keep = default_vocab_size(vocab_size) if args.draft_vocab is None else args.draft_vocab
+    if vocab_keep > vocab_size:
+        raise TrainInputError(f"--draft-vocab {vocab_keep} is more than the target's {vocab_size} tokens; "
+                              f"pass at most {vocab_size} (0 = all)")
+
     def save(d: Path) -> None:
         save_model_bf16(student, d)
         copy_tokenizer(target_dir, d)
         write_meta(d, args.target, target_dir, count_params(student))
+        write_draft_vocab(d, counts, vocab_keep)
 
     task = DistillTask("draft", teacher, student,
                        make_distill_loss(teacher, args.kl_weight, args.ce_weight), save)
@@ -189,14 +200,18 @@ def run_train_draft(args, command: str, log=print) -> int:
     if args.threads == "auto":  # the tuner's last choice is no basis for a timing
         torch.set_num_threads(min(2, os.cpu_count() or 1))
     saved = load_model_fp32(out)
-    heldout = evaluate(saved, tokens.heldout, None, seq_len, args.eval_tokens, teacher=teacher)
+    head_vocab = read_draft_vocab(out)
+    heldout = evaluate(saved, tokens.heldout, None, seq_len, args.eval_tokens, teacher=teacher,
+                       head_vocab=head_vocab)
     with (out / "train_log.jsonl").open("a") as f:
         f.write(json.dumps({"event": "eval", "step": summary["steps_done"],
                             "loss": heldout["loss"]}) + "\n")
     ms = measure_decode({"target": teacher, "draft": saved}, steps=32, prompt_len=32, repeats=3)
     ms.update(steps=32, prompt_len=32, repeats=3, threads=torch.get_num_threads(),
               ratio=ms["draft"] / ms["target"])
-    report.update(heldout=heldout, decode_ms=ms)
+    vocab = json.loads((out / VOCAB_FILE).read_text())
+    report.update(heldout=heldout, decode_ms=ms,
+                  draft_vocab={"size": vocab["size"], "covers": vocab["size_covers"]})
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
     card.record_eval(out, heldout, seq_len)
     card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")

@@ -392,14 +392,15 @@ POSITION_BUCKETS = (0, 256, 512, 1024, 2048, 4096)
 
 @torch.no_grad()
 def evaluate(model, stream: np.ndarray, byte_lengths: list[int] | None, seq_len: int,
-             max_tokens: int | None = None, teacher=None) -> dict:
+             max_tokens: int | None = None, teacher=None, head_vocab: torch.Tensor | None = None) -> dict:
     """Mean loss (nats/token) and bits per byte over ``stream``.
 
     Without ``byte_lengths`` (a tokenizer whose token bytes are not known) ``bpb`` is None.
 
     bpb = total nats / (ln 2 * UTF-8 bytes of the predicted tokens); over a whole split that
     byte count is exactly the split's UTF-8 size (the separator token has 0 bytes).
-    With ``teacher``: also KL(teacher || model) and greedy (argmax) agreement.
+    With ``teacher``: also KL(teacher || model) and greedy (argmax) agreement, and with
+    ``head_vocab`` (a draft vocabulary) the agreement of the argmax over those tokens only.
     """
     model.eval()
     blen = None if byte_lengths is None else torch.tensor(byte_lengths, dtype=torch.float64)
@@ -410,7 +411,7 @@ def evaluate(model, stream: np.ndarray, byte_lengths: list[int] | None, seq_len:
     nbytes = 0.0
     ntok = 0
     kl_sum = 0.0
-    agree = 0
+    agree = agree_vocab = 0
     for w in eval_windows(stream, seq_len, max_tokens):
         inp, labels = w[:, :-1], w[:, 1:]
         logits = model(input_ids=inp).logits.float()
@@ -428,6 +429,9 @@ def evaluate(model, stream: np.ndarray, byte_lengths: list[int] | None, seq_len:
             t_logp = F.log_softmax(teacher(input_ids=inp).logits.float(), dim=-1)
             kl_sum += (t_logp.exp() * (t_logp - logp)).sum().item()
             agree += (t_logp.argmax(-1) == logp.argmax(-1)).sum().item()
+            if head_vocab is not None:
+                best = head_vocab[logp[..., head_vocab].argmax(-1)]
+                agree_vocab += (t_logp.argmax(-1) == best).sum().item()
     known = blen is not None
     out = {"tokens": ntok, "bytes": int(nbytes) if known else None, "loss": nats / max(ntok, 1),
            "bpb": nats / (math.log(2) * max(nbytes, 1)) if known else None,
@@ -439,6 +443,8 @@ def evaluate(model, stream: np.ndarray, byte_lengths: list[int] | None, seq_len:
     if teacher is not None:
         out["kl_from_target"] = kl_sum / max(ntok, 1)
         out["greedy_agreement"] = agree / max(ntok, 1)
+        if head_vocab is not None:
+            out["greedy_agreement_draft_vocab"] = agree_vocab / max(ntok, 1)
     return out
 
 
