@@ -332,7 +332,8 @@ def train_loop(
     bar = tqdm(total=stage.steps, initial=start, desc=desc, disable=not progress,
                dynamic_ncols=True, mininterval=2.0)
     ema_tps = None
-    last_loss = float("nan")
+    # A resumed run that has no steps left reports the checkpoint's last loss.
+    last_loss = float(st.get("loss", float("nan"))) if ck is not None else float("nan")
     interrupted, done = False, start
     with log_path.open("a") as log, StopRequest() as stop:
         for step in range(start, stage.steps):
