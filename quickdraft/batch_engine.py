@@ -167,7 +167,7 @@ class BatchEngine:
                    self.acceptance(params, generator), stop, stats, time.perf_counter())
         self._next_id += 1
         started = time.perf_counter()
-        self.drafter.join(slot, prompt, params, generator)  # the drafter's prefill (early exit: L layers)
+        self.drafter.join(slot, prompt, params, generator)  # its prefill waits for the row's first proposal
         self.prefill_seconds += time.perf_counter() - started
         self._rows[row.id] = row
         return row.id

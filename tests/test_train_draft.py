@@ -127,6 +127,9 @@ def test_interrupted_then_resumed_equals_uninterrupted(setup, tmp_path, monkeypa
     assert a.keys() == b.keys()
     for k in a:
         assert torch.allclose(a[k], b[k], atol=1e-6), k
+    # resuming a finished run redoes only the outputs; the card keeps the last loss
+    assert train_draft(setup, tmp_path / "b", "--resume", "--force") == 0
+    assert "final train objective nan" not in (tmp_path / "b" / "README.md").read_text()
     # resuming with other settings is refused
     assert train_draft(setup, tmp_path / "b", "--resume", "--lr", "1e-2") == 2
 

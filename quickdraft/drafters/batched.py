@@ -104,6 +104,9 @@ class BatchedChain:
     (the last token, or a catch-up after accepted tokens), the last drafted token is never
     fed, and each token is chosen with ``sampling.choose`` and the row's own generator, so
     a row's draft (and the random numbers it consumes) is the one it gets alone.
+    A row's prefill waits for its first proposal: while the batch policy keeps k at 0
+    (plain decoding), the drafter costs nothing. It then runs alone, as
+    ``DraftModelDrafter.start`` does, so the row's draft is the same.
     Subclasses give ``forward`` (a ragged pass over the drafter's cache).
     """
 
@@ -123,13 +126,19 @@ class BatchedChain:
     def join(self, slot, prompt, params, generator) -> None:
         self.params[slot], self.generators[slot] = params, generator
         self.lengths[slot] = 0
-        if prompt.numel() > 1:  # the draft's prefill, alone (it has no logits to give)
-            self.forward([Feed(slot, 0, prompt[:-1], 0)])
-            self.lengths[slot] = prompt.numel() - 1
+
+    def _prefill(self, slot: int, sequence: torch.Tensor) -> None:
+        """A row's prefill: its sequence but the last token, alone (in the batched pass it
+        would pad every other row to its length; it has no logits to give)."""
+        self.forward([Feed(slot, 0, sequence[:-1], 0)])
+        self.lengths[slot] = sequence.numel() - 1
 
     def propose(self, slots, sequences, ks) -> list[Proposal]:
         chains: list[list[int]] = [[] for _ in slots]
         probs: list[list[torch.Tensor]] = [[] for _ in slots]
+        for slot, sequence, k in zip(slots, sequences, ks):
+            if k > 0 and self.lengths[slot] == 0 and sequence.numel() > 1:
+                self._prefill(slot, sequence)
         for depth in range(max(ks, default=0)):
             rows = [i for i, k in enumerate(ks) if k > depth]
             feeds = []
