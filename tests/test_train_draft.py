@@ -159,6 +159,7 @@ def test_bad_input_is_one_line_exit_2(setup, tmp_path, capsys):
         "inside package": ["--target", target, "--data", data],
         "other tokenizer": ["--target", target, "--data", data, "--init", str(other)],
         "seq-len over context": ["--target", target, "--data", data, "--seq-len", "4096"],
+        "draft vocab over vocab": ["--target", target, "--data", data, "--draft-vocab", "100000"],
     }
     messages = {}
     capsys.readouterr()
@@ -172,6 +173,7 @@ def test_bad_input_is_one_line_exit_2(setup, tmp_path, capsys):
     assert "different tokenizers" in messages["other tokenizer"]
     assert "no usable text" in messages["no usable text"]
     assert "no data files" in messages["no data files"]
+    assert "--draft-vocab 100000 is more than the target's" in messages["draft vocab over vocab"]
 
 
 def test_train_never_writes_into_the_package_unless_forced(tmp_path, capsys, monkeypatch):

@@ -217,9 +217,11 @@ class Transformer(nn.Module):
         """Score only the tokens ``ids`` from now on; every other logit is ``-inf``.
 
         A draft model's frequency-ranked vocabulary (FR-Spec, Zhao et al. 2025): on a small
-        draft the LM head is most of a decode step, and the tokens a draft gets right are
-        the frequent ones, so a head over the most frequent quarter or eighth of the
-        vocabulary drafts nearly as well at a fraction of the cost. Lossless for
+        draft the LM head is a large share of a decode step (most of it for large
+        vocabularies), and the tokens a draft gets right are the frequent ones, so a head
+        over the most frequent eighth of the vocabulary drafts nearly as well for less
+        (the embedded draft: 237 instead of 307 us a step, agreement 77.4 instead of
+        80.0%). Lossless for
         speculative decoding: the draft's distribution is simply zero elsewhere. Call it
         before wrapping the model in ``NativeLM`` (its decode kernels then pack this head).
         """

@@ -139,6 +139,9 @@ def run_train_draft(args, command: str, log=print) -> int:
     if seq_len > context:
         raise TrainInputError(f"--seq-len {seq_len} is longer than the target's context "
                               f"({context}); pass at most {context}")
+    if (args.draft_vocab or 0) > teacher.config.vocab_size:
+        raise TrainInputError(f"--draft-vocab {args.draft_vocab} is more than the target's "
+                              f"{teacher.config.vocab_size} tokens; pass at most that (0 = all)")
     data = read_text_data(args.data)
     tokens = tokenize(data, tok, seq_len)
     student = build_student(args, teacher, target_dir, tok)
@@ -162,9 +165,6 @@ def run_train_draft(args, command: str, log=print) -> int:
     vocab_size = teacher.config.vocab_size
     counts = np.bincount(tokens.train.astype(np.int64), minlength=vocab_size)[:vocab_size]
     vocab_keep = default_vocab_size(vocab_size) if args.draft_vocab is None else args.draft_vocab
-    if vocab_keep > vocab_size:
-        raise TrainInputError(f"--draft-vocab {vocab_keep} is more than the target's {vocab_size} tokens; "
-                              f"pass at most {vocab_size} (0 = all)")
 
     def save(d: Path) -> None:
         save_model_bf16(student, d)
