@@ -213,3 +213,20 @@ def test_policy_acceptance_follows_recent_proposals():
     assert recent.per_position_acceptance == [0.0] * 4 and recent.drafted_tokens == 32
     recent.record_step(0, 0)  # a plain step proposes nothing and says nothing about acceptance
     assert len(recent.steps) == 8
+
+
+def test_policy_answer_is_kept_until_acceptance_changes():
+    from quickdraft.bench.batch_policy import BatchPolicy, RecentAcceptance
+
+    table = {"verify": {"1": {str(w): 1.0 + 0.025 * (w - 1) for w in range(1, 10)}}, "draft": {"1": 0.1}}
+    policy = BatchPolicy(table)
+    recent = RecentAcceptance()
+    for _ in range(40):
+        recent.record_step(4, 4)
+    k = policy.k(1, recent)
+    assert k >= 3 and policy.k(1, recent) == k == policy._choose(1, recent)
+    for _ in range(300):  # acceptance collapses: a new version, a new answer
+        recent.record_step(4, 0)
+    assert policy.k(1, recent) == policy._choose(1, recent) == 0
+    recent.record_step(0, 0)  # a plain step: nothing new, the kept answer stands
+    assert policy.k(1, recent) == 0

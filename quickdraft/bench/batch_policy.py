@@ -98,10 +98,12 @@ class RecentAcceptance:
 
     def __init__(self, window: int = 256) -> None:
         self.steps: deque[tuple[int, int]] = deque(maxlen=window)
+        self.version = 0  # bumped with every recorded proposal (the policy caches on it)
 
     def record_step(self, drafted: int, accepted: int) -> None:
         if drafted:
             self.steps.append((drafted, accepted))
+            self.version += 1
 
     @property
     def drafted_tokens(self) -> int:
@@ -123,6 +125,7 @@ class BatchPolicy:
         self.max_k = min(max_k, max(max(ws) for ws in self.verify.values()) - 1)
         self.prior = list(prior)
         self.min_gain = min_gain
+        self._chosen: dict[tuple, int] = {}  # (rows, acceptance source, its version) -> k
 
     def costs(self, rows: int) -> StepCosts:
         """The cost model's step costs for a batch of ``rows`` rows (interpolated)."""
@@ -132,7 +135,21 @@ class BatchPolicy:
         return StepCosts(t_ar=verify[1], t_draft=t_draft, verify=verify)
 
     def k(self, rows: int, pooled: GenerationStats | RecentAcceptance | None = None) -> int:
-        """The k to use with ``rows`` rows, given the acceptance of the batch's recent proposals."""
+        """The k to use with ``rows`` rows, given the acceptance of the batch's recent proposals.
+
+        Asked every step: the answer is kept until the acceptance changes, so a batch at
+        k = 0 (no proposals, nothing new to learn) pays nothing for the policy."""
+        key = (rows, id(pooled), getattr(pooled, "version", None))
+        if key[2] is not None and key in self._chosen:
+            return self._chosen[key]
+        k = self._choose(rows, pooled)
+        if key[2] is not None:
+            if len(self._chosen) > 256:
+                self._chosen.clear()
+            self._chosen[key] = k
+        return k
+
+    def _choose(self, rows: int, pooled: GenerationStats | RecentAcceptance | None) -> int:
         per_position = self.prior
         if pooled is not None and pooled.drafted_tokens >= MIN_DRAFTED:
             per_position = pooled.per_position_acceptance
