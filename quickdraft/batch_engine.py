@@ -180,20 +180,21 @@ class BatchEngine:
             self._free.append(r.slot)
             self._free.sort()
 
-    def k_for(self, rows: int) -> int:
-        """Draft tokens per row this step, for ``rows`` rows (0: plain decoding)."""
+    def k_for(self, rows: int, context: int | None = None) -> int:
+        """Draft tokens per row this step, for ``rows`` rows of ``context`` tokens on
+        average (0: plain decoding)."""
         if self.num_speculative_tokens is not None:
             return self.num_speculative_tokens
         if self.policy is None:
             return 0
-        return self.policy.k(rows, self.pooled)
+        return self.policy.k(rows, self.pooled, context)
 
     def step(self) -> dict[int, RowUpdate]:
         """One step for every active row; rows whose update has a finish are gone after it."""
         rows = list(self._rows.values())
         if not rows:
             return {}
-        k = self.k_for(len(rows))
+        k = self.k_for(len(rows), sum(r.length for r in rows) // len(rows))
         ks = []
         for r in rows:
             room = self.context - r.length

@@ -137,7 +137,7 @@ def test_options_choose_the_head_and_layer_and_the_policy_measures_early_exit(pr
     method, draft, options = batch_method(single)  # what generate([...]) batches a drafter as
     assert (method, draft, options.exit_head) == ("early-exit", None, single.head)
     engine = BatchEngine(lm, method=method, options=options, max_batch_size=2, max_len=60)
-    assert engine.drafter.name == "early-exit(L=2,trained)" and engine.policy.draft  # its draft step, measured
+    assert engine.drafter.name == "early-exit(L=2,trained)" and engine.policy.calibrations[0].draft  # its draft step, measured
     out = steps_of(engine, [(p, SamplingParams(), 10) for p in PROMPTS[:2]])
     assert [tokens(out[0]), tokens(out[1])] == [plain(lm, p, 10) for p in PROMPTS[:2]]
 

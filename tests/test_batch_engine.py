@@ -188,6 +188,25 @@ def test_policy_turns_speculation_off_when_verification_is_compute_bound():
     assert 0 <= policy.k(4) <= policy.k(1)
 
 
+def test_policy_interpolates_costs_on_the_rows_length():
+    """Calibrated at two contexts: at long rows a wide verify pass costs much more than at
+    short ones (attention), so the same acceptance buys a smaller k."""
+    from quickdraft.bench.batch_policy import BatchPolicy, RecentAcceptance
+
+    short = {"context": 256, "verify": {"4": {str(w): 1.0 + 0.1 * (w - 1) for w in range(1, 10)}},
+             "draft": {"4": 0.05}}
+    long = {"context": 1024, "verify": {"4": {str(w): 1.5 + 0.5 * (w - 1) for w in range(1, 10)}},
+            "draft": {"4": 0.06}}
+    policy = BatchPolicy({"calibrations": [long, short]})
+    assert policy.costs(4, 100).verify[5] == policy.costs(4).verify[5] == pytest.approx(1.4)
+    assert policy.costs(4, 640).verify[5] == pytest.approx(0.5 * (1.4 + 3.5))
+    assert policy.costs(4, 1792).verify[5] == pytest.approx(3.5 + (3.5 - 1.4))  # linear past 1024
+    recent = RecentAcceptance()
+    for i in range(90):  # accepted 0..8 equally often
+        recent.record_step(8, i % 9)
+    assert policy.k(4, recent, context=200) > policy.k(4, recent, context=1500) > 0
+
+
 def test_engine_with_the_measured_policy_stays_lossless(models, prompts, private_cache_dir):
     tok, target, drafts = models
     eos = [tok.eos_token_id]

@@ -1,12 +1,14 @@
 """How many draft tokens per row a batch should use (docs/batching.md, "Policy").
 
 With more rows a verify pass stops being memory-bound: a pass over ``B`` rows of ``k + 1``
-tokens costs more than one over ``B`` rows of 1 token, and more so as ``B`` grows. The
-policy measures the target's ragged pass for every (batch, width) and the drafter's
-batched step per batch size (the draft model's, or early exit's first layers + head),
-once per model pair and machine (cached next to the auto-k choices), and per step lets the cost model (``cost_model.choose_k``) pick k for the
-current number of rows from the acceptance measured so far; k = 0 (plain decoding) when
-no k is predicted to beat batched plain decoding by ``MIN_GAIN``.
+tokens costs more than one over ``B`` rows of 1 token, and more so as ``B`` grows, and
+as the rows' contexts grow (attention over the cache). The policy measures the target's
+ragged pass for every (batch, width) and the drafter's batched step per batch size (the
+draft model's, or early exit's first layers + head) at two contexts (``CONTEXTS``), once
+per model pair and machine (cached next to the auto-k choices). Per step the cost model
+(``cost_model.choose_k``) picks k for the current number of rows and their mean length
+(costs interpolated between the two contexts) from the acceptance measured so far; k = 0
+(plain decoding) when no k is predicted to beat batched plain decoding by ``MIN_GAIN``.
 """
 
 from __future__ import annotations
@@ -33,8 +35,10 @@ MIN_DRAFTED = 64
 #: margin covers the per-row bookkeeping of a speculative step the cost model leaves out.
 MIN_GAIN = 1.1
 WIDTHS = (1, 2, 3, 4, 5, 7, 9)
-CONTEXT = 256
-CACHE_VERSION = 1
+#: Row lengths the costs are measured at; the policy interpolates between them (and
+#: extrapolates past the last: attention grows linearly with the context).
+CONTEXTS = (256, 1024)
+CACHE_VERSION = 2
 
 
 def batch_sizes(max_batch_size: int) -> list[int]:
@@ -53,15 +57,22 @@ def _interpolate(table: dict[int, float], x: int) -> float:
 
 
 def measure_batch_costs(model, cache, scratch: int, drafter=None, sizes: Sequence[int] = (1,),
-                        widths: Sequence[int] = WIDTHS, repeats: int = 3) -> dict:
-    """Median seconds of a target ragged pass per (batch, width) and of a batched 1-token
-    step of ``drafter`` (a ``BatchedChain``: the draft model or early exit) per batch size,
-    at a context of ``CONTEXT`` tokens per row (less when the caches are shorter)."""
+                        widths: Sequence[int] = WIDTHS, repeats: int = 3,
+                        contexts: Sequence[int] = CONTEXTS) -> dict:
+    """``{"calibrations": [{"context", "verify", "draft"}, ...]}``: per context (tokens per
+    row; capped by the caches' length), the median seconds of a target ragged pass per
+    (batch, width) and of a batched 1-token step of ``drafter`` (a ``BatchedChain``: the
+    draft model or early exit) per batch size."""
     from ..models.ragged import MAX_PAD
 
     vocab = model.config.vocab_size
     room = min([cache.max_len] + ([drafter.cache.max_len] if drafter is not None else []))
-    context = max(1, min(CONTEXT, room - max(widths) - MAX_PAD - 1))
+    cap = max(1, room - max(widths) - MAX_PAD - 1)
+    return {"calibrations": [_measure_at(model, cache, scratch, drafter, sizes, widths, repeats, context, vocab)
+                             for context in sorted({min(c, cap) for c in contexts})]}
+
+
+def _measure_at(model, cache, scratch, drafter, sizes, widths, repeats, context: int, vocab: int) -> dict:
     ids = torch.arange(context + max(widths)) % vocab
     perf = time.perf_counter
 
@@ -79,16 +90,16 @@ def measure_batch_costs(model, cache, scratch: int, drafter=None, sizes: Sequenc
 
     verify: dict[str, dict[str, float]] = {}
     draft: dict[str, float] = {}
+    for row in range(max(sizes)):  # each row holds the context (timed passes write past it)
+        target([Feed(row, 0, ids[:context], 0)])
+        if drafter is not None:
+            drafter.forward([Feed(row, 0, ids[:context], 0)])
     for b in sizes:
-        for row in range(b):  # each row holds the context
-            target([Feed(row, 0, ids[:context], 0)])
-            if drafter is not None:
-                drafter.forward([Feed(row, 0, ids[:context], 0)])
         verify[str(b)] = {str(w): timed(target, [Feed(r, context, ids[context: context + w], w) for r in range(b)])
                           for w in widths}
         if drafter is not None:
             draft[str(b)] = timed(drafter.forward, [Feed(r, context, ids[context: context + 1], 1) for r in range(b)])
-    return {"verify": verify, "draft": draft}
+    return {"context": context, "verify": verify, "draft": draft}
 
 
 class RecentAcceptance:
@@ -115,45 +126,82 @@ class RecentAcceptance:
         return [sum(a > i for d, a in self.steps if d > i) / sum(d > i for d, _ in self.steps) for i in range(depth)]
 
 
-class BatchPolicy:
-    """k per number of rows from measured costs (``table``) and acceptance."""
+class _Calibration:
+    """Costs measured at one context: target pass per (batch, width), draft step per batch."""
 
-    def __init__(self, table: dict, max_k: int = 8, prior: Sequence[float] = PRIOR_ACCEPTANCE,
-                 min_gain: float = MIN_GAIN) -> None:
+    def __init__(self, table: dict) -> None:
+        self.context = int(table.get("context", 0))
         self.verify = {int(b): {int(w): t for w, t in ws.items()} for b, ws in table["verify"].items()}
         self.draft = {int(b): t for b, t in table.get("draft", {}).items()}
-        self.max_k = min(max_k, max(max(ws) for ws in self.verify.values()) - 1)
-        self.prior = list(prior)
-        self.min_gain = min_gain
-        self._chosen: dict[tuple, int] = {}  # (rows, acceptance source, its version) -> k
 
     def costs(self, rows: int) -> StepCosts:
-        """The cost model's step costs for a batch of ``rows`` rows (interpolated)."""
         widths = sorted({w for ws in self.verify.values() for w in ws})
         verify = {w: _interpolate({b: ws[w] for b, ws in self.verify.items() if w in ws}, rows) for w in widths}
         t_draft = _interpolate(self.draft, rows) if self.draft else 0.0
         return StepCosts(t_ar=verify[1], t_draft=t_draft, verify=verify)
 
-    def k(self, rows: int, pooled: GenerationStats | RecentAcceptance | None = None) -> int:
-        """The k to use with ``rows`` rows, given the acceptance of the batch's recent proposals.
 
-        Asked every step: the answer is kept until the acceptance changes, so a batch at
-        k = 0 (no proposals, nothing new to learn) pays nothing for the policy."""
-        key = (rows, id(pooled), getattr(pooled, "version", None))
-        if key[2] is not None and key in self._chosen:
+#: Contexts are bucketed so the policy's answer is kept while rows grow a few tokens.
+CONTEXT_BUCKET = 64
+
+
+class BatchPolicy:
+    """k per number of rows and their length, from measured costs (``table``: what
+    :func:`measure_batch_costs` returns, or one calibration ``{"verify", "draft"}`` used
+    at every length) and acceptance."""
+
+    def __init__(self, table: dict, max_k: int = 8, prior: Sequence[float] = PRIOR_ACCEPTANCE,
+                 min_gain: float = MIN_GAIN) -> None:
+        self.calibrations = sorted((_Calibration(t) for t in table.get("calibrations", [table])),
+                                   key=lambda c: c.context)
+        self.max_k = min(max_k, min(max(max(ws) for ws in c.verify.values()) for c in self.calibrations) - 1)
+        self.prior = list(prior)
+        self.min_gain = min_gain
+        self._chosen: dict[tuple, int] = {}  # (rows, context bucket, acceptance source, its version) -> k
+
+    def costs(self, rows: int, context: int | None = None) -> StepCosts:
+        """The cost model's step costs for ``rows`` rows of ``context`` tokens on average
+        (interpolated between the measured batch sizes and contexts; past the longest
+        context, extrapolated linearly; None: the shortest)."""
+        first, last = self.calibrations[0], self.calibrations[-1]
+        if context is None or len(self.calibrations) == 1 or context <= first.context:
+            return first.costs(rows)
+        lo = max((c for c in self.calibrations if c.context <= context), key=lambda c: c.context)
+        hi = min((c for c in self.calibrations if c.context > context), key=lambda c: c.context, default=None)
+        if hi is None:
+            lo, hi = self.calibrations[-2], last
+        a, b = lo.costs(rows), hi.costs(rows)
+        f = (context - lo.context) / (hi.context - lo.context)
+        mix = lambda x, y: x + (y - x) * f  # noqa: E731
+        return StepCosts(t_ar=mix(a.t_ar, b.t_ar), t_draft=mix(a.t_draft, b.t_draft),
+                         verify={w: mix(a.verify[w], b.verify[w]) for w in a.verify if w in b.verify})
+
+    def k(self, rows: int, pooled: GenerationStats | RecentAcceptance | None = None,
+          context: int | None = None) -> int:
+        """The k to use with ``rows`` rows of ``context`` tokens on average, given the
+        acceptance of the batch's recent proposals.
+
+        Asked every step: the answer is kept until the acceptance changes or the rows grow
+        into the next ``CONTEXT_BUCKET``, so a batch at k = 0 (no proposals, nothing new to
+        learn) pays almost nothing for the policy."""
+        bucket = None if context is None else context // CONTEXT_BUCKET
+        key = (rows, bucket, id(pooled), getattr(pooled, "version", None))
+        if key[3] is not None and key in self._chosen:
             return self._chosen[key]
-        k = self._choose(rows, pooled)
-        if key[2] is not None:
+        k = self._choose(rows, pooled, None if bucket is None else bucket * CONTEXT_BUCKET + CONTEXT_BUCKET // 2)
+        if key[3] is not None:
             if len(self._chosen) > 256:
                 self._chosen.clear()
             self._chosen[key] = k
         return k
 
-    def _choose(self, rows: int, pooled: GenerationStats | RecentAcceptance | None) -> int:
+    def _choose(self, rows: int, pooled: GenerationStats | RecentAcceptance | None,
+                context: int | None = None) -> int:
         per_position = self.prior
         if pooled is not None and pooled.drafted_tokens >= MIN_DRAFTED:
             per_position = pooled.per_position_acceptance
-        return choose_k(self.costs(rows), per_position=per_position, max_k=self.max_k, min_gain=self.min_gain)
+        return choose_k(self.costs(rows, context), per_position=per_position, max_k=self.max_k,
+                        min_gain=self.min_gain)
 
     @classmethod
     def for_engine(cls, engine, remeasure: bool = False) -> BatchPolicy:
@@ -167,7 +215,8 @@ class BatchPolicy:
         draft_id = model_fingerprint(drafter.lm) if isinstance(drafter, BatchedDraftModel) else getattr(
             drafter, "name", None)
         sizes = batch_sizes(engine.max_batch_size)
-        identity = {"version": CACHE_VERSION, "sizes": sizes, "widths": list(WIDTHS), "machine": machine_fingerprint(),
+        identity = {"version": CACHE_VERSION, "sizes": sizes, "widths": list(WIDTHS), "contexts": list(CONTEXTS),
+                    "machine": machine_fingerprint(),
                     "target": model_fingerprint(engine.target), "draft": draft_id}
         path = None
         if identity["target"] is not None:
