@@ -264,3 +264,27 @@ def test_package_sources_export_records_versions_and_keeps_bench_packages_out(tm
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1
     assert not (tmp_path / "x").exists()
+
+
+def test_onpolicy_data_is_the_targets_own_greedy_continuation(setup, tmp_path, capsys):
+    from quickdraft.generator import SpeculativeGenerator
+    from quickdraft.train import onpolicy
+
+    out = tmp_path / "onpolicy.jsonl"
+    assert onpolicy.main(["--target", str(setup / "target"), "--data", str(setup / "data"), "--out", str(out),
+                          "--prompts", "4", "--max-new-tokens", "12", "--batch-size", "2", "--no-progress"]) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 4 and all(r["new_tokens"] > 0 for r in rows)
+    plain = SpeculativeGenerator.from_pretrained(str(setup / "target"), method="ar")
+    for r in rows:
+        prompt = r["text"][:r["prompt_chars"]]
+        assert prompt.strip() and r["source"].startswith(("pkg/", "extra.jsonl#"))
+        assert r["text"][r["prompt_chars"]:] == plain.generate(prompt, max_new_tokens=12).text
+    # prompts come from the training split only (read_text_data's held-out names never appear)
+    from quickdraft.train.textdata import read_text_data
+    heldout = {name for name, _ in read_text_data([str(setup / "data")]).heldout}
+    assert not heldout & {r["source"] for r in rows}
+    capsys.readouterr()
+    assert onpolicy.main(["--data", str(tmp_path / "missing"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: data path") and "\n" not in err
