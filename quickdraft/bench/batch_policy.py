@@ -163,13 +163,11 @@ class BatchPolicy:
         """The cost model's step costs for ``rows`` rows of ``context`` tokens on average
         (interpolated between the measured batch sizes and contexts; past the longest
         context, extrapolated linearly; None: the shortest)."""
-        first, last = self.calibrations[0], self.calibrations[-1]
-        if context is None or len(self.calibrations) == 1 or context <= first.context:
-            return first.costs(rows)
-        lo = max((c for c in self.calibrations if c.context <= context), key=lambda c: c.context)
-        hi = min((c for c in self.calibrations if c.context > context), key=lambda c: c.context, default=None)
-        if hi is None:
-            lo, hi = self.calibrations[-2], last
+        cals = self.calibrations
+        if context is None or len(cals) == 1 or context <= cals[0].context:
+            return cals[0].costs(rows)
+        i = next((i for i, c in enumerate(cals) if c.context > context), len(cals) - 1)
+        lo, hi = cals[i - 1], cals[i]
         a, b = lo.costs(rows), hi.costs(rows)
         f = (context - lo.context) / (hi.context - lo.context)
         mix = lambda x, y: x + (y - x) * f  # noqa: E731
