@@ -271,3 +271,69 @@ def test_train_exit_head_bad_layer_is_one_line(train_setup, tmp_path, capsys):
                      "--data", str(train_setup / "data"), "--out", str(tmp_path / "h")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "--exit-layer must be in 1..2" in err
+
+
+def test_train_exit_head_bad_device_is_one_line(train_setup, tmp_path, capsys):
+    code = train_head(train_setup, tmp_path / "h", "--device", "warp-drive")
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--device 'warp-drive' is not a torch device" in err
+
+
+def test_head_steps_run_on_decode_kernels_and_stay_lossless():
+    """On a target with decode linears the drafter runs a decode-kernel copy of the head
+    (the extra block's one-row products were 1.6x a target layer without); the head
+    passed in stays a plain module, and greedy output still equals plain decoding."""
+    from quickdraft.models.decode_linear import DecodeLinear, onednn_linear_available
+
+    if not onednn_linear_available():
+        pytest.fail("this torch build has no oneDNN linear; the CPU decode path is untested")
+    plain_lm = native_lm()
+    head = random_head(plain_lm, 2, "extra-block")  # from the target's plain weights
+    lm = NativeLM(plain_lm.model, decode_linears=True)
+    drafter = EarlyExitDrafter(lm, head)
+    assert any(isinstance(m, DecodeLinear) for m in drafter.step_head.modules())
+    assert not any(isinstance(m, DecodeLinear) for m in head.modules())
+    for prompt in PROMPTS:
+        assert generate(lm, drafter, prompt, n=24, k=4) == generate(lm, None, prompt, n=24)
+
+
+def test_the_default_shipped_head_is_the_one_marked_default():
+    from quickdraft.drafters.early_exit import resolve_exit_head, shipped_heads
+    from quickdraft.models.exit_head import read_head_config
+    from quickdraft.models.lm import load_model
+
+    target = load_model("qd-stdlib-target", backend="native")
+    heads = shipped_heads(target)
+    marked = [path for path in heads if read_head_config(path).default]
+    assert len(marked) == 1 and heads[0] == marked[0]
+    assert resolve_exit_head(target, None, None).exit_layer == read_head_config(marked[0]).exit_layer
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_extra_block_cache_holds_every_accepted_token_after_any_number_of_steps(k):
+    """With sharing the extra block reads the last drafted token's state one step late
+    (with the next step's first pass); its cache must still equal the block run over the
+    whole accepted sequence, or drafts silently get worse (output would stay lossless)."""
+    lm = native_lm()
+    head = random_head(lm, 2, "extra-block")
+    for steps in (1, 4, 9):
+        drafter = EarlyExitDrafter(lm, head, share_kv=True)
+        sequence = PROMPTS[1].tolist()
+        accepted = 0
+        for i, step in enumerate(decode(lm, PROMPTS[1], StopConditions(80), drafter=drafter,
+                                        num_speculative_tokens=k)):
+            sequence += step.tokens
+            accepted += step.drafted
+            if i + 1 == steps:
+                break
+        n = drafter.head_len
+        assert n >= len(sequence) - 2  # at most the bonus token and one pending state behind
+        with torch.inference_mode():
+            fresh = lm.model.new_cache(1, len(sequence))
+            hidden = lm.model(torch.tensor([sequence]), 0, fresh, layers=(0, 2), logits="none").hidden
+            block_cache = head.new_cache(1, len(sequence), hidden)
+            head.transform(hidden, lm.model, 0, block_cache)
+        for name in ("k", "v"):
+            torch.testing.assert_close(getattr(drafter.head_cache, name)[0, :, :, :n],
+                                       getattr(block_cache, name)[0, :, :, :n], rtol=1e-5, atol=1e-5)
+    assert accepted > 0

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..drafters.early_exit import EarlyExitDrafter
+from ..drafters.early_exit import EarlyExitDrafter, step_head
 from ..engine import decode
 from ..models.exit_head import ExitHead
 from ..models.lm import NativeLM, eos_token_ids
@@ -60,18 +60,20 @@ def step_costs(target: NativeLM, head: ExitHead, context: torch.Tensor, max_k: i
     target.reset(length + max_k + 2)
     target.extend(context, logits="none")
     one = context[-1:].view(1, 1)
-    pos1 = torch.tensor([[length]])
+    # As the drafter runs them: int positions (slice writes, no gathers) and the extra
+    # block's cache allocated once per generation, not per step.
+    head = step_head(target, head)
+    head_cache = head.new_cache(1, length + 2, model.embed.weight)
 
     def run(tokens, layers, hidden=None, logits="all"):
-        positions = torch.arange(length, length + tokens.shape[1])[None]
-        return model(None if hidden is not None else tokens, positions, target.cache, hidden=hidden,
+        return model(None if hidden is not None else tokens, length, target.cache, hidden=hidden,
                      layers=layers, logits=logits)
 
     t_ar = _median_seconds(lambda: run(one, (0, n_layers)), repeats)
 
     def draft_step():
         h = run(one, (0, layer), logits="none").hidden
-        head.logits(head.transform(h, model, pos1, head.new_cache(1, length + 2, h)), model)
+        head.logits(head.transform(h, model, length, head_cache), model)
     t_draft = _median_seconds(draft_step, repeats)
     base = _median_seconds(lambda: run(one, (0, layer), logits="none"), repeats) if share_kv else 0.0
     verify = {}

@@ -49,6 +49,9 @@ class ExitHeadConfig:
     target: str = ""  # the target's name (embedded name or directory name)
     target_fingerprint: str = ""  # :func:`target_fingerprint` of the target it was trained on
     kind: str = HEAD_KIND
+    # The head early exit uses for this target when none is named: set by hand on the
+    # shipped head the cost model picked (docs/bench/exit_heads.py), False from training.
+    default: bool = False
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

@@ -438,7 +438,8 @@ def write_exit_head_card(out: Path, r: dict) -> None:
         f"steps then cosine to {st['min_lr_ratio']:.0%}, grad clip {st['grad_clip']}, seed {r['seed']}",
         f"- time: {tr['train_time_s'] / 60:.1f} min of optimizer steps; final train objective "
         f"{_fmt(tr['final_train_loss'])}",
-        f"- hardware: {hw['platform']}, {hw['cpu_count']} CPUs, torch {hw['torch']}, Python {hw['python']}",
+        f"- hardware: {hw['platform']}, {hw['cpu_count']} CPUs{', ' + hw['gpu'] if hw.get('gpu') else ''}, "
+        f"torch {hw['torch']}, Python {hw['python']}",
         f"- command: `{r['command']}`",
         "- log: `train_log.jsonl`; loss curve: `loss_curve.png`; every figure: `train_report.json`",
         "",

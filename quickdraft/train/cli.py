@@ -124,6 +124,9 @@ def _configure_exit_head(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--extra-block", action="store_true",
                    help="put one trainable transformer block (initialised from the target's next layer) "
                         "in front of the head")
+    p.add_argument("--device", default="cpu",
+                   help="where the target and head run while training, e.g. 'cuda' (default cpu); the "
+                        "saved head is the same file either way")
     return p
 
 

@@ -50,13 +50,14 @@ class TargetPass:
 
     def __init__(self, target, layer: int) -> None:
         self.target, self.layer, self.cache = target, layer, None
+        self.device = target.embed.weight.device
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         bsz, length = tokens.shape
         if self.cache is None or self.cache.k.shape[1] != bsz or self.cache.max_len < length:
             self.cache = self.target.new_cache(bsz, length)
-        positions = torch.arange(length)[None].expand(bsz, -1)
+        positions = torch.arange(length, device=tokens.device)[None].expand(bsz, -1)
         out = self.target(tokens, positions, self.cache, output_hidden_states=[self.layer])
         return out.logits, out.hidden_states[self.layer], positions
 
@@ -77,7 +78,7 @@ class _Logits(nn.Module):
 
     @torch.no_grad()
     def forward(self, input_ids: torch.Tensor) -> SimpleNamespace:
-        logits, hidden, positions = self.target_pass(input_ids)
+        logits, hidden, positions = self.target_pass(input_ids.to(self.target_pass.device))
         if self.head is not None:
             logits = head_logits(self.head, self.target_pass.target, hidden, positions)
         return SimpleNamespace(logits=logits)
@@ -93,6 +94,17 @@ def make_exit_loss(target_pass: TargetPass, kl_weight: float, ce_weight: float):
     return loss_fn
 
 
+def resolve_device(name: str) -> torch.device:
+    """``--device`` as a torch device; one line when it does not exist on this machine."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise TrainInputError(f"--device {name!r} is not a torch device; pass cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise TrainInputError(f"--device {name}: this torch has no CUDA device; pass --device cpu")
+    return device
+
+
 def check_out_dir(out: Path, force: bool) -> None:
     if out.is_file():
         raise TrainInputError(f"--out {out} is a file; pass a directory")
@@ -106,6 +118,8 @@ def run_train_exit_head(args, command: str, log=print) -> int:
     out = Path(args.out)
     check_out_dir(out, args.force)
     target, target_dir, tok = load_native_teacher(args.target)
+    device = resolve_device(getattr(args, "device", "cpu"))
+    target.to(device)
     n_layers, context = target.config.n_layers, target.config.max_position_embeddings
     if not 1 <= args.exit_layer < n_layers:
         raise TrainInputError(f"--exit-layer must be in 1..{n_layers - 1} for this target ({n_layers} layers), "
@@ -115,7 +129,7 @@ def run_train_exit_head(args, command: str, log=print) -> int:
                               f"pass at most {context}")
     tokens = tokenize(read_text_data(args.data), tok, args.seq_len)
     torch.manual_seed(args.seed)
-    head = ExitHead(target.config, args.exit_layer, trained=True, extra_block=args.extra_block).init_from(target)
+    head = ExitHead(target.config, args.exit_layer, trained=True, extra_block=args.extra_block).init_from(target).to(device)
     stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                   ckpt_every=args.ckpt_every, log_every=args.log_every)
     work = Path(args.work_dir) if args.work_dir else default_work_dir(out)
@@ -144,13 +158,14 @@ def run_train_exit_head(args, command: str, log=print) -> int:
               "exit_layer": args.exit_layer, "n_layers": n_layers, "extra_block": args.extra_block,
               "seq_len": args.seq_len, "seed": args.seed, "stage": asdict(stage),
               "kl_weight": args.kl_weight, "ce_weight": args.ce_weight, "train": summary,
-              "data": {k: v for k, v in tokens.manifest.items() if k != "file_list"}, "hardware": machine_info()}
+              "data": {k: v for k, v in tokens.manifest.items() if k != "file_list"},
+              "hardware": {**machine_info(), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}}
     if not summary["interrupted"]:
         # Held-out agreement of the saved (bf16) head, and of the shared head at the same layer.
         from ..models.exit_head import load_exit_head
 
         saved = load_exit_head(out, target)
-        shared = ExitHead(target.config, args.exit_layer, trained=False)
+        shared = ExitHead(target.config, args.exit_layer, trained=False).to(device)
         teacher = _Logits(target_pass)
         report["heldout"] = evaluate(_Logits(target_pass, saved), tokens.heldout, None, args.seq_len,
                                      args.eval_tokens, teacher=teacher)

@@ -308,6 +308,7 @@ def train_loop(
     from tqdm import tqdm
 
     ckpt_root = Path(work_dir) / "checkpoints"
+    device = next(model.parameters()).device  # batches go where the student is
     opt = make_optimizer(model, stage)
     start, elapsed, tokens = 0, 0.0, 0
     log_path = Path(log_path)
@@ -343,7 +344,7 @@ def train_loop(
             lr = lr_at(step, stage)
             for g in opt.param_groups:
                 g["lr"] = lr
-            batch = sample_batch(stream, stage.batch_size, seq_len, seed, step)
+            batch = sample_batch(stream, stage.batch_size, seq_len, seed, step).to(device)
             loss, extra = loss_fn(model, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -415,7 +416,7 @@ def evaluate(model, stream: np.ndarray, byte_lengths: list[int] | None, seq_len:
     agree = agree_vocab = 0
     for w in eval_windows(stream, seq_len, max_tokens):
         inp, labels = w[:, :-1], w[:, 1:]
-        logits = model(input_ids=inp).logits.float()
+        logits = model(input_ids=inp).logits.float().cpu()  # a GPU-trained head is scored on CPU tensors
         logp = F.log_softmax(logits, dim=-1)
         tok_nats = F.nll_loss(logp[0], labels[0], reduction="none")
         nats += tok_nats.sum().item()
@@ -427,7 +428,7 @@ def evaluate(model, stream: np.ndarray, byte_lengths: list[int] | None, seq_len:
             nbytes += blen[labels[0]].sum().item()
         ntok += labels.numel()
         if teacher is not None:
-            t_logp = F.log_softmax(teacher(input_ids=inp).logits.float(), dim=-1)
+            t_logp = F.log_softmax(teacher(input_ids=inp).logits.float().cpu(), dim=-1)
             kl_sum += (t_logp.exp() * (t_logp - logp)).sum().item()
             agree += (t_logp.argmax(-1) == logp.argmax(-1)).sum().item()
             if head_vocab is not None:
