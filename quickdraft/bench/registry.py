@@ -184,5 +184,6 @@ register_method("auto", _auto_rows, needs_draft=True,
 # Verify's max) and stop sooner; the variants' draft_stop combines with any chain method.
 register_method("draft-stop", _drafter_rows("draft", [{"draft_stop": s, "k": 12} for s in ADAPTIVE_STOPS]),
                 needs_draft=True, help="the draft model with each adaptive --draft-stop policy (up to 12 tokens)")
-register_method("layer-skip", _drafter_rows("layer-skip", [{"k": "profile"}, {"draft_stop": "dv", "k": 12}]),
-                help="the target drafts for itself with its tuned skip profile (fixed k, and dv)")
+register_method("layer-skip", _drafter_rows("layer-skip", [{"k": "profile"}, {"draft_stop": "dv", "k": 12},
+                                                         {"draft_stop": "heuristic", "k": 12}]),
+                help="the target drafts for itself with its tuned skip profile (fixed k, dv and heuristic)")

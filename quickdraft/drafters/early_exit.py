@@ -165,7 +165,7 @@ class EarlyExitDrafter:
         kept = length + min(len(path), self._fed)
         self.base_len = kept
         if self.pending is not None:  # keep the pending states of accepted tokens only
-            self.pending = self.pending[:, : max(0, kept - self.head_len)] if kept > self.head_len else None
+            self.pending = self.pending[:, : kept - self.head_len] if kept > self.head_len else None
         self.head_len = min(self.head_len, kept)
         if self.stop_policy is not None:
             self.stop_policy.observe(self._drafted, len(path))

@@ -118,7 +118,7 @@ def run_train_exit_head(args, command: str, log=print) -> int:
     out = Path(args.out)
     check_out_dir(out, args.force)
     target, target_dir, tok = load_native_teacher(args.target)
-    device = resolve_device(getattr(args, "device", "cpu"))
+    device = resolve_device(args.device)
     target.to(device)
     n_layers, context = target.config.n_layers, target.config.max_position_embeddings
     if not 1 <= args.exit_layer < n_layers:
