@@ -164,6 +164,15 @@ def run_serve(args: argparse.Namespace) -> int:
     http = threading.Thread(target=serve_http, name="quickdraft-http", daemon=True)
     http.start()
     signal.signal(signal.SIGTERM, lambda *_: scheduler.stop())
+
+    def on_ctrl_c(*_) -> None:
+        # A flag, not KeyboardInterrupt: an exception raised while the main thread runs a
+        # __del__ or a weakref callback is swallowed, and the server then kept streaming
+        # (seen once in the suite). A second Ctrl-C interrupts at once.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        scheduler.stop()
+
+    signal.signal(signal.SIGINT, on_ctrl_c)
     try:
         scheduler.run()
     except KeyboardInterrupt:
