@@ -26,7 +26,7 @@ from .drafters.batched import BATCH_METHODS, BatchDrafter, make_batch_drafter
 from .drafters.factory import DraftOptions
 from .engine import ContextOverflowError
 from .models.lm import NativeLM
-from .models.ragged import Feed, ragged_forward
+from .models.ragged import Feed, ragged_forward, ragged_forward_keeping
 from .proposal import EMPTY, Proposal
 from .sampling import SamplingParams
 from .stats import GenerationStats
@@ -199,10 +199,21 @@ class BatchEngine:
         for r in rows:
             room = self.context - r.length
             ks.append(max(0, min(k, r.stop.max_new_tokens - r.stop.count - 1, room - 1)))
+        # A joining row about to draft, with a drafter that can read the target's prefill
+        # (early exit: the stream entering its exit layer), drafts nothing this step and
+        # takes its prefill from the target's pass instead of running the first layers
+        # over the prompt a second time (for a 1000-token prompt and a one-layer exit that
+        # halves what the drafter spends on it).
+        adopting = set()
+        if getattr(self.drafter, "adopts_layer", None) is not None:
+            for i, r in enumerate(rows):
+                if ks[i] > 0 and not r.stats.target_forward_passes:
+                    ks[i] = 0
+                    adopting.add(r.slot)
         proposals = self.drafter.propose([r.slot for r in rows], [r.sequence[: r.length] for r in rows], ks)
         for r, p in zip(rows, proposals):
             r.proposal = p
-        logits = self._verify(rows)
+        logits = self._verify(rows, adopting)
         updates = {}
         now = time.perf_counter()
         for r, row_logits in zip(rows, logits):
@@ -212,10 +223,11 @@ class BatchEngine:
                 self.cancel(row_id)
         return updates
 
-    def _verify(self, rows: list[_Row]) -> list[torch.Tensor]:
+    def _verify(self, rows: list[_Row], adopting: set[int] = frozenset()) -> list[torch.Tensor]:
         """The target's logits per row (``[proposal + 1, V]``): the rows joining now share
         one prefill pass, the others one decode pass (a row's arithmetic is its own either
-        way: ``models/ragged.py``)."""
+        way: ``models/ragged.py``). The drafter adopts the prefill of the rows in
+        ``adopting`` (slots) from the joining rows' pass."""
         feeds = []
         for r in rows:
             fed = torch.cat([r.sequence[r.cached : r.length], r.proposal.tokens])
@@ -224,13 +236,24 @@ class BatchEngine:
         joining = [i for i, r in enumerate(rows) if not r.stats.target_forward_passes]
         ongoing = [i for i, r in enumerate(rows) if r.stats.target_forward_passes]
         for group in (joining, ongoing):
-            if group:
-                started = time.perf_counter()
-                for i, row_logits in zip(group, ragged_forward(self.model, self.cache, [feeds[i] for i in group],
-                                                               self.scratch)):
-                    out[i] = row_logits
-                if group is joining:
-                    self.prefill_seconds += time.perf_counter() - started
+            if not group:
+                continue
+            started = time.perf_counter()
+            group_feeds = [feeds[i] for i in group]
+            adopt = group is joining and any(rows[i].slot in adopting for i in group)
+            if adopt:
+                group_logits, kept = ragged_forward_keeping(self.model, self.cache, group_feeds, self.scratch,
+                                                            self.drafter.adopts_layer)
+            else:
+                group_logits = ragged_forward(self.model, self.cache, group_feeds, self.scratch)
+            for i, row_logits in zip(group, group_logits):
+                out[i] = row_logits
+            if group is joining:
+                self.prefill_seconds += time.perf_counter() - started  # the drafter's share is not prefill
+            if adopt:
+                for i, hidden in zip(group, kept):
+                    if rows[i].slot in adopting:
+                        self.drafter.adopt(rows[i].slot, hidden, self.cache)
         return out
 
     def _advance(self, r: _Row, logits: torch.Tensor, now: float) -> RowUpdate:

@@ -127,6 +127,32 @@ def test_freed_slots_are_reused_losslessly():
         assert out[i] == steps_of(engine_for(lm, head, 1), [jobs[i]])[0], i
 
 
+@pytest.mark.parametrize("decode_linears", [False, True])
+def test_a_joining_row_takes_its_draft_prefill_from_the_target_pass(decode_linears, monkeypatch):
+    """The drafter never runs layers [0, L) over a joining row's prompt itself: the row's
+    first step (the target's prefill) drafts nothing and leaves the drafter what its own
+    prefill would have computed (its cache rows, the extra block's too); the next steps draft."""
+    lm, head = target_and_head("extra-block", decode_linears)
+    engine = engine_for(lm, head, 2)
+    drafter = engine.drafter
+    monkeypatch.setattr(drafter, "_prefill", lambda *a: pytest.fail("the drafter prefilled a row itself"))
+    prompt = PROMPTS[2]
+    row = engine.add(prompt, SamplingParams(), StopConditions(20))
+    first = engine.step()[row]
+    assert first.drafted == 0 and engine.prefill_seconds > 0
+    slot, n, exit_layer = 0, prompt.numel(), drafter.adopts_layer
+    assert drafter.lengths[slot] == n
+    own = BatchedEarlyExit(lm, head, 2, 200)
+    own.forward([Feed(slot, 0, prompt, 0)])  # what the drafter's own prefill computes
+    for mine, theirs in ((drafter.cache.k, own.cache.k), (drafter.cache.v, own.cache.v),
+                         (drafter.head_cache.k, own.head_cache.k), (drafter.head_cache.v, own.head_cache.v)):
+        torch.testing.assert_close(mine[:exit_layer, slot, :, :n], theirs[:exit_layer, slot, :, :n])
+    drafted = 0
+    while engine.active:
+        drafted += sum(u.drafted for u in engine.step().values())
+    assert drafted > 0
+
+
 def test_options_choose_the_head_and_layer_and_the_policy_measures_early_exit(private_cache_dir):
     lm = native_lm()
     drafter = make_batch_drafter("early-exit", None, lm, 2, 64, DraftOptions(exit_head="shared", exit_layer=3))

@@ -29,6 +29,7 @@ from ..models.exit_head import ExitHead
 from ..models.kv_cache import KVCache
 from ..models.lm import NativeLM
 from ..models.ragged import Feed, ragged_forward
+from ..models.transformer import RaggedRow
 from ..proposal import EMPTY, Proposal
 from ..sampling import SamplingParams, choose
 from .base import Drafter
@@ -111,6 +112,9 @@ class BatchedChain:
     """
 
     name = "chain"
+    #: The target layer whose input this drafter can take from the target's prefill pass
+    #: instead of prefilling a row itself (:meth:`BatchedEarlyExit.adopt`); None: it cannot.
+    adopts_layer: int | None = None
 
     def __init__(self, target_vocab_size: int, max_batch_size: int) -> None:
         self.vocab_size = target_vocab_size
@@ -214,6 +218,27 @@ class BatchedEarlyExit(BatchedChain):
 
     def forward(self, feeds):
         return ragged_forward(self.net, self.cache, feeds, self.scratch, self.layers, self.head, self.head_cache)
+
+    @property
+    def adopts_layer(self) -> int:
+        return self.layers[1]
+
+    @torch.inference_mode()
+    def adopt(self, slot: int, hidden: torch.Tensor, target_cache: KVCache) -> None:
+        """A joining row's prefill, taken from the target's: the target's prefill pass
+        already wrote layers ``[0, L)`` of the prompt to its cache row ``slot`` and gives
+        ``hidden`` (``[n, H]``, the stream entering layer L at the n prompt tokens), so only
+        the head's extra block runs (it fills its own cache). Half of what
+        :meth:`_prefill` costs with a one-layer exit; a row's drafts then depend on the
+        target's arithmetic for its prompt, its own whatever the batch holds."""
+        n, exit_layer = hidden.shape[0], self.layers[1]
+        self.cache.k[:exit_layer, slot, :, :n] = target_cache.k[:exit_layer, slot, :, :n]
+        self.cache.v[:exit_layer, slot, :, :n] = target_cache.v[:exit_layer, slot, :, :n]
+        if self.head.block is not None:
+            positions = torch.arange(n)[None]
+            self.head.transform(hidden[None], self.net, positions, self.head_cache, positions,
+                                [RaggedRow(slot, 0, n)])
+        self.lengths[slot] = n
 
 
 class BatchedHybrid:

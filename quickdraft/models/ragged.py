@@ -69,6 +69,21 @@ def ragged_forward(model: Transformer, cache: KVCache, feeds: Sequence[Feed], sc
     an exit head (its extra block's cache: ``head_cache``), gives the logits in place of the
     final norm + LM head. Its products must round rows alike too: plain ``nn.Linear`` in
     the head rounds a row by the pass's canonical shape, decode linears by themselves."""
+    return _ragged(model, cache, feeds, scratch_row, layers, head, head_cache)[0]
+
+
+@torch.inference_mode()
+def ragged_forward_keeping(model: Transformer, cache: KVCache, feeds: Sequence[Feed], scratch_row: int,
+                           layer: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """:func:`ragged_forward` of the whole target that also keeps, per feed, the residual
+    stream entering ``layer`` at each of its tokens (``[n, H]``): what an early-exit
+    drafter reads instead of running the first layers over a prompt again."""
+    return _ragged(model, cache, feeds, scratch_row, keep=layer)
+
+
+def _ragged(model: Transformer, cache: KVCache, feeds: Sequence[Feed], scratch_row: int,
+            layers: tuple[int, int] | None = None, head: ExitHead | None = None,
+            head_cache: KVCache | None = None, keep: int | None = None):
     width = max(f.tokens.numel() for f in feeds)
     invariant = invariant_rows(model)
     rows, width = padded_shape(len(feeds), width, invariant)
@@ -86,12 +101,15 @@ def ragged_forward(model: Transformer, cache: KVCache, feeds: Sequence[Feed], sc
         else:
             ragged.append(RaggedRow(scratch_row, 0, 0))
     positions = slots.clamp(max=context - 1)  # padding may run past the context; real tokens never do
-    hidden = model(tokens, positions, cache, slots=slots, layers=layers, logits="none", ragged=ragged).hidden
+    out = model(tokens, positions, cache, slots=slots, layers=layers, logits="none", ragged=ragged,
+                output_hidden_states=() if keep is None else (keep,))
+    hidden = out.hidden
+    kept = [] if keep is None else [out.hidden_states[keep][b, : f.tokens.numel()] for b, f in enumerate(feeds)]
     if head is not None:
         hidden = head.transform(hidden, model, positions, head_cache, slots, ragged)
     picks = [b * width + f.tokens.numel() - f.logits + i for b, f in enumerate(feeds) for i in range(f.logits)]
     if not picks:
-        return [None] * len(feeds)
+        return [None] * len(feeds), kept
     flat = hidden.reshape(rows * width, -1)[torch.tensor(picks)]
     total = canonical_rows(len(picks), invariant)
     if total > len(picks):
@@ -101,4 +119,4 @@ def ragged_forward(model: Transformer, cache: KVCache, feeds: Sequence[Feed], sc
     for f in feeds:
         out.append(logits[at : at + f.logits] if f.logits else None)
         at += f.logits
-    return out
+    return out, kept
