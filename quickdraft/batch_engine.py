@@ -195,6 +195,8 @@ class BatchEngine:
         if not rows:
             return {}
         k = self.k_for(len(rows), sum(r.length for r in rows) // len(rows))
+        if k == 0 and self.num_speculative_tokens is None:
+            self.pooled.record_plain_step()
         ks = []
         for r in rows:
             room = self.context - r.length

@@ -249,3 +249,26 @@ def test_policy_answer_is_kept_until_acceptance_changes():
     assert policy.k(1, recent) == policy._choose(1, recent) == 0
     recent.record_step(0, 0)  # a plain step: nothing new, the kept answer stands
     assert policy.k(1, recent) == 0
+
+
+def test_policy_drafts_again_after_a_stretch_of_plain_steps():
+    """Poor acceptance turns speculation off; plain steps record no acceptance, so after
+    FORGET_AFTER of them the policy forgets and drafts under its prior again (measuring
+    afresh) instead of staying off for the engine's lifetime."""
+    from quickdraft.bench.batch_policy import FORGET_AFTER, BatchPolicy, RecentAcceptance
+
+    table = {"verify": {"4": {str(w): 1.0 + 0.2 * (w - 1) for w in range(1, 10)}}, "draft": {"4": 0.05}}
+    policy = BatchPolicy(table)
+    recent = RecentAcceptance()
+    for _ in range(40):
+        recent.record_step(4, 0)
+    assert policy.k(4, recent) == 0
+    for _ in range(FORGET_AFTER - 1):
+        recent.record_plain_step()
+    assert policy.k(4, recent) == 0 and recent.drafted_tokens == 160
+    recent.record_plain_step()
+    assert recent.drafted_tokens == 0 and policy.k(4, recent) > 0  # the prior: drafting again
+    recent.record_step(4, 1)
+    for _ in range(FORGET_AFTER - 1):
+        recent.record_plain_step()
+    assert recent.drafted_tokens == 4  # a proposal restarts the count
