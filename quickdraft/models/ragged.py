@@ -88,18 +88,15 @@ def _ragged(model: Transformer, cache: KVCache, feeds: Sequence[Feed], scratch_r
     invariant = invariant_rows(model)
     rows, width = padded_shape(len(feeds), width, invariant)
     context = model.config.max_position_embeddings
-    tokens = torch.zeros(rows, width, dtype=torch.long)
-    slots = torch.arange(width).repeat(rows, 1)
-    ragged = []
-    for b in range(rows):
-        if b < len(feeds):
-            f = feeds[b]
-            n = f.tokens.numel()
-            tokens[b, :n] = f.tokens
-            slots[b] += f.start
-            ragged.append(RaggedRow(f.cache_row, f.start, n))
-        else:
-            ragged.append(RaggedRow(scratch_row, 0, 0))
+    ragged = [RaggedRow(f.cache_row, f.start, f.tokens.numel()) for f in feeds]
+    ragged += [RaggedRow(scratch_row, 0, 0)] * (rows - len(feeds))
+    if rows == 1 and ragged[0].tokens == width:  # one row, no padding: the common decode step
+        tokens = feeds[0].tokens.view(1, width)
+    else:
+        tokens = torch.zeros(rows, width, dtype=torch.long)
+        for b, f in enumerate(feeds):
+            tokens[b, : f.tokens.numel()] = f.tokens
+    slots = torch.tensor([r.start for r in ragged])[:, None] + torch.arange(width)
     positions = slots.clamp(max=context - 1)  # padding may run past the context; real tokens never do
     out = model(tokens, positions, cache, slots=slots, layers=layers, logits="none", ragged=ragged,
                 output_hidden_states=() if keep is None else (keep,))
@@ -110,7 +107,10 @@ def _ragged(model: Transformer, cache: KVCache, feeds: Sequence[Feed], scratch_r
     picks = [b * width + f.tokens.numel() - f.logits + i for b, f in enumerate(feeds) for i in range(f.logits)]
     if not picks:
         return [None] * len(feeds), kept
-    flat = hidden.reshape(rows * width, -1)[torch.tensor(picks)]
+    if picks == list(range(picks[0], picks[-1] + 1)):  # one run (one row): a view, no gather
+        flat = hidden.reshape(rows * width, -1)[picks[0] : picks[-1] + 1]
+    else:
+        flat = hidden.reshape(rows * width, -1)[torch.tensor(picks)]
     total = canonical_rows(len(picks), invariant)
     if total > len(picks):
         flat = torch.cat([flat, flat.new_zeros(total - len(picks), flat.shape[-1])])

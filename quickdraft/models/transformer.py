@@ -61,6 +61,12 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+#: Up to this many rows a ragged pass writes its keys and values as one slice copy per row
+#: (measured on the embedded pair: 5-9% cheaper draft steps and verify passes at 1-2 rows
+#: than one scatter over all rows; level at 4, the scatter 1-4% ahead at 8).
+SLICED_WRITE_ROWS = 4
+
+
 @dataclass(frozen=True)
 class RaggedRow:
     """One row of a ragged batch (``Transformer.forward(ragged=...)``): the KV-cache row it
@@ -102,7 +108,10 @@ class Attention(nn.Module):
             qk = apply_rope(qk, *rope)
         q, k = qk.split([self.n_heads, self.n_kv_heads], dim=1)
         v = v.view(bsz, seqlen, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        cache.write(layer, rows, slots, k, v)
+        if 0 < len(ragged) <= SLICED_WRITE_ROWS:  # each row writes a run of its cache row
+            cache.write_runs(layer, [(row.cache_row, row.start) for row, _ in ragged], k, v)
+        else:
+            cache.write(layer, rows, slots, k, v)
         gqa = self.n_heads != self.n_kv_heads
         if ragged:
             out = q.new_zeros(bsz, self.n_heads, seqlen, self.head_dim)
