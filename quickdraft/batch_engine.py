@@ -115,10 +115,9 @@ class BatchEngine:
         self.method = method
         self.max_batch_size = max_batch_size
         self.context = min(target.context_length, max_len or target.context_length)
-        # Slots past a row's end hold padding (up to MAX_PAD) and a chain; keep room for both.
+        # Slots past a row's end hold its chain (and the calibration's widest pass): keep room.
         cache_len = self.context + 2 * MAX_BATCH_K + 16
-        self.cache = self.model.new_cache(max_batch_size + 1, cache_len)
-        self.scratch = max_batch_size
+        self.cache = self.model.new_cache(max_batch_size, cache_len)
         self.drafter = drafter or make_batch_drafter(method, draft, target, max_batch_size, cache_len, options)
         self.num_speculative_tokens = num_speculative_tokens
         if policy is None and num_speculative_tokens is None and method != "ar":
@@ -244,10 +243,10 @@ class BatchEngine:
             group_feeds = [feeds[i] for i in group]
             adopt = group is joining and any(rows[i].slot in adopting for i in group)
             if adopt:
-                group_logits, kept = ragged_forward_keeping(self.model, self.cache, group_feeds, self.scratch,
+                group_logits, kept = ragged_forward_keeping(self.model, self.cache, group_feeds,
                                                             self.drafter.adopts_layer)
             else:
-                group_logits = ragged_forward(self.model, self.cache, group_feeds, self.scratch)
+                group_logits = ragged_forward(self.model, self.cache, group_feeds)
             for i, row_logits in zip(group, group_logits):
                 out[i] = row_logits
             if group is joining:

@@ -68,25 +68,22 @@ def test_canonical_row_counts_round_every_row_alike():
 
 
 def test_ragged_forward_logits_do_not_depend_on_the_batch(models, prompts):
-    """Bit for bit: a row's logits alone equal its logits next to any other rows (up to
-    SLICED_WRITE_ROWS rows write their keys as slices, more rows as one scatter)."""
-    from quickdraft.models.transformer import SLICED_WRITE_ROWS
-
+    """Bit for bit: a row's logits alone equal its logits next to any other rows (packed
+    after or before rows of other lengths)."""
     target = models[1]
     model = target.model
-    rows = [*prompts, prompts[1][:7], prompts[0]]  # six cache rows, slots 4 and 5 too
-    assert len(rows) > SLICED_WRITE_ROWS
-    cache = model.new_cache(len(rows) + 1, 160)
+    rows = [*prompts, prompts[1][:7], prompts[0]]  # six cache rows
+    cache = model.new_cache(len(rows), 160)
     for slot, ids in enumerate(rows):
-        ragged_forward(model, cache, [Feed(slot, 0, ids, 0)], len(rows))
+        ragged_forward(model, cache, [Feed(slot, 0, ids, 0)])
     widths = [1, 5, 3, 2, 4, 1]
 
     def feed(slot):
         return Feed(slot, rows[slot].numel(), torch.arange(3, 3 + widths[slot]), widths[slot])
 
-    alone = {s: ragged_forward(model, cache, [feed(s)], len(rows))[0] for s in range(len(rows))}
+    alone = {s: ragged_forward(model, cache, [feed(s)])[0] for s in range(len(rows))}
     for group in ([0, 1], [1, 2, 3], [3, 0, 2, 1], [2, 0], [5, 3, 0, 4, 2, 1]):
-        together = ragged_forward(model, cache, [feed(s) for s in group], len(rows))
+        together = ragged_forward(model, cache, [feed(s) for s in group])
         for s, logits in zip(group, together):
             assert torch.equal(logits, alone[s]), (group, s)
 

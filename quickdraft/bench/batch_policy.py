@@ -38,7 +38,7 @@ WIDTHS = (1, 2, 3, 4, 5, 7, 9)
 #: Row lengths the costs are measured at; the policy interpolates between them (and
 #: extrapolates past the last: attention grows linearly with the context).
 CONTEXTS = (256, 1024)
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: packed ragged passes (session 10)
 
 
 def batch_sizes(max_batch_size: int) -> list[int]:
@@ -56,28 +56,26 @@ def _interpolate(table: dict[int, float], x: int) -> float:
     return table[lo] + (table[hi] - table[lo]) * (x - lo) / (hi - lo)
 
 
-def measure_batch_costs(model, cache, scratch: int, drafter=None, sizes: Sequence[int] = (1,),
+def measure_batch_costs(model, cache, drafter=None, sizes: Sequence[int] = (1,),
                         widths: Sequence[int] = WIDTHS, repeats: int = 3,
                         contexts: Sequence[int] = CONTEXTS) -> dict:
     """``{"calibrations": [{"context", "verify", "draft"}, ...]}``: per context (tokens per
     row; capped by the caches' length), the median seconds of a target ragged pass per
     (batch, width) and of a batched 1-token step of ``drafter`` (a ``BatchedChain``: the
     draft model or early exit) per batch size."""
-    from ..models.ragged import MAX_PAD
-
     vocab = model.config.vocab_size
     room = min([cache.max_len] + ([drafter.cache.max_len] if drafter is not None else []))
-    cap = max(1, room - max(widths) - MAX_PAD - 1)
-    return {"calibrations": [_measure_at(model, cache, scratch, drafter, sizes, widths, repeats, context, vocab)
+    cap = max(1, room - max(widths) - 1)
+    return {"calibrations": [_measure_at(model, cache, drafter, sizes, widths, repeats, context, vocab)
                              for context in sorted({min(c, cap) for c in contexts})]}
 
 
-def _measure_at(model, cache, scratch, drafter, sizes, widths, repeats, context: int, vocab: int) -> dict:
+def _measure_at(model, cache, drafter, sizes, widths, repeats, context: int, vocab: int) -> dict:
     ids = torch.arange(context + max(widths)) % vocab
     perf = time.perf_counter
 
     def target(feeds):
-        return ragged_forward(model, cache, feeds, scratch)
+        return ragged_forward(model, cache, feeds)
 
     def timed(forward, feeds) -> float:
         forward(feeds)  # warm
@@ -247,7 +245,7 @@ class BatchPolicy:
                     return cls(json.loads(path.read_text()))
                 except (OSError, ValueError, KeyError, TypeError):
                     pass
-        table = measure_batch_costs(engine.model, engine.cache, engine.scratch, drafter, sizes)
+        table = measure_batch_costs(engine.model, engine.cache, drafter, sizes)
         if path is not None:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)

@@ -99,7 +99,7 @@ class PerRowDrafter:
 class BatchedChain:
     """A model drafting a chain for every row: draft position ``d`` is one batched
     ``forward`` over the rows still drafting (row ``i`` drafts ``ks[i]`` tokens), into a
-    KV cache of the drafter's own (a row per slot, plus a scratch row for padding).
+    KV cache of the drafter's own (a row per slot).
 
     As the single-sequence drafters do, each row's first pass feeds what its cache lacks
     (the last token, or a catch-up after accepted tokens), the last drafted token is never
@@ -118,7 +118,6 @@ class BatchedChain:
 
     def __init__(self, target_vocab_size: int, max_batch_size: int) -> None:
         self.vocab_size = target_vocab_size
-        self.scratch = max_batch_size  # the cache row padding rows write to
         self.lengths = [0] * max_batch_size
         self.params: dict[int, SamplingParams] = {}
         self.generators: dict[int, torch.Generator] = {}
@@ -187,10 +186,10 @@ class BatchedDraftModel(BatchedChain):
         super().__init__(target_vocab_size, max_batch_size)
         self.model = draft.model
         self.lm = draft
-        self.cache = self.model.new_cache(max_batch_size + 1, max_len)
+        self.cache = self.model.new_cache(max_batch_size, max_len)
 
     def forward(self, feeds):
-        return ragged_forward(self.model, self.cache, feeds, self.scratch)
+        return ragged_forward(self.model, self.cache, feeds)
 
 
 class BatchedEarlyExit(BatchedChain):
@@ -213,11 +212,11 @@ class BatchedEarlyExit(BatchedChain):
         self.net, self.head, self.layers = net, head, (0, head.exit_layer)
         self.name = f"early-exit(L={head.exit_layer},{head.kind})"
         config = dataclasses.replace(net.config, n_layers=head.exit_layer)
-        self.cache = KVCache(config, max_batch_size + 1, max_len, dtype=like.dtype, device=like.device)
-        self.head_cache = head.new_cache(max_batch_size + 1, max_len, like)
+        self.cache = KVCache(config, max_batch_size, max_len, dtype=like.dtype, device=like.device)
+        self.head_cache = head.new_cache(max_batch_size, max_len, like)
 
     def forward(self, feeds):
-        return ragged_forward(self.net, self.cache, feeds, self.scratch, self.layers, self.head, self.head_cache)
+        return ragged_forward(self.net, self.cache, feeds, self.layers, self.head, self.head_cache)
 
     @property
     def adopts_layer(self) -> int:

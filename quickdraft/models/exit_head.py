@@ -127,8 +127,8 @@ class ExitHead(nn.Module):
                 rope, rows, mask, kv_len = target.attention_inputs(positions, cache, slots, shape=x.shape[:2])
                 x = self.block(x, rope, cache, 0, rows, slots, mask, kv_len)
             else:
-                rope, rows, row_masks, kv_len = target.ragged_inputs(positions, slots, cache, ragged)
-                x = self.block(x, rope, cache, 0, rows, slots, None, kv_len, ragged=row_masks)
+                rope, row_masks, kv_len = target.ragged_inputs(positions, cache, ragged)
+                x = self.block(x, rope, cache, 0, None, slots, None, kv_len, ragged=row_masks)
         if self.translator is not None:
             x = x + self.translator(x)
         return x

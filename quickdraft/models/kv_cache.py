@@ -44,15 +44,6 @@ class KVCache:
         self.k[layer][rows, :, slots] = k.transpose(1, 2)
         self.v[layer][rows, :, slots] = v.transpose(1, 2)
 
-    def write_runs(self, layer: int, runs: list[tuple[int, int]], k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store ``k``/``v`` (``[B, H, T, D]``) of ``layer``: batch row ``b`` at slots
-        ``start .. start + T - 1`` of cache row ``row``, where ``runs[b] = (row, start)``
-        (a ragged batch: rows at their own lengths; a slice copy per row beats a scatter)."""
-        end = k.shape[2]
-        for b, (row, start) in enumerate(runs):
-            self.k[layer, row, :, start : start + end] = k[b]
-            self.v[layer, row, :, start : start + end] = v[b]
-
     # Inference mode: the cache may have been allocated inside it (an inference tensor),
     # which only inference mode may update in place.
     @torch.inference_mode()

@@ -1,17 +1,20 @@
 """One forward pass over a ragged batch: every row feeds its own number of tokens after its
 own cached length, and gets back the logits of its own last tokens.
 
+The rows' tokens are packed one after another into a single sequence (batch 1): no row is
+padded to another's width, so a pass costs the tokens it feeds (a 100-token prompt
+prefilled next to a 1400-token one used to be padded to 1400).
+
 Batch invariance (a row's logits do not depend, bit for bit, on the other rows) needs
 identical per-row arithmetic, so:
 
-- attention runs row by row over the row's real tokens and cache (``RaggedRow``); padding
-  is never visible to anyone, the row itself included;
+- attention runs row by row over the row's own tokens and cache (``RaggedRow``);
 - every matrix product has a *canonical* row count (``decode_linear.canonical_rows``):
   with the native decode linears (oneDNN) every count is canonical; with plain
-  ``nn.Linear`` (MKL) the batch is padded with padding tokens (more columns) or padding
-  rows (a scratch cache row) up to the cheapest such count, so each row is rounded the
-  same way whatever the batch holds. Norms, RoPE, activations and the embedding are per
-  token already.
+  ``nn.Linear`` (MKL) the packed sequence is padded at its end up to such a count (the
+  padding writes no cache and nobody attends to it), so each row is rounded the same way
+  whatever the batch holds. Norms, RoPE, activations and the embedding are per token
+  already.
 """
 
 from __future__ import annotations
@@ -29,8 +32,6 @@ from .transformer import RaggedRow, Transformer
 if TYPE_CHECKING:
     from .exit_head import ExitHead
 
-MAX_PAD = 12  # padding tokens or rows tried when looking for the cheapest canonical shape
-
 
 @dataclass(frozen=True)
 class Feed:
@@ -43,77 +44,63 @@ class Feed:
     logits: int
 
 
-def padded_shape(rows: int, width: int, invariant: bool = False) -> tuple[int, int]:
-    """(rows, width) >= the given ones with a canonical product ``rows * width``, the one
-    with the fewest tokens (then the fewest padding rows)."""
-    if invariant:
-        return rows, width
-    best = None
-    for w in range(width, width + MAX_PAD + 1):
-        for r in range(rows, rows + MAX_PAD + 1):
-            if canonical_rows(r * w) == r * w:
-                if best is None or (r * w, r) < (best[0] * best[1], best[0]):
-                    best = (r, w)
-                break
-    return best
-
-
 @torch.inference_mode()
-def ragged_forward(model: Transformer, cache: KVCache, feeds: Sequence[Feed], scratch_row: int,
+def ragged_forward(model: Transformer, cache: KVCache, feeds: Sequence[Feed],
                    layers: tuple[int, int] | None = None, head: ExitHead | None = None,
                    head_cache: KVCache | None = None) -> list[torch.Tensor]:
     """Run ``feeds`` in one pass; per feed the logits ``[feed.logits, V]`` of its last tokens
-    (None for 0). ``scratch_row`` is a cache row no real row uses (padding rows write there).
+    (None for 0).
 
     Early exit's draft pass: ``layers`` (``(0, L)``) runs only those layers and ``head``,
     an exit head (its extra block's cache: ``head_cache``), gives the logits in place of the
     final norm + LM head. Its products must round rows alike too: plain ``nn.Linear`` in
     the head rounds a row by the pass's canonical shape, decode linears by themselves."""
-    return _ragged(model, cache, feeds, scratch_row, layers, head, head_cache)[0]
+    return _ragged(model, cache, feeds, layers, head, head_cache)[0]
 
 
 @torch.inference_mode()
-def ragged_forward_keeping(model: Transformer, cache: KVCache, feeds: Sequence[Feed], scratch_row: int,
+def ragged_forward_keeping(model: Transformer, cache: KVCache, feeds: Sequence[Feed],
                            layer: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """:func:`ragged_forward` of the whole target that also keeps, per feed, the residual
     stream entering ``layer`` at each of its tokens (``[n, H]``): what an early-exit
     drafter reads instead of running the first layers over a prompt again."""
-    return _ragged(model, cache, feeds, scratch_row, keep=layer)
+    return _ragged(model, cache, feeds, keep=layer)
 
 
-def _ragged(model: Transformer, cache: KVCache, feeds: Sequence[Feed], scratch_row: int,
-            layers: tuple[int, int] | None = None, head: ExitHead | None = None,
-            head_cache: KVCache | None = None, keep: int | None = None):
-    width = max(f.tokens.numel() for f in feeds)
+def _ragged(model: Transformer, cache: KVCache, feeds: Sequence[Feed], layers: tuple[int, int] | None = None,
+            head: ExitHead | None = None, head_cache: KVCache | None = None, keep: int | None = None):
     invariant = invariant_rows(model)
-    rows, width = padded_shape(len(feeds), width, invariant)
-    context = model.config.max_position_embeddings
-    ragged = [RaggedRow(f.cache_row, f.start, f.tokens.numel()) for f in feeds]
-    ragged += [RaggedRow(scratch_row, 0, 0)] * (rows - len(feeds))
-    if rows == 1 and ragged[0].tokens == width:  # one row, no padding: the common decode step
-        tokens = feeds[0].tokens.view(1, width)
+    ragged, total = [], 0
+    for f in feeds:
+        ragged.append(RaggedRow(f.cache_row, f.start, f.tokens.numel(), total))
+        total += f.tokens.numel()
+    width = canonical_rows(total, invariant)  # MKL: padding at the end, up to a canonical count
+    if len(feeds) == 1:  # the common decode step: no concatenation
+        f = feeds[0]
+        tokens, positions = f.tokens, torch.arange(f.start, f.start + total)
     else:
-        tokens = torch.zeros(rows, width, dtype=torch.long)
-        for b, f in enumerate(feeds):
-            tokens[b, : f.tokens.numel()] = f.tokens
-    slots = torch.tensor([r.start for r in ragged])[:, None] + torch.arange(width)
-    positions = slots.clamp(max=context - 1)  # padding may run past the context; real tokens never do
-    out = model(tokens, positions, cache, slots=slots, layers=layers, logits="none", ragged=ragged,
+        tokens = torch.cat([f.tokens for f in feeds])
+        positions = torch.cat([torch.arange(f.start, f.start + f.tokens.numel()) for f in feeds])
+    if width > total:
+        tokens = torch.cat([tokens, tokens.new_zeros(width - total)])
+        positions = torch.cat([positions, positions.new_zeros(width - total)])
+    tokens, positions = tokens.view(1, width), positions.view(1, width)
+    out = model(tokens, positions, cache, layers=layers, logits="none", ragged=ragged,
                 output_hidden_states=() if keep is None else (keep,))
     hidden = out.hidden
-    kept = [] if keep is None else [out.hidden_states[keep][b, : f.tokens.numel()] for b, f in enumerate(feeds)]
+    kept = [] if keep is None else [out.hidden_states[keep][0, r.offset : r.offset + r.tokens] for r in ragged]
     if head is not None:
-        hidden = head.transform(hidden, model, positions, head_cache, slots, ragged)
-    picks = [b * width + f.tokens.numel() - f.logits + i for b, f in enumerate(feeds) for i in range(f.logits)]
+        hidden = head.transform(hidden, model, positions, head_cache, None, ragged)
+    picks = [r.offset + r.tokens - f.logits + i for r, f in zip(ragged, feeds) for i in range(f.logits)]
     if not picks:
         return [None] * len(feeds), kept
-    if picks == list(range(picks[0], picks[-1] + 1)):  # one run (one row): a view, no gather
-        flat = hidden.reshape(rows * width, -1)[picks[0] : picks[-1] + 1]
+    if picks == list(range(picks[0], picks[-1] + 1)):  # one run (e.g. every token of every row): a view
+        flat = hidden[0, picks[0] : picks[-1] + 1]
     else:
-        flat = hidden.reshape(rows * width, -1)[torch.tensor(picks)]
-    total = canonical_rows(len(picks), invariant)
-    if total > len(picks):
-        flat = torch.cat([flat, flat.new_zeros(total - len(picks), flat.shape[-1])])
+        flat = hidden[0, torch.tensor(picks)]
+    count = canonical_rows(len(picks), invariant)
+    if count > len(picks):
+        flat = torch.cat([flat, flat.new_zeros(count - len(picks), flat.shape[-1])])
     logits = (model.head(flat) if head is None else head.logits(flat, model))[: len(picks)]
     out, at = [], 0
     for f in feeds:

@@ -61,22 +61,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-#: Up to this many rows a ragged pass writes its keys and values as one slice copy per row
-#: (measured on the embedded pair: 5-9% cheaper draft steps and verify passes at 1-2 rows
-#: than one scatter over all rows; level at 4, the scatter 1-4% ahead at 8).
-SLICED_WRITE_ROWS = 4
-
-
 @dataclass(frozen=True)
 class RaggedRow:
-    """One row of a ragged batch (``Transformer.forward(ragged=...)``): the KV-cache row it
-    lives in, its cached length ``start`` (its new tokens go to slots ``start, start + 1,
-    ...``) and how many of the ``T`` tokens fed for it are real. The rest is padding: it
-    is written past the row's end, where nothing attends to it, and its output is zero."""
+    """One row of a ragged pass (``Transformer.forward(ragged=...)``). A ragged pass feeds
+    the rows' tokens packed one after another in a single sequence (batch 1, no padding
+    between rows): the row's ``tokens`` new tokens sit at ``offset ..`` of it, live in
+    KV-cache row ``cache_row`` and go to its slots ``start, start + 1, ...`` after the
+    ``start`` tokens it holds."""
 
     cache_row: int
     start: int
     tokens: int
+    offset: int = 0
 
 
 class Attention(nn.Module):
@@ -108,25 +104,22 @@ class Attention(nn.Module):
             qk = apply_rope(qk, *rope)
         q, k = qk.split([self.n_heads, self.n_kv_heads], dim=1)
         v = v.view(bsz, seqlen, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if 0 < len(ragged) <= SLICED_WRITE_ROWS:  # each row writes a run of its cache row
-            cache.write_runs(layer, [(row.cache_row, row.start) for row, _ in ragged], k, v)
-        else:
-            cache.write(layer, rows, slots, k, v)
         gqa = self.n_heads != self.n_kv_heads
-        if ragged:
+        if ragged:  # packed rows (batch 1); tokens after the last row are padding: output 0
             out = q.new_zeros(bsz, self.n_heads, seqlen, self.head_dim)
-            for b, (row, row_mask) in enumerate(ragged):
-                if row.tokens == 0:  # a padding row
-                    continue
-                # Each row attends over exactly its own real tokens and cache, in the same
-                # contiguous layout whatever else is in the batch: its arithmetic (and so
-                # its output, bit for bit) does not depend on the other rows.
-                end, r = row.start + row.tokens, row.cache_row
-                out[b, :, : row.tokens] = F.scaled_dot_product_attention(
-                    q[b : b + 1, :, : row.tokens].contiguous(), cache.k[layer, r : r + 1, :, :end],
+            for row, row_mask in ragged:
+                # Each row writes its own run of its cache row and attends over exactly its
+                # own tokens and cache, in the same contiguous layout whatever else is in
+                # the pass: its arithmetic (and so its output, bit for bit) is its own.
+                a, b, end, r = row.offset, row.offset + row.tokens, row.start + row.tokens, row.cache_row
+                cache.k[layer, r, :, row.start : end] = k[0, :, a:b]
+                cache.v[layer, r, :, row.start : end] = v[0, :, a:b]
+                out[0, :, a:b] = F.scaled_dot_product_attention(
+                    q[:, :, a:b].contiguous(), cache.k[layer, r : r + 1, :, :end],
                     cache.v[layer, r : r + 1, :, :end], attn_mask=row_mask, enable_gqa=gqa,
                 )[0]
         else:
+            cache.write(layer, rows, slots, k, v)
             keys, values = cache.k[layer, :, :, :kv_len], cache.v[layer, :, :, :kv_len]
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, q_size))
@@ -304,23 +297,21 @@ class Transformer(nn.Module):
         rope = self._rope(positions, seqlen) if self._inv_freq is not None else None
         return rope, rows, mask, kv_len
 
-    def ragged_inputs(self, positions: torch.Tensor, slots: torch.Tensor, cache: KVCache,
-                      ragged: Sequence[RaggedRow]) -> tuple:
+    def ragged_inputs(self, positions: torch.Tensor, cache: KVCache, ragged: Sequence[RaggedRow]) -> tuple:
         """What every block of a ragged pass shares (see :meth:`forward`'s ``ragged``):
-        ``(rope, rows, [(row, its causal mask or None)], kv_len)``."""
-        kv_len = max(max(r.start + r.tokens for r in ragged), int(slots.max()) + 1)  # padding writes too
+        ``(rope, [(row, its causal mask or None)], kv_len)``."""
+        kv_len = max(r.start + r.tokens for r in ragged)
         row_masks = []
         for r in ragged:
             causal = None
             if r.tokens > 1:
-                causal = torch.ones(r.tokens, r.start + r.tokens, dtype=torch.bool, device=slots.device)
+                causal = torch.ones(r.tokens, r.start + r.tokens, dtype=torch.bool, device=positions.device)
                 causal = causal.tril(diagonal=r.start)
             row_masks.append((r, causal))
         if kv_len > cache.max_len:
             raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
-        rows = torch.tensor([r.cache_row for r in ragged], device=slots.device)[:, None]
         rope = self._rope(positions) if self._inv_freq is not None else None
-        return rope, rows, row_masks, kv_len
+        return rope, row_masks, kv_len
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: the exit head shared by every layer (over the restricted
@@ -367,9 +358,11 @@ class Transformer(nn.Module):
             logits: ``"all"``, ``"last"`` (only the last position of each row), an int ``n``
                 (the last ``n`` positions) or ``"none"``. Logits are the final norm + LM head
                 applied to the last layer run, so a partial range gives early-exit logits.
-            ragged: one :class:`RaggedRow` per batch row (the batched engine): batch row
-                ``b`` lives in cache row ``ragged[b].cache_row`` and attention runs row by
-                row over its real tokens only (causal after its cache; ``mask`` unused).
+            ragged: the rows of a packed pass (the batched engine): ``tokens`` is ``[1, T]``,
+                the rows' tokens one after another (:class:`RaggedRow` ``offset``), then
+                any padding; each row writes its own cache row and attention runs row by
+                row over its own tokens only (causal after its cache; ``slots`` and
+                ``mask`` unused; padding writes nothing and its output is 0).
         """
         start, stop = layers if layers is not None else (0, self.config.n_layers)
         if hidden is None:
@@ -385,7 +378,8 @@ class Transformer(nn.Module):
         if ragged is None:
             rope, rows, mask, kv_len = self.attention_inputs(positions, cache, slots, mask, x.shape[:2])
         else:
-            rope, rows, row_masks, kv_len = self.ragged_inputs(positions, slots, cache, ragged)
+            rope, row_masks, kv_len = self.ragged_inputs(positions, cache, ragged)
+            rows = None
 
         states: dict[int, torch.Tensor] = {}
         if start in output_hidden_states:
