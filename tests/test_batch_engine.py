@@ -274,3 +274,16 @@ def test_policy_drafts_again_after_a_stretch_of_plain_steps():
     for _ in range(FORGET_AFTER - 1):
         recent.record_plain_step()
     assert recent.drafted_tokens == 4  # a proposal restarts the count
+
+
+def test_policy_caps_a_disturbed_timing_by_the_larger_passes():
+    """A pass over fewer tokens or rows never costs more than one over more: a calibration
+    value above a larger width's (or batch's) is noise and is capped by it."""
+    from quickdraft.bench.batch_policy import BatchPolicy
+
+    table = {"verify": {"1": {"1": 4.6, "5": 5.5, "7": 11.2, "9": 6.1}, "2": {"1": 5.0, "5": 5.2, "7": 7.0, "9": 8.0}},
+             "draft": {"1": 0.9, "2": 0.5}}
+    cal = BatchPolicy(table).calibrations[0]
+    assert cal.verify[1] == {1: 4.6, 5: 5.2, 7: 6.1, 9: 6.1}  # capped by width 9, and by batch 2
+    assert cal.verify[2] == {1: 5.0, 5: 5.2, 7: 7.0, 9: 8.0}
+    assert cal.draft == {1: 0.5, 2: 0.5}
