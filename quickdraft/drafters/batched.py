@@ -13,6 +13,10 @@ how much of its chain was accepted (``verified``). Rows join (``join``) and leav
 - :class:`BatchedEarlyExit`: early exit, the target's first L layers + an exit head,
   drafting like the draft model (both are a :class:`BatchedChain`) into cache rows of
   its own.
+
+A drafter that runs the target's first layers may also take a joining row's prefill from
+the target's prefill pass instead of running those layers itself: it names the layer
+(``adopts_layer``) and the engine hands it the stream entering that layer (``adopt``).
 """
 
 from __future__ import annotations
@@ -234,8 +238,7 @@ class BatchedEarlyExit(BatchedChain):
         self.cache.k[:exit_layer, slot, :, :n] = target_cache.k[:exit_layer, slot, :, :n]
         self.cache.v[:exit_layer, slot, :, :n] = target_cache.v[:exit_layer, slot, :, :n]
         if self.head.block is not None:
-            positions = torch.arange(n)[None]
-            self.head.transform(hidden[None], self.net, positions, self.head_cache, positions,
+            self.head.transform(hidden[None], self.net, torch.arange(n)[None], self.head_cache, None,
                                 [RaggedRow(slot, 0, n)])
         self.lengths[slot] = n
 
