@@ -287,3 +287,22 @@ def test_policy_caps_a_disturbed_timing_by_the_larger_passes():
     assert cal.verify[1] == {1: 4.6, 5: 5.2, 7: 6.1, 9: 6.1}  # capped by width 9, and by batch 2
     assert cal.verify[2] == {1: 5.0, 5: 5.2, 7: 7.0, 9: 8.0}
     assert cal.draft == {1: 0.5, 2: 0.5}
+
+
+def test_engine_drafts_again_after_the_policy_turned_speculation_off(models, prompts):
+    """In the engine: acceptance that turned speculation off is forgotten after
+    FORGET_AFTER plain steps, and a draft that is right (a copy of the target) takes over."""
+    from quickdraft.bench.batch_policy import FORGET_AFTER, BatchPolicy
+
+    tok, target, drafts = models
+    table = {"verify": {"1": {str(w): 1.0 + 0.05 * (w - 1) for w in range(1, 10)}}, "draft": {"1": 0.05}}
+    engine = BatchEngine(target, method="draft", draft=drafts["copy"], max_batch_size=1, max_len=120,
+                         policy=BatchPolicy(table))
+    for _ in range(40):  # a poor stretch before this row
+        engine.pooled.record_step(4, 0)
+    assert engine.k_for(1) == 0
+    row = engine.add(prompts[0], SamplingParams(), StopConditions(FORGET_AFTER + 20))
+    drafted = []
+    while engine.active:
+        drafted.append(engine.step()[row].drafted)
+    assert sum(drafted[:FORGET_AFTER]) == 0 and sum(drafted[FORGET_AFTER:]) > 0
