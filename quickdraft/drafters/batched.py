@@ -21,14 +21,13 @@ the target's prefill pass instead of running those layers itself: it names the l
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
-from ..models.decode_linear import invariant_rows, use_decode_linears
+from ..models.decode_linear import invariant_rows
 from ..models.exit_head import ExitHead
 from ..models.kv_cache import KVCache
 from ..models.lm import NativeLM
@@ -38,7 +37,7 @@ from ..proposal import EMPTY, Proposal
 from ..sampling import SamplingParams, choose
 from .base import Drafter
 from .draft_model import present_logits
-from .early_exit import check_exit_layer, resolve_exit_head
+from .early_exit import check_exit_layer, resolve_exit_head, step_head
 from .factory import DraftOptions
 from .ngram import NgramDrafter
 
@@ -210,9 +209,9 @@ class BatchedEarlyExit(BatchedChain):
         check_exit_layer(target, head.exit_layer)
         net = target.model
         like = net.embed.weight
-        head = copy.deepcopy(head).to(like.dtype)
-        if invariant_rows(net):
-            use_decode_linears(head)
+        # Decode linears only where they round every row count alike (else the pass's
+        # canonical shapes keep plain linears batch invariant).
+        head = step_head(target, head, invariant_rows(net))
         self.net, self.head, self.layers = net, head, (0, head.exit_layer)
         self.name = f"early-exit(L={head.exit_layer},{head.kind})"
         config = dataclasses.replace(net.config, n_layers=head.exit_layer)

@@ -42,13 +42,14 @@ def check_exit_layer(target: CausalLM, exit_layer: int) -> None:
                          f"got {exit_layer}")
 
 
-def step_head(target: NativeLM, head: ExitHead) -> ExitHead:
-    """A copy of ``head`` to run draft steps with: on a target with decode linears, the
-    head's linears (translator, extra block) get them too. Without that, the extra block's
-    one-row products take MKL's slower path and a draft step with it cost 1.6x a target
-    layer (measured on the embedded target). ``head`` itself is left as it is."""
+def step_head(target: NativeLM, head: ExitHead, decode_linears: bool | None = None) -> ExitHead:
+    """A copy of ``head`` in the target's dtype to run draft steps with, its linears
+    (translator, extra block) swapped for decode linears when ``decode_linears`` (default:
+    when the target has them). Without that, the extra block's one-row products take MKL's
+    slower path and a draft step with it cost 1.6x a target layer (measured on the
+    embedded target). ``head`` itself is left as it is."""
     head = copy.deepcopy(head).to(target.model.embed.weight.dtype)
-    if target.decode_linears:
+    if target.decode_linears if decode_linears is None else decode_linears:
         use_decode_linears(head)
     return head
 
