@@ -2,35 +2,68 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+LATEST_VENV ?= .venv-latest
 
-.PHONY: install browser demo test lint bench clean
+# requirements.lock pins every package CI tests (made by pip-tools from pyproject.toml's
+# ranges; `make lock` moves it). torch is pinned there by version only: the build comes
+# from TORCH_INDEX, because PyPI's Linux torch is the CUDA build (~3 GB of nvidia-* and
+# triton wheels). The default is PyTorch's CPU index; for a GPU machine:
+#   make install TORCH_INDEX=https://download.pytorch.org/whl/cu128
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_VERSION ?= $(shell sed -n 's/^torch==//p' requirements.lock)
 
-# torch is pinned and installed first so pip never resolves the multi-GB CUDA build.
-$(STAMP): pyproject.toml
+.PHONY: install browser demo test test-latest lint lock clean
+
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q "torch==$(TORCH_VERSION)" --index-url $(TORCH_INDEX)
+	@$(PY) -c "import torch; print(f'make: torch {torch.__version__} (CUDA {torch.version.cuda or \"none: CPU build\"}), asked of $(TORCH_INDEX)')"
+	$(PIP) install -q -r requirements.lock
+	$(PIP) install -q --no-deps -e .
 	touch $(STAMP)
 
-# The playground test drives Debian's Chromium: installed here when missing and we are root
-# (CI, containers); otherwise one line says how (no sudo prompt).
+install: $(STAMP)
+
+# Only the playground test needs a browser: `make test` installs Debian's Chromium and
+# ChromeDriver system-wide when they are missing and we are root (CI, containers);
+# otherwise one line says how, and that test is skipped.
 browser:
 	@if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "make: installing Debian's chromium and chromium-driver (system-wide) for the playground test"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	else echo "make: chromium/chromium-driver missing: the playground test needs them (as root: apt-get install chromium chromium-driver)"; fi
-
-install: $(STAMP) browser
 
 demo: install
 	$(VENV)/bin/quickdraft demo
 
-test: install
+test: install browser
 	$(PY) -m pytest -q tests
 
 lint: install
 	$(VENV)/bin/ruff check quickdraft tests
 
+# The newest releases of everything pyproject.toml allows, in a venv of their own (not
+# CI): what `make lock` would move to. Nothing here touches .venv or the lock.
+test-latest: browser
+	test -x $(LATEST_VENV)/bin/python || python3 -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade torch --index-url $(TORCH_INDEX)
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[dev]"
+	$(LATEST_VENV)/bin/python -m pip list --format=freeze | grep -iE '^(torch|transformers|tokenizers|huggingface.hub)=='
+	$(LATEST_VENV)/bin/python -m pytest -q tests
+
+# Re-resolve the lock to the newest releases pyproject.toml allows (torch stays at
+# TORCH_VERSION: `make lock TORCH_VERSION=2.14.1` moves it), then review `git diff requirements.lock`.
+lock: install
+	echo "torch==$(TORCH_VERSION)+cpu" > $(VENV)/torch-cpu.txt
+	$(VENV)/bin/pip-compile -q --upgrade --extra dev --strip-extras --allow-unsafe \
+		--no-emit-index-url --no-emit-find-links -c $(VENV)/torch-cpu.txt \
+		--pip-args "--extra-index-url $(TORCH_INDEX)" --output-file requirements.lock pyproject.toml
+	# The lock names the version; TORCH_INDEX picks the build (CPU or CUDA) at install time.
+	sed -i 's/^torch==\([^+]*\)+cpu$$/torch==\1/' requirements.lock
+	git diff --stat requirements.lock
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(LATEST_VENV) build *.egg-info

@@ -20,7 +20,7 @@ def chromium_paths() -> tuple[str, str]:
     driver = shutil.which("chromedriver")
     if browser and driver:
         return browser, driver
-    missing = "Chromium and chromedriver (apt-get install chromium chromium-driver; `make install` does it as root)"
+    missing = "Chromium and chromedriver (apt-get install chromium chromium-driver; `make test` does it as root)"
     if os.environ.get("CI"):
         pytest.fail(f"the playground test needs {missing}")
     pytest.skip(f"needs {missing}")

@@ -14,6 +14,7 @@ import torch
 
 from .config import ModelConfig, UnsupportedModelError
 from .decode_linear import use_decode_linears
+from .hf_cache import forward_with_cache
 from .loading import (
     CheckpointError,
     load_native,
@@ -187,15 +188,9 @@ class HFCausalLM:
         if self.past is None:
             self.reset()
         keep = 0 if logits == "all" else (1 if isinstance(logits, str) else logits)  # 0 keeps all
-        out = self.model(
-            input_ids=tokens.view(1, -1),
-            past_key_values=self.past,
-            use_cache=True,
-            logits_to_keep=keep,
-        )
-        self.past = out.past_key_values
+        out, self.past = forward_with_cache(self.model, tokens.view(1, -1), self.past, logits_to_keep=keep)
         self.length += tokens.shape[-1]
-        return None if logits == "none" else out.logits[0].float()
+        return None if logits == "none" else out[0].float()
 
     def crop(self, length: int) -> None:
         if length < self.length:

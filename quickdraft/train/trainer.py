@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..models.hf_cache import forward_with_cache
 from .data import eval_windows, sample_batch
 from .presets import Arch, Preset, Stage
 
@@ -457,15 +458,13 @@ def evaluate(model, stream: np.ndarray, byte_lengths: list[int] | None, seq_len:
 def _decode_ms(model, steps: int, prompt_len: int, vocab: int, seed: int = 0) -> float:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (1, prompt_len), generator=g)
-    out = model(input_ids=ids, use_cache=True)
-    pkv = out.past_key_values
-    nxt = out.logits[:, -1:].argmax(-1)
+    logits, cache = forward_with_cache(model, ids)
+    nxt = logits[:, -1:].argmax(-1)
     for i in range(steps + 4):  # 4 warm-up steps, then the timed ones
         if i == 4:
             t0 = time.perf_counter()
-        out = model(input_ids=nxt, past_key_values=pkv, use_cache=True)
-        pkv = out.past_key_values
-        nxt = out.logits[:, -1:].argmax(-1)
+        logits, cache = forward_with_cache(model, nxt, cache)
+        nxt = logits[:, -1:].argmax(-1)
     return (time.perf_counter() - t0) / steps * 1000.0
 
 
