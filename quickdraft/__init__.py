@@ -8,16 +8,18 @@ The common entry points::
     stream = gen.stream("import os\n")             # chunks as they come; stream.stats at the end
 """
 
-from .batch_engine import BatchEngine, BatchFullError, RowUpdate
+from .decoding.batch_engine import BatchEngine, BatchFullError, RowUpdate
+from .decoding.engine import ContextOverflowError, Step, decode
+from .decoding.sampling import SamplingParams
+from .decoding.stats import GenerationStats
+from .decoding.stopping import StopConditions
+from .decoding.verify import AcceptanceRule, GreedyAcceptance, SpeculativeSampling, Verdict
 from .drafters import Drafter, DraftModelDrafter, NoDrafter, Proposal
-from .engine import ContextOverflowError, Step, decode
-from .generator import Generation, SpeculativeGenerator, TextChunk, TextStream, load_tokenizer
+from .generator import SpeculativeGenerator
 from .models.lm import CausalLM, load_model
 from .models.loading import CheckpointError
-from .sampling import SamplingParams
-from .stats import GenerationStats
-from .stopping import StopConditions
-from .verify import AcceptanceRule, GreedyAcceptance, SpeculativeSampling, Verdict
+from .pair import load_tokenizer
+from .text import Generation, TextChunk, TextStream
 
 __version__ = "0.1.0"
 

@@ -7,16 +7,17 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .batch_engine import MAX_BATCH_K, BatchEngine
+from .decoding.batch_engine import MAX_BATCH_K, BatchEngine
+from .decoding.sampling import SamplingParams
+from .decoding.stats import GenerationStats
+from .decoding.stopping import StopConditions, cut_at_stop
 from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from .drafters.batched import BATCH_METHODS
 from .drafters.early_exit import EarlyExitDrafter
 from .drafters.factory import DraftOptions
 from .drafters.hybrid import HybridDrafter
 from .drafters.shapes import Shape
-from .sampling import SamplingParams
-from .stats import GenerationStats
-from .stopping import StopConditions, cut_at_stop
+from .text import Generation
 
 
 @dataclass
@@ -54,7 +55,6 @@ def generate_many(gen, requests: Sequence[Request], batch_size: int = 8,
     time; a finished row's place goes to the next request). ``num_speculative_tokens``
     None lets the batch policy choose k per batch size. Returns one ``Generation`` per
     request, in order."""
-    from .generator import Generation
 
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")

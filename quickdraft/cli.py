@@ -55,7 +55,7 @@ probability = _checked(float, lambda v: 0 < v <= 1, "in (0, 1]", "number in (0, 
 
 def stop_string(text: str) -> str:
     """An argparse ``type`` for ``--stop``: backslash escapes are interpreted."""
-    from .stopping import unescape
+    from .decoding.stopping import unescape
 
     try:
         return unescape(text)
@@ -206,9 +206,9 @@ def cmd_generate_batch(args: argparse.Namespace) -> int:
     import dataclasses
 
     from .batch_generate import Request, generate_many, read_prompts_file
+    from .decoding.sampling import SamplingParams
     from .generator import SpeculativeGenerator
     from .quiet import quiet_transformers
-    from .sampling import SamplingParams
 
     defaults = Request("", args.max_new_tokens, SamplingParams(args.temperature, args.top_k, args.top_p),
                        list(args.stop or []), args.truncate_prompt)
@@ -387,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .engine import ContextOverflowError
+    from .decoding.engine import ContextOverflowError
     from .models.config import UnsupportedModelError
     from .models.loading import CheckpointError
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from .detokenize import IncrementalDetokenizer
+from .decoding.engine import ContextOverflowError, Step, decode
+from .decoding.sampling import SamplingParams
+from .decoding.stats import GenerationStats
+from .decoding.stopping import StopConditions, cut_at_stop
 from .drafters import (
     METHODS,
     NEEDS_DRAFT,
@@ -28,65 +30,10 @@ from .drafters import (
     make_drafter,
 )
 from .drafters.draft_stop import ADAPTIVE_MAX_DEPTH
-from .engine import ContextOverflowError, Step, decode
 from .models.lm import CausalLM, eos_token_ids
-from .models.loading import CheckpointError, check_tokenizer_files, first_line
-from .sampling import SamplingParams
-from .stats import GenerationStats
-from .stopping import StopConditions, cut_at_stop
+from .text import Generation, TextAssembler, TextChunk, TextStream, stop_strings
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
-
-
-@dataclass
-class Generation:
-    """A finished generation: the completion's text and ids (prompt excluded) and its stats."""
-
-    text: str
-    token_ids: list[int]
-    stats: GenerationStats = field(default_factory=GenerationStats)
-
-
-@dataclass
-class TextChunk:
-    """Text shown by one step, as segments ``(text, from_draft)``: ``from_draft`` marks text
-    of draft tokens the target accepted (what a UI highlights)."""
-
-    segments: list[tuple[str, bool]]
-
-    @property
-    def text(self) -> str:
-        return "".join(text for text, _ in self.segments)
-
-
-def load_tokenizer(model_dir: str | Path):
-    """The checkpoint's tokenizer, loaded exactly as ``AutoTokenizer.from_pretrained`` does;
-    a directory without tokenizer files is a :class:`CheckpointError` naming them."""
-    from transformers import AutoTokenizer
-
-    check_tokenizer_files(Path(model_dir))
-    try:
-        return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"the tokenizer in {model_dir} could not be loaded: {first_line(exc)}") from None
-
-
-def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
-    """Draft and target must share a vocabulary (padded embedding sizes may differ)."""
-    if target_tok.get_vocab() != draft_tok.get_vocab():
-        raise ValueError(
-            f"draft {draft_name} and target {target_name} use different tokenizers; "
-            "speculative decoding needs a draft with the target's tokenizer"
-        )
-
-
-def stop_strings(stop: str | Sequence[str] | None) -> list[str]:
-    """``stop`` as a list: one string is one stop string (not a set of characters)."""
-    if stop is None:
-        return []
-    if isinstance(stop, str):
-        return [stop] if stop else []
-    return [s for s in stop if s]
 
 
 def sampling_params(
@@ -103,99 +50,6 @@ def sampling_params(
     if (temperature, top_k, top_p, seed) != (0.0, 0, 1.0, None):
         raise ValueError("pass either sampling=SamplingParams(...) or temperature/top_k/top_p/seed, not both")
     return sampling
-
-
-class TextAssembler:
-    """Turns engine steps into :class:`TextChunk` s, one step at a time (push, not pull, so
-    a server can feed it steps as they come): multi-byte characters are kept whole and text
-    that might begin a stop string is held back until it is decided. After a step that
-    completes a stop string, ``stopped`` is True and the text ends before that string."""
-
-    def __init__(self, tokenizer, stop: Sequence[str] = ()) -> None:
-        self.stop = stop_strings(list(stop))
-        self.stopped = False
-        self._detok = IncrementalDetokenizer(tokenizer)
-        self._pending: list[tuple[str, bool]] = []  # decoded but not yet shown (may start a stop string)
-        self._recent = ""  # the tail of what was shown, to find stop strings that straddle chunks
-        self._longest = max((len(s) for s in self.stop), default=0)
-
-    def push(self, step: Step) -> TextChunk | None:
-        """The text this step lets us show (None when there is none yet)."""
-        if self.stopped:
-            return None
-        pending = self._pending
-        pending.append((self._detok.push(step.tokens[: step.drafted]), True))
-        pending.append((self._detok.push(step.tokens[step.drafted :]), False))
-        text = "".join(t for t, _ in pending)
-        show = len(text)
-        if self.stop:
-            window = self._recent + text
-            found = len(cut_at_stop(window, self.stop))
-            if found < len(window):  # a stop string completed: show up to it and end
-                self.stopped = True
-                shown = _take(pending, found - len(self._recent))[0]
-                self._pending = []
-                return TextChunk(shown) if shown else None
-            show -= _stop_prefix_suffix(text, self.stop)
-            self._recent = (self._recent + text[:show])[-self._longest :]
-        shown, self._pending = _take(pending, show)
-        return TextChunk(shown) if shown else None
-
-    def flush(self) -> TextChunk | None:
-        """What is still held back, once the generation has ended without a stop string."""
-        if self.stopped:
-            return None
-        tail = "".join(t for t, _ in self._pending) + self._detok.flush()
-        self._pending = []
-        return TextChunk([(tail, False)]) if tail else None
-
-
-class TextStream:
-    """What :meth:`SpeculativeGenerator.stream` returns: an iterator of :class:`TextChunk`
-    that also tells how the generation went.
-
-    * ``stats``: the :class:`GenerationStats` of this generation. ``prompt_tokens`` and
-      ``truncated_prompt_tokens`` are set before the first chunk; the counts grow as chunks
-      come and are complete once the iterator is exhausted (``finished`` is then True).
-    * ``text`` and ``token_ids``: what was generated so far (all of it once finished).
-    * :meth:`result` consumes what is left and returns the :class:`Generation`.
-
-    The prompt is tokenised when the stream is created, so a prompt that does not fit
-    raises from ``stream()`` itself, before any text is shown. Breaking out of the loop
-    early leaves the stats of a partial generation (``finish_reason`` stays empty).
-    """
-
-    def __init__(self, chunks: Iterator[TextChunk], steps: Iterator[Step], stats: GenerationStats,
-                 token_ids: list[int]) -> None:
-        self._chunks = chunks  # fills token_ids and stats as it goes
-        self._steps = steps
-        self.stats = stats
-        self.token_ids = token_ids
-        self.text = ""
-        self.finished = False
-
-    def __iter__(self) -> TextStream:
-        return self
-
-    def __next__(self) -> TextChunk:
-        try:
-            chunk = next(self._chunks)
-        except StopIteration:
-            self.finished = True
-            raise
-        self.text += chunk.text
-        return chunk
-
-    def result(self) -> Generation:
-        """Consume the rest of the stream; the finished :class:`Generation`."""
-        for _ in self:
-            pass
-        return Generation(self.text, list(self.token_ids), self.stats)
-
-    def close(self) -> None:
-        """Stop generating (also what garbage collection of an unfinished stream does)."""
-        self._chunks.close()
-        self._steps.close()
 
 
 class SpeculativeGenerator:
@@ -227,7 +81,7 @@ class SpeculativeGenerator:
         self.eos_token_ids = eos_token_ids(target, tokenizer)
         self.num_speculative_tokens = num_speculative_tokens
         self.acceptance = acceptance  # the sampling rule: mss, or spectr for multi-draft
-        self.method_choice = None  # what method="auto" chose (bench.method_choice.MethodChoice)
+        self.method_choice = None  # what method="auto" chose (policy.method_choice.MethodChoice)
 
     @classmethod
     def from_pretrained(
@@ -274,7 +128,7 @@ class SpeculativeGenerator:
             elif chain is not None and hasattr(chain.model, "profile"):
                 gen.num_speculative_tokens = chain.model.profile.k  # layer skip: the k it was tuned at
             return gen
-        from .bench.method_choice import cached_method
+        from .policy.method_choice import cached_method
 
         choice = cached_method(pair.target, pair.draft, pair.tokenizer, remeasure=remeasure, log=log)
         gen = cls(pair.target, pair.tokenizer, choice.drafter(pair.draft, pair.target.vocab_size),
@@ -464,9 +318,9 @@ class SpeculativeGenerator:
         """Set ``num_speculative_tokens`` to the cost model's best k for this target, draft
         and machine: read from the auto-k cache, or measured (a few seconds for the
         embedded pair) and cached when missing or when ``remeasure``. Returns the
-        :class:`~quickdraft.bench.autok.KChoice` (k, measured costs, where it is cached).
+        :class:`~quickdraft.policy.autok.KChoice` (k, measured costs, where it is cached).
         Needs a draft model."""
-        from .bench.autok import cached_k
+        from .policy.autok import cached_k
 
         if not isinstance(self.drafter, DraftModelDrafter):
             raise ValueError("choosing k by measurement needs a draft model")
@@ -485,7 +339,7 @@ def bind_step_costs(drafter, target: CausalLM, tokenizer, k: int) -> None:
     if chain is None or not isinstance(chain.stop, CostStop):
         return
     if chain.stop.costs is None:
-        from .bench.autok import CALIBRATION_PROMPTS, cached_k, measure_step_costs
+        from .policy.autok import CALIBRATION_PROMPTS, cached_k, measure_step_costs
 
         if hasattr(chain.model, "profile"):
             context = tokenizer(CALIBRATION_PROMPTS[0], verbose=False)["input_ids"]
@@ -510,33 +364,9 @@ def _exit_layer_by_cost_model(pair, options: DraftOptions) -> DraftOptions:
     if options.exit_layer is not None or options.exit_head not in (None, SHARED) or not isinstance(
             pair.target, NativeLM) or shipped_head(pair.target) is not None:
         return options
-    from .bench.exit_layer import measure_exit_layer
+    from .policy.exit_layer import measure_exit_layer
 
     choice = measure_exit_layer(pair.target, pair.tokenizer, max_k=4, calibration_tokens=32, repeats=3)
     return dataclasses.replace(options, exit_layer=choice.layer)
 
 
-def _take(segments: list[tuple[str, bool]], n: int) -> tuple[list[tuple[str, bool]], list[tuple[str, bool]]]:
-    """Split segments after ``n`` characters, dropping empty ones."""
-    head, rest = [], []
-    for text, from_draft in segments:
-        if n >= len(text):
-            head.append((text, from_draft))
-        elif n > 0:
-            head.append((text[:n], from_draft))
-            rest.append((text[n:], from_draft))
-        else:
-            rest.append((text, from_draft))
-        n -= len(text)
-    return [s for s in head if s[0]], [s for s in rest if s[0]]
-
-
-def _stop_prefix_suffix(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best

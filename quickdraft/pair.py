@@ -11,10 +11,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .generator import check_same_tokenizer, load_tokenizer
 from .models.draft_vocab import read_draft_vocab
 from .models.lm import CausalLM, load_model
-from .models.loading import resolve_pair
+from .models.loading import CheckpointError, check_tokenizer_files, first_line, resolve_pair
+
+
+def load_tokenizer(model_dir: str | Path):
+    """The checkpoint's tokenizer, loaded exactly as ``AutoTokenizer.from_pretrained`` does;
+    a directory without tokenizer files is a :class:`CheckpointError` naming them."""
+    from transformers import AutoTokenizer
+
+    check_tokenizer_files(Path(model_dir))
+    try:
+        return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"the tokenizer in {model_dir} could not be loaded: {first_line(exc)}") from None
+
+
+def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """Draft and target must share a vocabulary (padded embedding sizes may differ)."""
+    if target_tok.get_vocab() != draft_tok.get_vocab():
+        raise ValueError(
+            f"draft {draft_name} and target {target_name} use different tokenizers; "
+            "speculative decoding needs a draft with the target's tokenizer"
+        )
 
 
 @dataclass

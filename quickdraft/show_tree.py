@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import torch
 
-from .proposal import Proposal
-from .sampling import SamplingParams
+from .decoding.proposal import Proposal
+from .decoding.sampling import SamplingParams
 
 
 class TreeRecorder:

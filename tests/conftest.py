@@ -153,8 +153,8 @@ def tiny_family(tmp_path_factory):
 @pytest.fixture(scope="module")
 def models(tiny_family):
     """(tokenizer, target, {copy, perturbed, unrelated} drafts) of the tiny family, loaded."""
-    from quickdraft.generator import load_tokenizer
     from quickdraft.models.lm import load_model
+    from quickdraft.pair import load_tokenizer
 
     tok = load_tokenizer(tiny_family["target"])
     target = load_model(tiny_family["target"])

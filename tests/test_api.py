@@ -17,7 +17,7 @@ def test_eos_token_ids_merges_target_and_tokenizer_once():
 
 
 def test_stats_merge_pools_counts_and_positions():
-    from quickdraft.stats import GenerationStats
+    from quickdraft.decoding.stats import GenerationStats
 
     a, b = GenerationStats(), GenerationStats()
     a.record_step(3, 2)
@@ -40,7 +40,7 @@ import inspect  # noqa: E402
 import pytest  # noqa: E402
 
 from quickdraft import GenerationStats, SamplingParams, SpeculativeGenerator  # noqa: E402
-from quickdraft.generator import TextStream  # noqa: E402
+from quickdraft.text import TextStream  # noqa: E402
 
 OPTIONS = ["max_new_tokens", "temperature", "top_k", "top_p", "seed", "num_speculative_tokens", "stop",
            "truncate_prompt", "sampling"]

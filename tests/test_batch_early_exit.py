@@ -9,17 +9,17 @@ import pytest
 import torch
 from test_early_exit import native_lm, random_head
 
-from quickdraft.batch_engine import BatchEngine
 from quickdraft.batch_generate import batch_method
 from quickdraft.cli import main
+from quickdraft.decoding.batch_engine import BatchEngine
+from quickdraft.decoding.engine import decode
+from quickdraft.decoding.sampling import SamplingParams
+from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftOptions, NoDrafter
 from quickdraft.drafters.batched import BatchedEarlyExit, make_batch_drafter
 from quickdraft.drafters.early_exit import EarlyExitDrafter
-from quickdraft.engine import decode
 from quickdraft.models.lm import NativeLM
 from quickdraft.models.ragged import Feed
-from quickdraft.sampling import SamplingParams
-from quickdraft.stopping import StopConditions
 
 EXIT = 2
 # Very different lengths: 1, 5, 40 and 12 tokens (vocabulary 64).

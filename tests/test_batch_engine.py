@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quickdraft.batch_engine import BatchEngine, BatchFullError
+from quickdraft.decoding.batch_engine import BatchEngine, BatchFullError
+from quickdraft.decoding.engine import ContextOverflowError, decode
+from quickdraft.decoding.sampling import SamplingParams
+from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftModelDrafter, NoDrafter
-from quickdraft.engine import ContextOverflowError, decode
 from quickdraft.models.decode_linear import canonical_rows
 from quickdraft.models.ragged import Feed, ragged_forward
-from quickdraft.sampling import SamplingParams
-from quickdraft.stopping import StopConditions
 
 MAX_NEW = 24
 
@@ -178,7 +178,7 @@ def test_slots_overflow_and_cancel(models, prompts):
 
 
 def test_policy_turns_speculation_off_when_verification_is_compute_bound():
-    from quickdraft.bench.batch_policy import BatchPolicy
+    from quickdraft.policy.batch_policy import BatchPolicy
 
     # Batch 1: a 9-token pass costs 1.2 plain steps (memory-bound); batch 8: 9x (compute-bound).
     table = {"verify": {"1": {str(w): 1.0 + 0.025 * (w - 1) for w in range(1, 10)},
@@ -193,7 +193,7 @@ def test_policy_turns_speculation_off_when_verification_is_compute_bound():
 def test_policy_interpolates_costs_on_the_rows_length():
     """Calibrated at two contexts: at long rows a wide verify pass costs much more than at
     short ones (attention), so the same acceptance buys a smaller k."""
-    from quickdraft.bench.batch_policy import BatchPolicy, RecentAcceptance
+    from quickdraft.policy.batch_policy import BatchPolicy, RecentAcceptance
 
     short = {"context": 256, "verify": {"4": {str(w): 1.0 + 0.1 * (w - 1) for w in range(1, 10)}},
              "draft": {"4": 0.05}}
@@ -223,7 +223,7 @@ def test_engine_with_the_measured_policy_stays_lossless(models, prompts, private
 def test_policy_acceptance_follows_recent_proposals():
     """The batch policy sees the acceptance of recent proposals, not of every prompt since
     the engine started: after a run of poor acceptance, the earlier good run is forgotten."""
-    from quickdraft.bench.batch_policy import RecentAcceptance
+    from quickdraft.policy.batch_policy import RecentAcceptance
 
     recent = RecentAcceptance(window=8)
     for _ in range(8):
@@ -237,7 +237,7 @@ def test_policy_acceptance_follows_recent_proposals():
 
 
 def test_policy_answer_is_kept_until_acceptance_changes():
-    from quickdraft.bench.batch_policy import BatchPolicy, RecentAcceptance
+    from quickdraft.policy.batch_policy import BatchPolicy, RecentAcceptance
 
     table = {"verify": {"1": {str(w): 1.0 + 0.025 * (w - 1) for w in range(1, 10)}}, "draft": {"1": 0.1}}
     policy = BatchPolicy(table)
@@ -257,7 +257,7 @@ def test_policy_drafts_again_after_a_stretch_of_plain_steps():
     """Poor acceptance turns speculation off; plain steps record no acceptance, so after
     FORGET_AFTER of them the policy forgets and drafts under its prior again (measuring
     afresh) instead of staying off for the engine's lifetime."""
-    from quickdraft.bench.batch_policy import FORGET_AFTER, BatchPolicy, RecentAcceptance
+    from quickdraft.policy.batch_policy import FORGET_AFTER, BatchPolicy, RecentAcceptance
 
     table = {"verify": {"4": {str(w): 1.0 + 0.2 * (w - 1) for w in range(1, 10)}}, "draft": {"4": 0.05}}
     policy = BatchPolicy(table)
@@ -279,7 +279,7 @@ def test_policy_drafts_again_after_a_stretch_of_plain_steps():
 def test_policy_caps_a_disturbed_timing_by_the_larger_passes():
     """A pass over fewer tokens or rows never costs more than one over more: a calibration
     value above a larger width's (or batch's) is noise and is capped by it."""
-    from quickdraft.bench.batch_policy import BatchPolicy
+    from quickdraft.policy.batch_policy import BatchPolicy
 
     table = {"verify": {"1": {"1": 4.6, "5": 5.5, "7": 11.2, "9": 6.1}, "2": {"1": 5.0, "5": 5.2, "7": 7.0, "9": 8.0}},
              "draft": {"1": 0.9, "2": 0.5}}
@@ -292,7 +292,7 @@ def test_policy_caps_a_disturbed_timing_by_the_larger_passes():
 def test_engine_drafts_again_after_the_policy_turned_speculation_off(models, prompts):
     """In the engine: acceptance that turned speculation off is forgotten after
     FORGET_AFTER plain steps, and a draft that is right (a copy of the target) takes over."""
-    from quickdraft.bench.batch_policy import FORGET_AFTER, BatchPolicy
+    from quickdraft.policy.batch_policy import FORGET_AFTER, BatchPolicy
 
     tok, target, drafts = models
     table = {"verify": {"1": {str(w): 1.0 + 0.05 * (w - 1) for w in range(1, 10)}}, "draft": {"1": 0.05}}

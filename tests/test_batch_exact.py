@@ -12,9 +12,9 @@ import torch
 from scipy.stats import chisquare
 from test_sampling_exact import PROMPT, NoResidual, exact_distribution, tiny_lm
 
-from quickdraft.batch_engine import BatchEngine
-from quickdraft.sampling import SamplingParams
-from quickdraft.stopping import StopConditions
+from quickdraft.decoding.batch_engine import BatchEngine
+from quickdraft.decoding.sampling import SamplingParams
+from quickdraft.decoding.stopping import StopConditions
 
 TARGET, DRAFT = tiny_lm(0, 3.0), tiny_lm(1, 3.0)
 N = 1200  # fewer than test_sampling_exact.py: each batch also runs a neighbour row

@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-from quickdraft.bench import autok
 from quickdraft.bench.cli import add_bench_parser
 from quickdraft.bench.config import BenchConfig, BenchError
 from quickdraft.bench.context import load_context
@@ -25,7 +24,8 @@ from quickdraft.bench.prompts import (
 )
 from quickdraft.bench.registry import BENCH_METHODS, register_method
 from quickdraft.bench.runner import run_benchmark
-from quickdraft.verify import Verdict
+from quickdraft.decoding.verify import Verdict
+from quickdraft.policy import autok
 
 PROMPTS = [
     BenchPrompt("a", "def add(a, b):\n", "function-body"),

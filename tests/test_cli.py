@@ -169,7 +169,7 @@ def test_demo_and_cli_do_not_import_each_other():
 
 
 def test_unescape_reads_the_usual_backslash_escapes():
-    from quickdraft.stopping import unescape
+    from quickdraft.decoding.stopping import unescape
 
     assert unescape(r"\n\n") == "\n\n"
     assert unescape(r"a\tb\r") == "a\tb\r"

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from quickdraft.bench.cost_model import (
+from quickdraft.policy.cost_model import (
     StepCosts,
     best_k,
     choose_k,

@@ -2,7 +2,7 @@
 
 from conftest import build_tokenizer
 
-from quickdraft.detokenize import IncrementalDetokenizer
+from quickdraft.decoding.detokenize import IncrementalDetokenizer
 
 TEXT = "naïve café — 你好世界 🙂🚀 x = 'ü'\n\tdef ƒ(): return '✓'"
 

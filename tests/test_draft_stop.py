@@ -4,7 +4,9 @@ every policy keeps greedy speculative output equal to plain decoding."""
 import pytest
 import torch
 
-from quickdraft.bench.cost_model import StepCosts
+from quickdraft.decoding.engine import decode
+from quickdraft.decoding.stats import GenerationStats
+from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftModelDrafter
 from quickdraft.drafters.draft_stop import (
     ConfidenceStop,
@@ -13,9 +15,7 @@ from quickdraft.drafters.draft_stop import (
     HeuristicStop,
     parse_draft_stop,
 )
-from quickdraft.engine import decode
-from quickdraft.stats import GenerationStats
-from quickdraft.stopping import StopConditions
+from quickdraft.policy.cost_model import StepCosts
 
 PROMPTS = ["def add(a, b):", "x"]
 POLICIES = ["fixed", "confidence:0.5", "confidence:0.95", "dv", "dv:start=0.2,max=5", "heuristic", "cost"]

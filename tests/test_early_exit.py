@@ -10,14 +10,14 @@ import torch
 from test_sampling_exact import VOCAB, NoResidual, empirical_pvalue
 
 from quickdraft import cli
+from quickdraft.decoding.engine import decode
+from quickdraft.decoding.sampling import SamplingParams
+from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters.early_exit import EarlyExitDrafter
-from quickdraft.engine import decode
 from quickdraft.models.config import ModelConfig
 from quickdraft.models.exit_head import ExitHead, load_exit_head, save_exit_head
 from quickdraft.models.lm import NativeLM
 from quickdraft.models.transformer import Transformer
-from quickdraft.sampling import SamplingParams
-from quickdraft.stopping import StopConditions
 
 LAYERS = 4
 

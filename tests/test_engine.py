@@ -3,12 +3,13 @@
 import pytest
 import torch
 
+from quickdraft.decoding.engine import decode
+from quickdraft.decoding.stats import GenerationStats
+from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftModelDrafter
-from quickdraft.engine import decode
-from quickdraft.generator import SpeculativeGenerator, load_tokenizer
+from quickdraft.generator import SpeculativeGenerator
 from quickdraft.models.lm import load_model
-from quickdraft.stats import GenerationStats
-from quickdraft.stopping import StopConditions
+from quickdraft.pair import load_tokenizer
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "x", "for i in range(10):\n    print(i"]
 

@@ -12,16 +12,16 @@ import torch
 from test_sampling_exact import PROMPT, VOCAB, NoResidual, empirical_pvalue
 
 from quickdraft.cli import main
+from quickdraft.decoding.engine import decode
+from quickdraft.decoding.sampling import SamplingParams
+from quickdraft.decoding.stats import GenerationStats
+from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftModelDrafter, DraftOptions, make_drafter
 from quickdraft.drafters.draft_stop import parse_draft_stop
 from quickdraft.drafters.layer_skip import LayerSkipLM, SkipProfile, model_fingerprint
-from quickdraft.engine import decode
 from quickdraft.models.config import ModelConfig
 from quickdraft.models.lm import NativeLM, load_model
 from quickdraft.models.transformer import Transformer
-from quickdraft.sampling import SamplingParams
-from quickdraft.stats import GenerationStats
-from quickdraft.stopping import StopConditions
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "x"]
 

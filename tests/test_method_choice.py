@@ -7,8 +7,13 @@ import json
 import pytest
 import torch
 
-from quickdraft.bench.cost_model import StepCosts
-from quickdraft.bench.method_choice import (
+from quickdraft.cli import main
+from quickdraft.decoding.engine import decode
+from quickdraft.decoding.stats import GenerationStats
+from quickdraft.decoding.stopping import StopConditions
+from quickdraft.models.lm import eos_token_ids
+from quickdraft.policy.cost_model import StepCosts
+from quickdraft.policy.method_choice import (
     Candidate,
     Trace,
     cached_method,
@@ -17,11 +22,6 @@ from quickdraft.bench.method_choice import (
     replay,
     replay_speedup,
 )
-from quickdraft.cli import main
-from quickdraft.engine import decode
-from quickdraft.models.lm import eos_token_ids
-from quickdraft.stats import GenerationStats
-from quickdraft.stopping import StopConditions
 
 CANDIDATES = [Candidate("draft", 1), Candidate("draft", 3), Candidate("draft", 6),
               Candidate("tree", 3, (2, 1, 1)), Candidate("tree", 3, (3, 2, 1)), Candidate("tree", 2, (2, 2)),
@@ -30,7 +30,7 @@ PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n    
 
 
 def engine_passes(candidate, target, draft, ids, n, eos):
-    from quickdraft.bench.method_choice import MethodChoice
+    from quickdraft.policy.method_choice import MethodChoice
 
     choice = MethodChoice(candidate.method, candidate.k, candidate.tree, 1.0)
     stats = GenerationStats()

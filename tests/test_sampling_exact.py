@@ -14,14 +14,14 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from quickdraft.decoding.engine import decode
+from quickdraft.decoding.sampling import SamplingParams, probabilities, sample
+from quickdraft.decoding.stopping import StopConditions
+from quickdraft.decoding.verify import SpeculativeSampling, Verdict, residual_distribution
 from quickdraft.drafters import DraftModelDrafter, Proposal
-from quickdraft.engine import decode
 from quickdraft.models.config import ModelConfig
 from quickdraft.models.lm import NativeLM
 from quickdraft.models.transformer import Transformer
-from quickdraft.sampling import SamplingParams, probabilities, sample
-from quickdraft.stopping import StopConditions
-from quickdraft.verify import SpeculativeSampling, Verdict, residual_distribution
 
 VOCAB = 5
 PROMPT = torch.tensor([0, 3, 1])

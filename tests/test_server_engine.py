@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from quickdraft.decoding.engine import ContextOverflowError
+from quickdraft.decoding.sampling import SamplingParams
+from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftOptions
-from quickdraft.engine import ContextOverflowError
 from quickdraft.generator import SpeculativeGenerator
 from quickdraft.models.lm import load_model
-from quickdraft.sampling import SamplingParams
 from quickdraft.server.chat import CODE_CHAT_TEMPLATE, render_chat
 from quickdraft.server.solo_engine import BatchFullError, SoloEngine
-from quickdraft.stopping import StopConditions
 
 PROMPTS = ["def add(a, b):", "for i in range(10):\n    print(i", "class Point:\n    def __init__(self, x, y):", "x"]
 

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 from quickdraft.cli import main
+from quickdraft.decoding.engine import decode
+from quickdraft.decoding.proposal import Proposal, tree_attention
+from quickdraft.decoding.sampling import SamplingParams
+from quickdraft.decoding.stats import GenerationStats
+from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftOptions, NgramDrafter, make_drafter
-from quickdraft.engine import decode
 from quickdraft.models.lm import load_model
-from quickdraft.proposal import Proposal, tree_attention
-from quickdraft.sampling import SamplingParams
-from quickdraft.stats import GenerationStats
-from quickdraft.stopping import StopConditions
 
 PROMPTS = ["def add(a, b):", "class Point:\n    def", "x", "for i in range(10):\n    print(i"]
 # (method, options): every shape family, including the degenerate ones.

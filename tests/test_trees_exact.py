@@ -10,10 +10,10 @@ import pytest
 import torch
 from test_sampling_exact import VOCAB, empirical_pvalue, tiny_lm
 
+from quickdraft.decoding.sampling import SamplingParams
+from quickdraft.decoding.verify import SpecTrSampling, SpeculativeSampling, residual_distribution
 from quickdraft.drafters import DraftModelDrafter, NgramDrafter
 from quickdraft.drafters.shapes import MultiDraft, StaticTree
-from quickdraft.sampling import SamplingParams
-from quickdraft.verify import SpecTrSampling, SpeculativeSampling, residual_distribution
 
 TARGET = tiny_lm(0, 3.0)
 N = 2000  # half of test_sampling_exact's runs: these cover more rules, the suite stays fast

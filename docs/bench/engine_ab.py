@@ -66,12 +66,12 @@ def main() -> None:
     from quickdraft_old.stopping import StopConditions as OldStop
 
     from quickdraft.drafters import DraftModelDrafter
-    from quickdraft.engine import decode
+    from quickdraft.decoding.engine import decode
     from quickdraft.generator import load_tokenizer
     from quickdraft.models.lm import load_model
     from quickdraft.models.loading import resolve_model_dir
-    from quickdraft.stats import GenerationStats
-    from quickdraft.stopping import StopConditions
+    from quickdraft.decoding.stats import GenerationStats
+    from quickdraft.decoding.stopping import StopConditions
 
     target_dir, draft_dir = resolve_model_dir("qd-stdlib-target"), resolve_model_dir("qd-stdlib-draft")
     tokenizer = load_tokenizer(target_dir)

@@ -16,7 +16,7 @@
 - :mod:`.cli`        ``add_bench_parser`` / ``run_bench``
 """
 
-from .cost_model import (
+from ..policy.cost_model import (
     StepCosts,
     best_k,
     choose_k,
@@ -40,7 +40,7 @@ __all__ = [
 
 def __getattr__(name):  # torch-heavy parts load lazily
     if name == "auto_k":
-        from .autok import auto_k
+        from ..policy.autok import auto_k
 
         return auto_k
     if name in ("add_bench_parser", "run_bench"):

@@ -15,11 +15,11 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
-from ..batch_engine import MAX_BATCH_K, BatchEngine
+from ..decoding.batch_engine import MAX_BATCH_K, BatchEngine
+from ..decoding.sampling import SamplingParams
+from ..decoding.stats import GenerationStats
+from ..decoding.stopping import StopConditions
 from ..drafters.batched import BATCH_METHODS
-from ..sampling import SamplingParams
-from ..stats import GenerationStats
-from ..stopping import StopConditions
 from .config import BenchConfig, BenchError
 from .context import BenchContext, encode_prompts
 from .prompts import BenchPrompt

@@ -10,12 +10,12 @@ from typing import Protocol
 
 import torch
 
+from ..decoding.engine import decode
+from ..decoding.sampling import SamplingParams
+from ..decoding.stats import GenerationStats
+from ..decoding.stopping import StopConditions
+from ..decoding.verify import AcceptanceRule
 from ..drafters import NoDrafter
-from ..engine import decode
-from ..sampling import SamplingParams
-from ..stats import GenerationStats
-from ..stopping import StopConditions
-from ..verify import AcceptanceRule
 from .context import BenchContext
 from .results import RunOutput
 

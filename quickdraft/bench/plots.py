@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .cost_model import StepCosts, predicted_speedup
+from ..policy.cost_model import StepCosts, predicted_speedup
 
 
 def _plt():

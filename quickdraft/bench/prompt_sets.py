@@ -157,8 +157,8 @@ def _long_budget(source: str) -> int:
 
 def embedded_token_counter() -> Callable[[str], int]:
     """Token counts with the embedded default target's tokenizer."""
-    from ..generator import load_tokenizer
     from ..models.registry import default_target
+    from ..pair import load_tokenizer
 
     target = default_target()
     if target is None:

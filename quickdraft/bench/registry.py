@@ -145,7 +145,7 @@ ADAPTIVE_STOPS = ["confidence:0.7", "dv", "heuristic", "cost"]
 # with the adaptive draft-stop policies, drafting up to 12.
 def _early_exit_rows(ctx, config, k):
     from ..drafters.early_exit import SHARED, EarlyExitDrafter, resolve_exit_head, shipped_heads
-    from .exit_layer import measure_exit_layer
+    from ..policy.exit_layer import measure_exit_layer
 
     heads = [str(path) for path in shipped_heads(ctx.target)]
     layer = resolve_exit_head(ctx.target, None, None).exit_layer  # the shipped head's layer, else the default
@@ -169,7 +169,7 @@ register_method("early-exit", _early_exit_rows,
 def _auto_rows(ctx, config, k):
     """The method, k and tree the cost model picks for this pair and machine (cached, as
     ``--method auto`` uses it); k here is the chosen one, not the run's."""
-    from .method_choice import cached_method
+    from ..policy.method_choice import cached_method
 
     choice = cached_method(ctx.target, ctx.draft, ctx.tokenizer)
     factory = (lambda c: choice.drafter(c.draft, c.target.vocab_size)) if choice.method != "ar" else None

@@ -8,8 +8,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..stats import GenerationStats
-from .cost_model import StepCosts, predicted_speedup, where_time_goes
+from ..decoding.stats import GenerationStats
+from ..policy.cost_model import StepCosts, predicted_speedup, where_time_goes
 
 
 @dataclass

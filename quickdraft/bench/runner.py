@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..decoding.sampling import SamplingParams
 from ..machine import machine_info
-from ..sampling import SamplingParams
-from .autok import StepCostSampler, calibrate
+from ..policy.autok import StepCostSampler, calibrate
 from .config import BenchConfig, BenchError
 from .context import BenchContext, EncodedPrompt, encode_prompts
 from .prompts import BenchPrompt

@@ -27,15 +27,15 @@ from typing import Protocol
 
 import torch
 
+from ..decoding.drafter import Drafter
+from ..decoding.proposal import EMPTY, Proposal
+from ..decoding.sampling import SamplingParams, choose
 from ..models.decode_linear import invariant_rows
 from ..models.exit_head import ExitHead
 from ..models.kv_cache import KVCache
 from ..models.lm import NativeLM
 from ..models.ragged import Feed, ragged_forward
 from ..models.transformer import RaggedRow
-from ..proposal import EMPTY, Proposal
-from ..sampling import SamplingParams, choose
-from .base import Drafter
 from .draft_model import present_logits
 from .early_exit import check_exit_layer, resolve_exit_head, step_head
 from .factory import DraftOptions

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from ..decoding.proposal import Proposal
+from ..decoding.sampling import SamplingParams
 from ..models.decode_linear import row_dependent_rounding
 from ..models.lm import CausalLM
-from ..proposal import Proposal
-from ..sampling import SamplingParams
 from .draft_stop import DraftStop, FixedStop
 from .shapes import Node, Shape
 

@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from ..bench.cost_model import StepCosts
+from ..policy.cost_model import StepCosts
 
 #: The most tokens an adaptive policy drafts per step when no -k caps it (Draft & Verify's
 #: max of 12 drafts); the fixed policy's k is chosen by the cost model instead.

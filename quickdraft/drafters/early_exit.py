@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from ..decoding.proposal import Proposal
+from ..decoding.sampling import SamplingParams
 from ..models.decode_linear import use_decode_linears
 from ..models.exit_head import (
     ExitHead,
@@ -29,8 +31,6 @@ from ..models.exit_head import (
 )
 from ..models.kv_cache import KVCache
 from ..models.lm import EARLY_EXIT_NEEDS_NATIVE, CausalLM, NativeLM
-from ..proposal import Proposal
-from ..sampling import SamplingParams
 from .shapes import Shape
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..decoding.drafter import Drafter, NoDrafter
 from ..models.lm import CausalLM
-from .base import Drafter, NoDrafter
 from .draft_model import DraftModelDrafter
 from .draft_stop import FixedStop, parse_draft_stop
 from .ngram import NgramDrafter

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..proposal import Proposal
-from ..sampling import SamplingParams
+from ..decoding.proposal import Proposal
+from ..decoding.sampling import SamplingParams
 from .draft_model import DraftModelDrafter
 from .ngram import NgramDrafter
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..proposal import EMPTY, Proposal
-from ..sampling import SamplingParams
+from ..decoding.proposal import EMPTY, Proposal
+from ..decoding.sampling import SamplingParams
 
 
 class NgramDrafter:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import SamplingParams, choose, probabilities
+from ..decoding.sampling import SamplingParams, choose, probabilities
 
 
 @dataclass

@@ -23,11 +23,11 @@ from fastapi.staticfiles import StaticFiles
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..engine import Step
-from ..generator import TextAssembler, stop_strings
-from ..sampling import SamplingParams
-from ..stats import GenerationStats
-from ..stopping import StopConditions
+from ..decoding.engine import Step
+from ..decoding.sampling import SamplingParams
+from ..decoding.stats import GenerationStats
+from ..decoding.stopping import StopConditions
+from ..text import TextAssembler, stop_strings
 from .chat import ChatTemplateError, render_chat
 from .metrics import ServerMetrics
 from .openai_schema import (

@@ -59,7 +59,7 @@ def make_engine(choice: str, target, method: str, draft, max_batch_size: int, k:
                 explicit_k: bool, options, acceptance: str):
     """The engine for these settings: the batched one where it supports them (``choice``
     auto or batch), else :class:`~quickdraft.server.solo_engine.SoloEngine`."""
-    from .. import batch_engine
+    from ..decoding import batch_engine
     from .solo_engine import SoloEngine
 
     why_not = None
@@ -118,7 +118,7 @@ def run_serve(args: argparse.Namespace) -> int:
                          draft_vocab=args.draft_vocab)
     method = args.method
     if method == "auto":  # the cost model's method, k and tree for this pair and machine
-        from ..bench.method_choice import cached_method
+        from ..policy.method_choice import cached_method
 
         choice = cached_method(pair.target, pair.draft, pair.tokenizer, remeasure=args.remeasure, log=notice)
         notice(choice.summary())

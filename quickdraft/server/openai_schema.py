@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from ..stats import GenerationStats
+from ..decoding.stats import GenerationStats
 
 MAX_STOP_STRINGS = 4  # as the OpenAI API
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..engine import ContextOverflowError
-from ..sampling import SamplingParams
-from ..stats import GenerationStats
-from ..stopping import StopConditions
+from ..decoding.engine import ContextOverflowError
+from ..decoding.sampling import SamplingParams
+from ..decoding.stats import GenerationStats
+from ..decoding.stopping import StopConditions
 from .metrics import ServerMetrics
 
 

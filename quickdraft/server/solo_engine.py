@@ -1,4 +1,4 @@
-"""Rows stepped one after another through the one decode loop (:func:`quickdraft.engine.decode`).
+"""Rows stepped one after another through the one decode loop (:func:`quickdraft.decoding.engine.decode`).
 
 The server's engine for what the batched engine does not do (token trees, multi-draft, the
 transformers backend), with the batched engine's interface: ``add`` a row, ``step`` every
@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..batch_engine import BatchFullError, RowUpdate
+from ..decoding.batch_engine import BatchFullError, RowUpdate
+from ..decoding.engine import ContextOverflowError, Step, decode
+from ..decoding.sampling import SamplingParams
+from ..decoding.stats import GenerationStats
+from ..decoding.stopping import StopConditions
 from ..drafters import DraftOptions, make_drafter
-from ..engine import ContextOverflowError, Step, decode
 from ..generator import DEFAULT_NUM_SPECULATIVE_TOKENS
 from ..models.lm import CausalLM, HFCausalLM, NativeLM
-from ..sampling import SamplingParams
-from ..stats import GenerationStats
-from ..stopping import StopConditions
 
 
 def fork(lm: CausalLM) -> CausalLM:

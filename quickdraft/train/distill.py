@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..generator import load_tokenizer
 from ..models.loading import CheckpointError, read_hf_config, resolve_model_dir
+from ..pair import load_tokenizer
 from .data import encode_docs
 from .presets import Stage
 from .textdata import TextData, TrainInputError

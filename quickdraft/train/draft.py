@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..generator import check_same_tokenizer
 from ..machine import machine_info
 from ..models.draft_vocab import VOCAB_FILE, default_vocab_size, read_draft_vocab, write_draft_vocab
 from ..models.loading import resolve_model_dir
 from ..models.registry import META_FILE, PACKAGE_DIR, read_meta, register_draft
+from ..pair import check_same_tokenizer
 from . import card
 from .distill import (
     DistillTask,

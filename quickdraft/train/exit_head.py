@@ -20,12 +20,12 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from ..generator import load_tokenizer
 from ..machine import machine_info
 from ..models.config import UnsupportedModelError
 from ..models.exit_head import ExitHead, is_exit_head_dir, save_exit_head
 from ..models.loading import load_native, resolve_model_dir
 from ..models.registry import read_meta
+from ..pair import load_tokenizer
 from . import card
 from .distill import DistillTask, check_settings, tokenize, train
 from .draft import default_work_dir

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
-from ..generator import load_tokenizer
 from ..machine import machine_info
+from ..pair import load_tokenizer
 from . import card
 from .corpus import load_corpus
 from .data import cached_streams

@@ -38,8 +38,8 @@ def add_tune_parser(sub) -> None:
 def calibration_prompts(args, tokenizer) -> list:
     import torch
 
-    from ..bench.autok import CALIBRATION_PROMPTS
     from ..cli import CliError
+    from ..policy.autok import CALIBRATION_PROMPTS
 
     texts = list(CALIBRATION_PROMPTS)
     if args.prompts:
@@ -59,9 +59,9 @@ def cmd_tune_layer_skip(args: argparse.Namespace) -> int:
 
     from ..cli import CliError, notice
     from ..drafters.layer_skip import model_fingerprint
-    from ..generator import load_tokenizer
     from ..models.lm import NativeLM, eos_token_ids, load_model
     from ..models.loading import resolve_model_dir
+    from ..pair import load_tokenizer
     from ..quiet import quiet_transformers
     from .layer_skip import measured_speedup, profile_from_params, run_study
 

@@ -27,16 +27,16 @@ from pathlib import Path
 
 import torch
 
-from ..bench.autok import StepCostSampler
-from ..bench.cost_model import StepCosts, best_k, speedup_curve
+from ..decoding.engine import decode
+from ..decoding.sampling import SamplingParams
+from ..decoding.stats import GenerationStats
+from ..decoding.stopping import StopConditions
 from ..drafters import DraftModelDrafter
 from ..drafters.layer_skip import LayerSkipLM, SkipProfile, model_fingerprint
-from ..engine import decode
 from ..models.decode_linear import row_dependent_rounding
 from ..models.lm import NativeLM
-from ..sampling import SamplingParams
-from ..stats import GenerationStats
-from ..stopping import StopConditions
+from ..policy.autok import StepCostSampler
+from ..policy.cost_model import StepCosts, best_k, speedup_curve
 
 
 @dataclass

@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..decoding.stats import GenerationStats
 from ..models.ragged import Feed, ragged_forward
-from ..stats import GenerationStats
 from .autok import cache_dir, machine_fingerprint, model_fingerprint
 from .cost_model import StepCosts, choose_k
 

@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..decoding.engine import decode
+from ..decoding.stats import GenerationStats
+from ..decoding.stopping import StopConditions
 from ..drafters.early_exit import EarlyExitDrafter, step_head
-from ..engine import decode
 from ..models.exit_head import ExitHead
 from ..models.lm import NativeLM, eos_token_ids
-from ..stats import GenerationStats
-from ..stopping import StopConditions
 from .autok import CALIBRATION_PROMPTS
 from .cost_model import StepCosts, best_k, speedup_curve
 

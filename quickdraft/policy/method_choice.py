@@ -16,7 +16,7 @@ follows exactly from the ranks, with the correlation between neighbouring positi
 Each replayed step costs what the engine will spend on it: the draft passes
 (:meth:`StepCosts.t_drafting`) plus one target pass over the proposal + 1, from costs
 measured on this machine
-(:func:`~quickdraft.bench.autok.measure_step_costs`). The candidate with the highest
+(:func:`~quickdraft.policy.autok.measure_step_costs`). The candidate with the highest
 predicted speedup wins. Sampled decoding accepts less than greedy: the choice is made for
 greedy and used for both (docs/methods.md, "Choosing a method: `--method auto`").
 """
@@ -34,11 +34,11 @@ from pathlib import Path
 
 import torch
 
+from ..decoding.engine import decode
+from ..decoding.stopping import StopConditions
 from ..drafters.factory import DraftOptions, make_drafter
 from ..drafters.ngram import NgramDrafter
-from ..engine import decode
 from ..models.lm import CausalLM, eos_token_ids
-from ..stopping import StopConditions
 from .autok import (
     CALIBRATION_PROMPTS,
     cache_dir,

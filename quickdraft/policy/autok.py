@@ -24,13 +24,13 @@ from pathlib import Path
 
 import torch
 
+from ..decoding.engine import decode
+from ..decoding.sampling import SamplingParams
+from ..decoding.stats import GenerationStats
+from ..decoding.stopping import StopConditions
 from ..drafters import DraftModelDrafter
-from ..engine import decode
 from ..models.decode_linear import row_dependent_rounding
 from ..models.lm import CausalLM, eos_token_ids
-from ..sampling import SamplingParams
-from ..stats import GenerationStats
-from ..stopping import StopConditions
 from .cost_model import StepCosts, best_k, speedup_curve
 
 DEFAULT_PROBE_K = 8

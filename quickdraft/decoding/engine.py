@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafters.base import Drafter, NoDrafter
-from .models.lm import CausalLM
+from ..models.lm import CausalLM
+from .drafter import Drafter, NoDrafter
 from .proposal import EMPTY, Proposal, tree_attention
 from .sampling import SamplingParams
 from .stats import GenerationStats

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .bench.batch_policy import RecentAcceptance
-from .drafters.batched import BATCH_METHODS, BatchDrafter, make_batch_drafter
-from .drafters.factory import DraftOptions
+from ..drafters.batched import BATCH_METHODS, BatchDrafter, make_batch_drafter
+from ..drafters.factory import DraftOptions
+from ..models.lm import NativeLM
+from ..models.ragged import Feed, ragged_forward, ragged_forward_keeping
+from ..policy.batch_policy import RecentAcceptance
 from .engine import ContextOverflowError
-from .models.lm import NativeLM
-from .models.ragged import Feed, ragged_forward, ragged_forward_keeping
 from .proposal import EMPTY, Proposal
 from .sampling import SamplingParams
 from .stats import GenerationStats
@@ -121,7 +121,7 @@ class BatchEngine:
         self.drafter = drafter or make_batch_drafter(method, draft, target, max_batch_size, cache_len, options)
         self.num_speculative_tokens = num_speculative_tokens
         if policy is None and num_speculative_tokens is None and method != "ar":
-            from .bench.batch_policy import BatchPolicy
+            from ..policy.batch_policy import BatchPolicy
 
             policy = BatchPolicy.for_engine(self)
         self.policy = policy

@@ -6,8 +6,8 @@ from typing import Protocol
 
 import torch
 
-from ..proposal import EMPTY, Proposal
-from ..sampling import SamplingParams
+from .proposal import EMPTY, Proposal
+from .sampling import SamplingParams
 
 __all__ = ["EMPTY", "Drafter", "NoDrafter", "Proposal"]
 
