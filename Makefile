@@ -43,6 +43,7 @@ test: install browser
 
 lint: install
 	$(VENV)/bin/ruff check quickdraft tests
+	$(VENV)/bin/lint-imports
 
 # The newest releases of everything pyproject.toml allows, in a venv of their own (not
 # CI): what `make lock` would move to. Nothing here touches .venv or the lock.

@@ -9,9 +9,10 @@ The common entry points::
 """
 
 from .decoding.batch_engine import BatchEngine, BatchFullError, RowUpdate
-from .decoding.engine import ContextOverflowError, Step, decode
+from .decoding.engine import Step, decode
 from .decoding.sampling import SamplingParams
 from .decoding.stats import GenerationStats
+from .decoding.step import ContextOverflowError
 from .decoding.stopping import StopConditions
 from .decoding.verify import AcceptanceRule, GreedyAcceptance, SpeculativeSampling, Verdict
 from .drafters import Drafter, DraftModelDrafter, NoDrafter, Proposal

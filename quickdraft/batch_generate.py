@@ -7,14 +7,15 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .decoding.batch_engine import MAX_BATCH_K, BatchEngine
+from .decoding.batch_engine import MAX_BATCH_K, BatchEngine, cache_length
 from .decoding.sampling import SamplingParams
 from .decoding.stats import GenerationStats
 from .decoding.stopping import StopConditions, cut_at_stop
+from .decoding.verify import acceptance_for
 from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter
-from .drafters.batched import BATCH_METHODS
+from .drafters.batched import make_batch_drafter
 from .drafters.early_exit import EarlyExitDrafter
-from .drafters.factory import DraftOptions
+from .drafters.factory import BATCH_METHODS, DraftOptions
 from .drafters.hybrid import HybridDrafter
 from .drafters.shapes import Shape
 from .text import Generation
@@ -49,6 +50,27 @@ def batch_method(drafter) -> tuple[str, object, DraftOptions]:
                      f"batched decoding supports {', '.join(BATCH_METHODS)}")
 
 
+def make_batch_engine(
+    target, method: str = "draft", draft=None, *, max_batch_size: int = 8, max_len: int | None = None,
+    num_speculative_tokens: int | None = None, options: DraftOptions = DraftOptions(), drafter=None,
+    policy=None, acceptance=acceptance_for,
+) -> BatchEngine:
+    """A :class:`BatchEngine` for ``method`` (ar, draft, ngram, hybrid or early-exit;
+    ``options`` sets the n-gram sizes and the exit head and layer): the method's batch
+    drafter (or ``drafter``, the hook for new ones) and, when ``num_speculative_tokens`` is
+    None, the batch policy measured for this target, drafter and batch size (``policy``
+    replaces it)."""
+    from .policy.batch_policy import BatchPolicy
+
+    if drafter is None:
+        drafter = make_batch_drafter(method, draft, target, max_batch_size, cache_length(target, max_len), options)
+    engine = BatchEngine(target, drafter, max_batch_size=max_batch_size, max_len=max_len,
+                         num_speculative_tokens=num_speculative_tokens, policy=policy, acceptance=acceptance)
+    if policy is None and num_speculative_tokens is None and method != "ar":
+        engine.policy = BatchPolicy.for_engine(engine)
+    return engine
+
+
 def generate_many(gen, requests: Sequence[Request], batch_size: int = 8,
                   num_speculative_tokens: int | None = None) -> list:
     """Generate every request with continuous batching (at most ``batch_size`` rows at a
@@ -67,9 +89,9 @@ def generate_many(gen, requests: Sequence[Request], batch_size: int = 8,
     if not encoded:
         return []
     longest = max(ids.numel() + req.max_new_tokens for (ids, _), req in zip(encoded, requests))
-    engine = BatchEngine(gen.target, method=method, draft=draft, max_batch_size=min(batch_size, len(requests)),
-                         max_len=longest + MAX_BATCH_K + 1, num_speculative_tokens=num_speculative_tokens,
-                         options=options)
+    engine = make_batch_engine(gen.target, method, draft, max_batch_size=min(batch_size, len(requests)),
+                               max_len=longest + MAX_BATCH_K + 1, num_speculative_tokens=num_speculative_tokens,
+                               options=options)
     waiting = deque(range(len(requests)))
     running: dict[int, int] = {}  # engine row -> request index
     tokens: list[list[int]] = [[] for _ in requests]

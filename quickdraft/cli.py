@@ -341,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "paired draft); for --method early-exit an exit head directory (quickdraft train exit-head) "
                      "or 'shared' (the target's own final norm + LM head)")
     gen.add_argument("--method", choices=list(METHODS), default="draft",
-                     help="; ".join(f"{name} = {what}" for name, what in METHODS.items()))
+                     help="; ".join(f"{name} = {spec.summary}" for name, spec in METHODS.items()))
     add_method_options(gen)
     gen.add_argument("--show-tree", action="store_true",
                      help="draw the first step's proposal tree with the accepted nodes marked (stderr)")
@@ -387,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .decoding.engine import ContextOverflowError
+    from .decoding.step import ContextOverflowError
     from .models.config import UnsupportedModelError
     from .models.loading import CheckpointError
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import torch
 
-from .decoding.engine import ContextOverflowError, Step, decode
+from .decoding.engine import Step, decode
 from .decoding.sampling import SamplingParams
 from .decoding.stats import GenerationStats
+from .decoding.step import ContextOverflowError
 from .decoding.stopping import StopConditions, cut_at_stop
 from .drafters import (
     METHODS,
@@ -109,7 +110,7 @@ class SpeculativeGenerator:
         :attr:`method_choice`. ``draft_vocab``: how many of its most frequent tokens the
         draft scores (None: the draft's ``draft_vocab.json`` default, 0: all; output is the
         same either way)."""
-        from .pair import load_pair  # pair.py imports this module's tokenizer helpers
+        from .pair import load_pair
 
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from test_early_exit import native_lm, random_head
 
-from quickdraft.batch_generate import batch_method
+from quickdraft.batch_generate import batch_method, make_batch_engine
 from quickdraft.cli import main
 from quickdraft.decoding.batch_engine import BatchEngine
 from quickdraft.decoding.engine import decode
@@ -33,7 +33,7 @@ def target_and_head(kind: str, decode_linears: bool) -> tuple[NativeLM, object]:
 
 
 def engine_for(lm, head, rows: int, k: int = 3) -> BatchEngine:
-    return BatchEngine(lm, method="early-exit", drafter=BatchedEarlyExit(lm, head, rows, 200), max_batch_size=rows,
+    return make_batch_engine(lm, method="early-exit", drafter=BatchedEarlyExit(lm, head, rows, 200), max_batch_size=rows,
                        max_len=100, num_speculative_tokens=k)
 
 
@@ -162,7 +162,7 @@ def test_options_choose_the_head_and_layer_and_the_policy_measures_early_exit(pr
     single = EarlyExitDrafter(lm, random_head(lm, EXIT, "trained"))
     method, draft, options = batch_method(single)  # what generate([...]) batches a drafter as
     assert (method, draft, options.exit_head) == ("early-exit", None, single.head)
-    engine = BatchEngine(lm, method=method, options=options, max_batch_size=2, max_len=60)
+    engine = make_batch_engine(lm, method=method, options=options, max_batch_size=2, max_len=60)
     assert engine.drafter.name == "early-exit(L=2,trained)" and engine.policy.calibrations[0].draft  # its draft step, measured
     out = steps_of(engine, [(p, SamplingParams(), 10) for p in PROMPTS[:2]])
     assert [tokens(out[0]), tokens(out[1])] == [plain(lm, p, 10) for p in PROMPTS[:2]]

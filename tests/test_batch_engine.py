@@ -5,9 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quickdraft.decoding.batch_engine import BatchEngine, BatchFullError
-from quickdraft.decoding.engine import ContextOverflowError, decode
+from quickdraft.batch_generate import make_batch_engine
+from quickdraft.decoding.batch_engine import BatchFullError
+from quickdraft.decoding.engine import decode
 from quickdraft.decoding.sampling import SamplingParams
+from quickdraft.decoding.step import ContextOverflowError
 from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftModelDrafter, NoDrafter
 from quickdraft.models.decode_linear import canonical_rows
@@ -97,7 +99,7 @@ def test_greedy_rows_equal_plain_decoding_and_their_solo_runs(models, prompts, m
     expected = [plain(target, ids, StopConditions(n, eos)) for ids, n in zip(prompts, budgets)]
 
     def engine(size):
-        return BatchEngine(target, method=method, draft=drafts["perturbed"], max_batch_size=size,
+        return make_batch_engine(target, method=method, draft=drafts["perturbed"], max_batch_size=size,
                            max_len=200, num_speculative_tokens=4)
 
     # Three rows at once; the fourth joins mid-way; a fifth copy of row 0 is cancelled.
@@ -118,7 +120,7 @@ def test_seeded_sampled_rows_reproduce_their_solo_output(models, prompts):
     jobs = [(ids, p, StopConditions(MAX_NEW, eos)) for ids, p in zip(prompts, params)]
 
     def engine(size):
-        return BatchEngine(target, method="draft", draft=drafts["perturbed"], max_batch_size=size,
+        return make_batch_engine(target, method="draft", draft=drafts["perturbed"], max_batch_size=size,
                            max_len=200, num_speculative_tokens=3)
 
     together, _ = run(engine(4), jobs, join_at={2: 1})
@@ -147,7 +149,7 @@ def test_per_row_stop_strings_eos_and_budgets(models, prompts):
                                 StopConditions(3, eos), StopConditions(1, eos)]):
         stats_steps = list(decode(target, ids, stop, drafter=NoDrafter()))
         expected.append([t for s in stats_steps for t in s.tokens])
-    engine = BatchEngine(target, method="draft", draft=drafts["copy"], max_batch_size=4, max_len=200,
+    engine = make_batch_engine(target, method="draft", draft=drafts["copy"], max_batch_size=4, max_len=200,
                          num_speculative_tokens=5)
     out, finish = run(engine, [(ids, SamplingParams(), stop) for ids, stop in zip(rows, stops)])
     assert [out.get(i, []) for i in range(4)] == expected
@@ -158,7 +160,7 @@ def test_per_row_stop_strings_eos_and_budgets(models, prompts):
 
 def test_slots_overflow_and_cancel(models, prompts):
     tok, target, drafts = models
-    engine = BatchEngine(target, method="ngram", max_batch_size=2, max_len=64, num_speculative_tokens=2)
+    engine = make_batch_engine(target, method="ngram", max_batch_size=2, max_len=64, num_speculative_tokens=2)
     a = engine.add(prompts[0], SamplingParams(), StopConditions(4, [tok.eos_token_id]))
     engine.add(prompts[2], SamplingParams(), StopConditions(4, [tok.eos_token_id]))
     assert engine.free_slots == 0 and engine.active == 2
@@ -174,7 +176,7 @@ def test_slots_overflow_and_cancel(models, prompts):
         engine.step()
     assert engine.free_slots == 2
     with pytest.raises(ValueError, match="does not batch"):
-        BatchEngine(target, method="tree", max_batch_size=2)
+        make_batch_engine(target, method="tree", max_batch_size=2)
 
 
 def test_policy_turns_speculation_off_when_verification_is_compute_bound():
@@ -193,7 +195,8 @@ def test_policy_turns_speculation_off_when_verification_is_compute_bound():
 def test_policy_interpolates_costs_on_the_rows_length():
     """Calibrated at two contexts: at long rows a wide verify pass costs much more than at
     short ones (attention), so the same acceptance buys a smaller k."""
-    from quickdraft.policy.batch_policy import BatchPolicy, RecentAcceptance
+    from quickdraft.decoding.stats import RecentAcceptance
+    from quickdraft.policy.batch_policy import BatchPolicy
 
     short = {"context": 256, "verify": {"4": {str(w): 1.0 + 0.1 * (w - 1) for w in range(1, 10)}},
              "draft": {"4": 0.05}}
@@ -212,7 +215,7 @@ def test_policy_interpolates_costs_on_the_rows_length():
 def test_engine_with_the_measured_policy_stays_lossless(models, prompts, private_cache_dir):
     tok, target, drafts = models
     eos = [tok.eos_token_id]
-    engine = BatchEngine(target, method="draft", draft=drafts["copy"], max_batch_size=2, max_len=120)
+    engine = make_batch_engine(target, method="draft", draft=drafts["copy"], max_batch_size=2, max_len=120)
     assert engine.policy is not None and 0 <= engine.k_for(2) <= 8
     assert list(private_cache_dir.glob("quickdraft/autok/batch-*.json"))  # measured once, cached
     jobs = [(ids, SamplingParams(), StopConditions(12, eos)) for ids in prompts[:2]]
@@ -223,7 +226,7 @@ def test_engine_with_the_measured_policy_stays_lossless(models, prompts, private
 def test_policy_acceptance_follows_recent_proposals():
     """The batch policy sees the acceptance of recent proposals, not of every prompt since
     the engine started: after a run of poor acceptance, the earlier good run is forgotten."""
-    from quickdraft.policy.batch_policy import RecentAcceptance
+    from quickdraft.decoding.stats import RecentAcceptance
 
     recent = RecentAcceptance(window=8)
     for _ in range(8):
@@ -237,7 +240,8 @@ def test_policy_acceptance_follows_recent_proposals():
 
 
 def test_policy_answer_is_kept_until_acceptance_changes():
-    from quickdraft.policy.batch_policy import BatchPolicy, RecentAcceptance
+    from quickdraft.decoding.stats import RecentAcceptance
+    from quickdraft.policy.batch_policy import BatchPolicy
 
     table = {"verify": {"1": {str(w): 1.0 + 0.025 * (w - 1) for w in range(1, 10)}}, "draft": {"1": 0.1}}
     policy = BatchPolicy(table)
@@ -257,7 +261,8 @@ def test_policy_drafts_again_after_a_stretch_of_plain_steps():
     """Poor acceptance turns speculation off; plain steps record no acceptance, so after
     FORGET_AFTER of them the policy forgets and drafts under its prior again (measuring
     afresh) instead of staying off for the engine's lifetime."""
-    from quickdraft.policy.batch_policy import FORGET_AFTER, BatchPolicy, RecentAcceptance
+    from quickdraft.decoding.stats import FORGET_AFTER, RecentAcceptance
+    from quickdraft.policy.batch_policy import BatchPolicy
 
     table = {"verify": {"4": {str(w): 1.0 + 0.2 * (w - 1) for w in range(1, 10)}}, "draft": {"4": 0.05}}
     policy = BatchPolicy(table)
@@ -292,11 +297,12 @@ def test_policy_caps_a_disturbed_timing_by_the_larger_passes():
 def test_engine_drafts_again_after_the_policy_turned_speculation_off(models, prompts):
     """In the engine: acceptance that turned speculation off is forgotten after
     FORGET_AFTER plain steps, and a draft that is right (a copy of the target) takes over."""
-    from quickdraft.policy.batch_policy import FORGET_AFTER, BatchPolicy
+    from quickdraft.decoding.stats import FORGET_AFTER
+    from quickdraft.policy.batch_policy import BatchPolicy
 
     tok, target, drafts = models
     table = {"verify": {"1": {str(w): 1.0 + 0.05 * (w - 1) for w in range(1, 10)}}, "draft": {"1": 0.05}}
-    engine = BatchEngine(target, method="draft", draft=drafts["copy"], max_batch_size=1, max_len=120,
+    engine = make_batch_engine(target, method="draft", draft=drafts["copy"], max_batch_size=1, max_len=120,
                          policy=BatchPolicy(table))
     for _ in range(40):  # a poor stretch before this row
         engine.pooled.record_step(4, 0)

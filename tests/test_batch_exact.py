@@ -12,7 +12,7 @@ import torch
 from scipy.stats import chisquare
 from test_sampling_exact import PROMPT, NoResidual, exact_distribution, tiny_lm
 
-from quickdraft.decoding.batch_engine import BatchEngine
+from quickdraft.batch_generate import make_batch_engine
 from quickdraft.decoding.sampling import SamplingParams
 from quickdraft.decoding.stopping import StopConditions
 
@@ -23,7 +23,7 @@ ROWS = 8
 
 def batched_pvalue(params: SamplingParams, rule=None, n_samples: int = N) -> float:
     kwargs = {"acceptance": rule} if rule else {}
-    engine = BatchEngine(TARGET, method="draft", draft=DRAFT, max_batch_size=ROWS + 1, max_len=16,
+    engine = make_batch_engine(TARGET, method="draft", draft=DRAFT, max_batch_size=ROWS + 1, max_len=16,
                          num_speculative_tokens=2, **kwargs)
     counts: Counter = Counter()
     for start in range(0, n_samples, ROWS):

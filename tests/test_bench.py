@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from quickdraft.bench.cli import add_bench_parser
-from quickdraft.bench.config import BenchConfig, BenchError
+from quickdraft.bench.config import BENCH_METHODS, BenchConfig, BenchError, register_method
 from quickdraft.bench.context import load_context
 from quickdraft.bench.methods import EngineMethod
 from quickdraft.bench.prompt_sets import KINDS
@@ -22,7 +22,6 @@ from quickdraft.bench.prompts import (
     quick_subset,
     save_prompts,
 )
-from quickdraft.bench.registry import BENCH_METHODS, register_method
 from quickdraft.bench.runner import run_benchmark
 from quickdraft.decoding.verify import Verdict
 from quickdraft.policy import autok
@@ -107,7 +106,7 @@ def test_lossy_method_is_caught(ctx, tiny_family, monkeypatch, capsys):
     from quickdraft.models.lm import load_model
 
     unrelated = load_model(tiny_family["unrelated"])
-    monkeypatch.setattr("quickdraft.bench.registry.BENCH_METHODS", dict(BENCH_METHODS))
+    monkeypatch.setattr("quickdraft.bench.config.BENCH_METHODS", dict(BENCH_METHODS))
     register_method("lossy", lambda c, cfg, k: [EngineMethod(
         "lossy", lambda c: DraftModelDrafter(unrelated, c.target.vocab_size), k,
         acceptance=lambda params: AcceptEverything())])

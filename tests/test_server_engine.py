@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quickdraft.decoding.engine import ContextOverflowError
 from quickdraft.decoding.sampling import SamplingParams
+from quickdraft.decoding.step import ContextOverflowError
 from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftOptions
 from quickdraft.generator import SpeculativeGenerator

@@ -15,11 +15,12 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 
+from ..batch_generate import make_batch_engine
 from ..decoding.batch_engine import MAX_BATCH_K, BatchEngine
 from ..decoding.sampling import SamplingParams
 from ..decoding.stats import GenerationStats
 from ..decoding.stopping import StopConditions
-from ..drafters.batched import BATCH_METHODS
+from ..drafters.factory import BATCH_METHODS
 from .config import BenchConfig, BenchError
 from .context import BenchContext, encode_prompts
 from .prompts import BenchPrompt
@@ -80,8 +81,8 @@ def run_batch_benchmark(ctx: BenchContext, prompts: Sequence[BenchPrompt], confi
         for m in ["ar", *methods]:
             k = 0 if m == "ar" else config.k
             log(f"batch {b}: {m} engine" + (" (batch policy: costs measured once, then cached)" if k is None else ""))
-            engines[m] = BatchEngine(ctx.target, method=m, draft=ctx.draft, max_batch_size=b, max_len=max_len,
-                                     num_speculative_tokens=k)
+            engines[m] = make_batch_engine(ctx.target, m, ctx.draft, max_batch_size=b, max_len=max_len,
+                                           num_speculative_tokens=k)
             _run(engines[m], first[:1], min(config.warmup_tokens, config.max_new_tokens), ctx.eos_token_ids,
                  params)  # warm-up
         for category, ids in categories.items():

@@ -6,7 +6,7 @@ Light on purpose (no torch): the CLI reads the defaults for its help texts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 BACKENDS = ("auto", "native", "hf")
@@ -73,8 +73,6 @@ class BenchConfig:
     def validate(self, known_methods: Sequence[str] | None = None) -> None:
         """Raise :class:`BenchError` (one line) for a setting that cannot run."""
         if known_methods is None:
-            from .registry import BENCH_METHODS
-
             known_methods = tuple(BENCH_METHODS)
         if not self.methods:
             raise BenchError("no methods to run")
@@ -103,3 +101,27 @@ class BenchConfig:
         d["methods"] = list(self.methods)
         d["sweep"] = list(self.sweep)
         return d
+
+
+@dataclass(frozen=True)
+class BenchMethod:
+    """A registered method: its rows' factory and whether it needs the draft model."""
+
+    name: str
+    factory: Callable
+    needs_draft: bool = False
+    help: str = ""
+
+
+BENCH_METHODS: dict[str, BenchMethod] = {}
+
+
+def register_method(name: str, factory: Callable, *, needs_draft: bool = False,
+                    help: str = "") -> None:
+    """Make ``name`` a benchmark method whose rows ``factory(ctx, config, k)`` returns."""
+    BENCH_METHODS[name] = BenchMethod(name, factory, needs_draft, help)
+
+
+def needs_draft(methods: Sequence[str]) -> bool:
+    """Whether any of these methods uses the draft model."""
+    return any(BENCH_METHODS[m].needs_draft for m in methods if m in BENCH_METHODS)

@@ -11,7 +11,7 @@ import torch
 
 from ..models.lm import CausalLM, eos_token_ids
 from .call_counter import CallCounter
-from .config import BenchConfig, BenchError
+from .config import BenchConfig, BenchError, needs_draft
 from .prompts import BenchPrompt
 
 
@@ -53,7 +53,6 @@ def load_context(config: BenchConfig) -> BenchContext:
     does (:func:`~quickdraft.pair.load_pair`: same backend choice and fallback to
     transformers, same tokenizer check)."""
     from ..pair import load_pair
-    from .registry import needs_draft
 
     pair = load_pair(config.model, config.draft, needs_draft(config.methods), config.backend,
                      draft_vocab=config.draft_vocab)

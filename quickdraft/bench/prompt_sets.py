@@ -39,13 +39,13 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from ..sources import OOD_PACKAGES, package_files, package_license
 from .prompts import CATEGORIES, BenchPrompt, category_file, save_prompts
 
 KINDS = ("function-body", "repetitive", "docstring")
 MAX_PROMPT_CHARS = 420  # short prompts: ~120 tokens of context
 LONG_TOKENS = (600, 1500)  # long prompts: this many tokens, with the embedded tokenizer
 CHARS_PER_TOKEN = 3.6  # first guess of a long prompt's character budget (then counted exactly)
-OOD_PACKAGES = ("rich", "tqdm", "transformers", "huggingface_hub", "matplotlib")
 OOD_FILES_PER_PACKAGE = 60  # files read per package (the first by path hash)
 MAX_STDLIB_OVERLAP = 0.1
 PER_KIND = {"short": 4, "long": 3, "out-of-domain": 2}  # per kind (out-of-domain: per kind and size)
@@ -254,39 +254,6 @@ def build_long(root: Path | None = None, per_kind: int = PER_KIND["long"],
 # --- out-of-domain ----------------------------------------------------------------------------
 
 
-def package_license(dist) -> str:
-    """A distribution's licence as its metadata states it (SPDX expression, short License
-    field, or the licence classifier)."""
-    meta = dist.metadata
-    expression = meta.get("License-Expression")
-    if expression:
-        return expression
-    text = (meta.get("License") or "").strip()
-    if text and "\n" not in text and len(text) <= 60:
-        return text
-    classifiers = [c.split("::")[-1].strip() for c in meta.get_all("Classifier") or [] if c.startswith("License ::")]
-    if classifiers:
-        return "; ".join(classifiers)
-    return text.splitlines()[0] if text else "unknown"
-
-
-def _package_files(dist, package: str) -> list[tuple[str, Path]]:
-    """(path inside the package's distribution, local path) of its ``.py`` files, tests and
-    vendored code left out, ordered by a hash of the path."""
-    out = []
-    for f in dist.files or ():
-        rel = str(f).replace("\\", "/")
-        parts = rel.split("/")
-        if not rel.endswith(".py") or parts[0] != package:
-            continue
-        if any(p in ("tests", "test", "testing", "_vendor", "vendor", "vendored", "externals") for p in parts):
-            continue
-        if parts[-1].startswith("test_") or parts[-1] == "conftest.py":
-            continue
-        out.append((rel, Path(str(dist.locate_file(f)))))
-    return sorted(out, key=lambda item: _key("ood-file", item[0]))
-
-
 def _significant_lines(text: str) -> set[str]:
     return {s for s in (line.strip() for line in text.splitlines()) if len(s) >= 30}
 
@@ -325,7 +292,7 @@ def build_out_of_domain(packages: tuple[str, ...] = OOD_PACKAGES, per_kind: int 
         except metadata.PackageNotFoundError:
             continue
         info = {"package": package, "version": dist.version, "license": package_license(dist)}
-        for rel, path in _package_files(dist, package)[:files_per_package]:
+        for rel, path in package_files(dist, package)[:files_per_package]:
             text = _read(path)
             if not text:
                 continue

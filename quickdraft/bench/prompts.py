@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..jsonl import read_objects
+from ..sources import BENCH_ASSETS_DIR
 
 CATEGORIES = ("short", "long", "out-of-domain")
-BENCH_ASSETS_DIR = Path(__file__).resolve().parent.parent / "assets" / "bench"  # the stored prompt sets
 CUSTOM = "custom"
 
 

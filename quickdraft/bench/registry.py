@@ -22,44 +22,20 @@ method uses the draft model (``ctx.draft``), so the bench loads it.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from .config import BenchConfig, BenchError
+from . import config as bench_config
+from .config import BenchConfig, BenchError, register_method
 from .context import BenchContext
 from .methods import EngineMethod, HFMethod, Method
 
 MethodFactory = Callable[[BenchContext, BenchConfig, int], list[Method]]
 
 
-@dataclass(frozen=True)
-class BenchMethod:
-    """A registered method: its rows' factory and whether it needs the draft model."""
-
-    name: str
-    factory: MethodFactory
-    needs_draft: bool = False
-    help: str = ""
-
-
-BENCH_METHODS: dict[str, BenchMethod] = {}
-
-
-def register_method(name: str, factory: MethodFactory, *, needs_draft: bool = False,
-                    help: str = "") -> None:
-    """Make ``name`` a benchmark method whose rows ``factory(ctx, config, k)`` returns."""
-    BENCH_METHODS[name] = BenchMethod(name, factory, needs_draft, help)
-
-
-def needs_draft(methods: Sequence[str]) -> bool:
-    """Whether any of these methods uses the draft model."""
-    return any(BENCH_METHODS[m].needs_draft for m in methods if m in BENCH_METHODS)
-
-
 def make_rows(ctx: BenchContext, config: BenchConfig, methods: Sequence[str], k: int) -> list[Method]:
     """The rows of these methods, duplicates (same label) dropped."""
     rows: list[Method] = []
     for name in methods:
-        method = BENCH_METHODS[name]
+        method = bench_config.BENCH_METHODS[name]
         if method.needs_draft and ctx.draft is None:
             raise BenchError(f"method {name!r} needs a draft model; pass --draft PATH")
         rows.extend(method.factory(ctx, config, k))

@@ -21,22 +21,24 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..drafters.batched import BATCH_METHODS, BatchDrafter, make_batch_drafter
-from ..drafters.factory import DraftOptions
 from ..models.lm import NativeLM
 from ..models.ragged import Feed, ragged_forward, ragged_forward_keeping
-from ..policy.batch_policy import RecentAcceptance
-from .engine import ContextOverflowError
+from .drafter import BatchDrafter, BatchedNoDrafter
 from .proposal import EMPTY, Proposal
 from .sampling import SamplingParams
-from .stats import GenerationStats
+from .stats import GenerationStats, RecentAcceptance
+from .step import check_prompt, draft_budget, emit
 from .stopping import StopConditions
 from .verify import AcceptanceRule, acceptance_for
 
-#: The methods that batch (the server's ``--engine batch`` reads them here).
-METHODS = BATCH_METHODS
 #: Most draft tokens per step the policy considers.
 MAX_BATCH_K = 8
+
+
+def cache_length(target: NativeLM, max_len: int | None = None) -> int:
+    """KV-cache rows a batched engine (and its drafter) keeps per row: slots past a row's
+    end hold its chain (and the calibration's widest pass)."""
+    return min(target.context_length, max_len or target.context_length) + 2 * MAX_BATCH_K + 16
 
 
 class BatchFullError(RuntimeError):
@@ -74,16 +76,16 @@ class _Row:
 
 
 class BatchEngine:
-    """Batched speculative decoding over a native target (and draft).
+    """Batched speculative decoding over a native target: ``drafter`` proposes a chain per
+    row (None: plain decoding). :func:`quickdraft.batch_generate.make_batch_engine` builds
+    one by method name, with the method's batch drafter and the measured batch policy.
 
-    ``method``: ar, draft, ngram, hybrid or early-exit (``options`` sets the n-gram sizes,
-    the exit head and the exit layer).
-    ``num_speculative_tokens``: k for every batch size, or None for the policy: the cost
-    model's k for the current number of rows (0 = plain decoding when speculation would
-    not pay), from measured verify costs per (batch, width) and the acceptance measured
-    so far. ``max_len`` bounds prompt + generated tokens of a row (default: the context).
-    ``drafter`` replaces the method's batch drafter (the hook for new drafters);
-    ``policy`` the batch policy; ``acceptance(params, generator)`` makes a row's
+    ``num_speculative_tokens``: k for every batch size, or None for ``policy`` (an object
+    with ``k(rows, acceptance, context)``, e.g. :class:`~quickdraft.policy.batch_policy.BatchPolicy`:
+    the cost model's k for the current number of rows, 0 = plain decoding when speculation
+    would not pay); None for both is plain decoding. ``max_len`` bounds prompt + generated
+    tokens of a row (default: the context); a drafter with a KV cache of its own needs
+    :func:`cache_length` rows of it. ``acceptance(params, generator)`` makes a row's
     acceptance rule (default: the lossless one, ``verify.acceptance_for``).
 
     Not thread-safe: call ``add``, ``cancel`` and ``step`` from one thread (a server runs
@@ -93,14 +95,11 @@ class BatchEngine:
     def __init__(
         self,
         target: NativeLM,
+        drafter: BatchDrafter | None = None,
         *,
-        method: str = "draft",
-        draft: NativeLM | None = None,
         max_batch_size: int = 8,
         max_len: int | None = None,
         num_speculative_tokens: int | None = None,
-        options: DraftOptions = DraftOptions(),
-        drafter: BatchDrafter | None = None,
         policy=None,
         acceptance: Callable[[SamplingParams, torch.Generator], AcceptanceRule] = acceptance_for,
     ) -> None:
@@ -112,18 +111,12 @@ class BatchEngine:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
         self.target = target
         self.model = target.model
-        self.method = method
         self.max_batch_size = max_batch_size
         self.context = min(target.context_length, max_len or target.context_length)
-        # Slots past a row's end hold its chain (and the calibration's widest pass): keep room.
-        cache_len = self.context + 2 * MAX_BATCH_K + 16
-        self.cache = self.model.new_cache(max_batch_size, cache_len)
-        self.drafter = drafter or make_batch_drafter(method, draft, target, max_batch_size, cache_len, options)
+        self.cache = self.model.new_cache(max_batch_size, cache_length(target, max_len))
+        self.drafter = drafter or BatchedNoDrafter()
+        self.method = self.drafter.name
         self.num_speculative_tokens = num_speculative_tokens
-        if policy is None and num_speculative_tokens is None and method != "ar":
-            from ..policy.batch_policy import BatchPolicy
-
-            policy = BatchPolicy.for_engine(self)
         self.policy = policy
         self.acceptance = acceptance
         self.pooled = RecentAcceptance()  # acceptance of recent proposals, for the policy
@@ -147,13 +140,7 @@ class BatchEngine:
         """Start a row after ``prompt`` (``[T]`` ids); returns its id. Its prefill runs in the
         next ``step``. Raises ContextOverflowError for a prompt that leaves no room in the
         context, BatchFullError when no row is free."""
-        prompt = prompt.to(torch.long).view(-1)
-        if prompt.numel() == 0:
-            raise ValueError("the prompt is empty; give at least one token")
-        if prompt.numel() >= self.context:
-            raise ContextOverflowError(
-                f"the prompt has {prompt.numel()} tokens but the context is {self.context}; shorten it or truncate it"
-            )
+        prompt = check_prompt(prompt, self.context)
         if not self._free:
             raise BatchFullError(f"all {self.max_batch_size} rows of the batch are taken")
         stop = stop or StopConditions(self.context - prompt.numel(), self.target.eos_token_ids)
@@ -196,10 +183,7 @@ class BatchEngine:
         k = self.k_for(len(rows), sum(r.length for r in rows) // len(rows))
         if k == 0 and self.num_speculative_tokens is None:
             self.pooled.record_plain_step()
-        ks = []
-        for r in rows:
-            room = self.context - r.length
-            ks.append(max(0, min(k, r.stop.max_new_tokens - r.stop.count - 1, room - 1)))
+        ks = [draft_budget(k, r.stop, r.length, self.context) for r in rows]
         # A joining row about to draft, with a drafter that can read the target's prefill
         # (early exit: the stream entering its exit layer), drafts nothing this step and
         # takes its prefill from the target's pass instead of running the first layers
@@ -265,21 +249,9 @@ class BatchEngine:
         self.pooled.record_step(r.proposal.size, accepted)
         self.drafter.verified(r.slot, r.length, accepted)
         r.cached = r.length + accepted  # the chain's accepted tokens stay in place
-        emitted: list[int] = []
-        finish = None
-        for token in r.proposal.tokens[:accepted].tolist() + [verdict.next_token]:
-            if r.stop.is_eos(token):
-                finish = "stop"
-                break
-            emitted.append(token)
-            finish = r.stop.check(token)
-            if finish:
-                break
-        r.sequence[r.length : r.length + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
+        emitted, finish = emit(r.proposal.tokens[:accepted].tolist() + [verdict.next_token], r.stop,
+                               r.sequence, r.length, self.context, r.stats)
         r.length += len(emitted)
-        r.stats.new_tokens += len(emitted)
-        if finish is None and r.length >= self.context:
-            finish = "length"
         if first:
             r.first_token = now
             r.stats.prefill_seconds = r.stats.time_to_first_token = now - r.added

@@ -1,7 +1,10 @@
-"""The drafter interface: who proposes tokens for the target to verify."""
+"""The drafter interfaces: who proposes tokens for the target to verify, for one sequence
+(:class:`Drafter`, token trees) and for the rows of a batch (:class:`BatchDrafter`, chains;
+the drafters themselves are in ``quickdraft/drafters``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -9,7 +12,7 @@ import torch
 from .proposal import EMPTY, Proposal
 from .sampling import SamplingParams
 
-__all__ = ["EMPTY", "Drafter", "NoDrafter", "Proposal"]
+__all__ = ["EMPTY", "BatchDrafter", "BatchedNoDrafter", "Drafter", "NoDrafter", "Proposal"]
 
 
 class Drafter(Protocol):
@@ -52,4 +55,41 @@ class NoDrafter:
         return EMPTY
 
     def verified(self, length: int, path: list[int]) -> None:
+        pass
+
+
+class BatchDrafter(Protocol):
+    """Proposes a chain per row of a batch (see the module docstring)."""
+
+    name: str
+
+    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> None:
+        """A row starts in ``slot`` after ``prompt``, sampling with its own ``params`` and
+        ``generator`` (the target's: a drafter that samples draws from it)."""
+
+    def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
+        """A chain of at most ``ks[i]`` tokens after ``sequences[i]`` for the row in ``slots[i]``."""
+
+    def verified(self, slot: int, length: int, accepted: int) -> None:
+        """Of the row's last chain (proposed after ``length`` tokens) ``accepted`` tokens were kept."""
+
+    def leave(self, slot: int) -> None:
+        """The row in ``slot`` is gone; the slot may be reused."""
+
+
+class BatchedNoDrafter:
+    """Proposes nothing: the batched engine then is batched plain decoding."""
+
+    name = "ar"
+
+    def join(self, slot, prompt, params, generator) -> None:
+        pass
+
+    def propose(self, slots, sequences, ks) -> list[Proposal]:
+        return [EMPTY] * len(slots)
+
+    def verified(self, slot, length, accepted) -> None:
+        pass
+
+    def leave(self, slot) -> None:
         pass

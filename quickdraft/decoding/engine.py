@@ -19,12 +19,9 @@ from .drafter import Drafter, NoDrafter
 from .proposal import EMPTY, Proposal, tree_attention
 from .sampling import SamplingParams
 from .stats import GenerationStats
+from .step import check_prompt, draft_budget, emit
 from .stopping import StopConditions
 from .verify import AcceptanceRule, acceptance_for
-
-
-class ContextOverflowError(ValueError):
-    """The prompt does not fit in the model's context window."""
 
 
 @dataclass
@@ -58,9 +55,7 @@ def decode(
     """
     if num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
-    prompt = prompt.to(torch.long).view(-1)
-    if prompt.numel() == 0:
-        raise ValueError("the prompt is empty; give at least one token")
+    prompt = check_prompt(prompt, target.context_length)
     drafter = drafter or NoDrafter()
     stats = stats if stats is not None else GenerationStats()
     generator = params.generator()
@@ -68,11 +63,6 @@ def decode(
         acceptance = acceptance_for(params, generator, acceptance or "mss")
     width = drafter.verify_width(num_speculative_tokens)
     max_len = min(target.context_length, prompt.numel() + stop.max_new_tokens) + width
-    if prompt.numel() >= target.context_length:
-        raise ContextOverflowError(
-            f"the prompt has {prompt.numel()} tokens but the model's context is {target.context_length}; "
-            "shorten it or truncate it"
-        )
     stats.prompt_tokens = prompt.numel()
 
     started = time.perf_counter()
@@ -91,30 +81,15 @@ def decode(
     drafted_in_chunk = 0
     decode_started = None
     while True:
-        emitted: list[int] = []
-        finish = None
-        for token in pending:
-            if stop.is_eos(token):
-                finish = "stop"
-                break
-            emitted.append(token)
-            finish = stop.check(token)
-            if finish:
-                break
-        sequence[length : length + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
+        emitted, finish = emit(pending, stop, sequence, length, target.context_length, stats)
         length += len(emitted)
-        stats.new_tokens += len(emitted)
-        room = target.context_length - length
-        if finish is None and room <= 0:
-            finish = "length"
         if emitted:
             yield Step(emitted, min(drafted_in_chunk, len(emitted)), finish)
         if finish:
             stats.finish_reason = finish
             break
 
-        # Never draft past the token budget or the context: a step yields up to depth + 1 tokens.
-        k = min(num_speculative_tokens, stop.max_new_tokens - stop.count - 1, room - 1)
+        k = draft_budget(num_speculative_tokens, stop, length, target.context_length)
         proposal = drafter.propose(sequence[:length], k) if k > 0 else EMPTY
         target_logits = _verify_pass(target, sequence, length, proposal)
         verdict = acceptance(proposal, target_logits)

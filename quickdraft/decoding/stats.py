@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict, dataclass, field
 
 #: Fewer tokens than this from decode passes and a tokens/s figure says nothing (it would
@@ -133,3 +134,49 @@ class GenerationStats:
             line += (f", mean accepted {d['mean_accepted_tokens']:.2f}, acceptance "
                      f"{d['acceptance_rate']:.0%} ({self.accepted_tokens}/{self.drafted_tokens})")
         return line
+
+
+#: Plain steps in a row after which the policy forgets the acceptance that turned
+#: speculation off and drafts again under its prior (``RecentAcceptance.record_plain_step``).
+FORGET_AFTER = 64
+
+
+class RecentAcceptance:
+    """Per-position acceptance over the last ``window`` verified proposals (all rows), so the
+    policy follows the prompts in the batch now rather than every prompt since the engine
+    started (long prompts accept less than short ones).
+
+    A plain step proposes nothing, so it cannot tell the policy that acceptance has
+    recovered: without forgetting, one poor stretch (a warm-up prompt where n-gram lookup
+    found little) would turn speculation off for good. After ``forget_after`` plain steps
+    in a row the window is emptied: the policy drafts again under its prior and measures
+    afresh (a few steps; where speculation still does not pay, it turns it off again)."""
+
+    def __init__(self, window: int = 256, forget_after: int = FORGET_AFTER) -> None:
+        self.steps: deque[tuple[int, int]] = deque(maxlen=window)
+        self.version = 0  # bumped with every recorded proposal (the policy caches on it)
+        self.forget_after = forget_after
+        self.plain_steps = 0  # plain steps since the last proposal
+
+    def record_step(self, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.steps.append((drafted, accepted))
+            self.version += 1
+            self.plain_steps = 0
+
+    def record_plain_step(self) -> None:
+        """The policy ran a step as plain decoding (k = 0)."""
+        self.plain_steps += 1
+        if self.plain_steps >= self.forget_after and self.steps:
+            self.steps.clear()
+            self.version += 1
+            self.plain_steps = 0
+
+    @property
+    def drafted_tokens(self) -> int:
+        return sum(d for d, _ in self.steps)
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        depth = max((d for d, _ in self.steps), default=0)
+        return [sum(a > i for d, a in self.steps if d > i) / sum(d > i for d, _ in self.steps) for i in range(depth)]

@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol
 
 import torch
 
-from ..decoding.drafter import Drafter
+from ..decoding.drafter import BatchDrafter, BatchedNoDrafter, Drafter
 from ..decoding.proposal import EMPTY, Proposal
 from ..decoding.sampling import SamplingParams, choose
 from ..models.decode_linear import invariant_rows
@@ -38,45 +37,8 @@ from ..models.ragged import Feed, ragged_forward
 from ..models.transformer import RaggedRow
 from .draft_model import present_logits
 from .early_exit import check_exit_layer, resolve_exit_head, step_head
-from .factory import DraftOptions
+from .factory import BATCH_METHODS, DraftOptions
 from .ngram import NgramDrafter
-
-
-class BatchDrafter(Protocol):
-    """Proposes a chain per row of a batch (see the module docstring)."""
-
-    name: str
-
-    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> None:
-        """A row starts in ``slot`` after ``prompt``, sampling with its own ``params`` and
-        ``generator`` (the target's: a drafter that samples draws from it)."""
-
-    def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
-        """A chain of at most ``ks[i]`` tokens after ``sequences[i]`` for the row in ``slots[i]``."""
-
-    def verified(self, slot: int, length: int, accepted: int) -> None:
-        """Of the row's last chain (proposed after ``length`` tokens) ``accepted`` tokens were kept."""
-
-    def leave(self, slot: int) -> None:
-        """The row in ``slot`` is gone; the slot may be reused."""
-
-
-class BatchedNoDrafter:
-    """Proposes nothing: the batched engine then is batched plain decoding."""
-
-    name = "ar"
-
-    def join(self, slot, prompt, params, generator) -> None:
-        pass
-
-    def propose(self, slots, sequences, ks) -> list[Proposal]:
-        return [EMPTY] * len(slots)
-
-    def verified(self, slot, length, accepted) -> None:
-        pass
-
-    def leave(self, slot) -> None:
-        pass
 
 
 class PerRowDrafter:
@@ -264,9 +226,6 @@ class BatchedHybrid:
 
     def leave(self, slot) -> None:
         self.model.leave(slot)
-
-
-BATCH_METHODS = ("ar", "draft", "ngram", "hybrid", "early-exit")
 
 
 def make_batch_drafter(method: str, draft: NativeLM | None, target: NativeLM, max_batch_size: int,

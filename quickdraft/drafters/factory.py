@@ -15,21 +15,53 @@ from .shapes import MultiDraft, Shape, StaticTree, parse_tree
 if TYPE_CHECKING:
     from ..models.exit_head import ExitHead
 
-#: Decoding methods by name, with what each does (the CLI's ``--method`` choices). A new
-#: method adds an entry here and its drafter in :func:`make_drafter`.
-METHODS = {
-    "ar": "plain decoding (no drafter)",
-    "draft": "speculative decoding with a draft model (default)",
-    "ngram": "prompt lookup: continue an earlier match of the last n tokens (no model)",
-    "tree": "the draft model expands a token tree (--tree), verified in one pass",
-    "multi-draft": "--num-drafts sequences from the draft merged into one tree",
-    "hybrid": "the n-gram continuation when one matches, else the draft model",
-    "layer-skip": "the target drafts for itself with sub-layers skipped (--skip-profile; no draft model)",
-    "early-exit": "self-speculation: the target's first --exit-layer layers + an exit head draft, sharing its KV cache",
-    "auto": "the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
+@dataclass(frozen=True)
+class MethodSpec:
+    """One decoding method: what it does, what it needs, and where it runs.
+
+    ``needs``: "draft" (a draft model), "target" (drafts with the target itself), "nothing"
+    or "measured" (auto: a draft, and the cost model's measurement). ``chain``: it drafts a
+    chain, so ``--draft-stop`` applies. ``batched``: the batched engine runs it
+    (:func:`~quickdraft.drafters.batched.make_batch_drafter`); every method runs at batch 1
+    (:func:`make_drafter`). ``lossless``: output identical in distribution to the target's
+    (every built-in method is; a lossy one must say so in its summary). ``default_k``:
+    where its k comes from when none is given (a chain with an adaptive ``--draft-stop`` drafts
+    up to ``ADAPTIVE_MAX_DEPTH`` instead)."""
+
+    summary: str
+    needs: str = "draft"
+    chain: bool = False
+    batched: bool = False
+    lossless: bool = True
+    default_k: str = "4; batched: the batch policy's k for the batch size"
+
+
+#: The one table of decoding methods (the CLI's ``--method`` choices, the API's ``method=``,
+#: the server's and the bench's). A new method adds an entry here and its drafter in
+#: :func:`make_drafter` (and :func:`~quickdraft.drafters.batched.make_batch_drafter` if it batches).
+METHODS: dict[str, MethodSpec] = {
+    "ar": MethodSpec("plain decoding (no drafter)", needs="nothing", batched=True, default_k="none (no drafts)"),
+    "draft": MethodSpec("speculative decoding with a draft model (default)", chain=True, batched=True,
+                        default_k="the cost model's k in the CLI and server (measured once per pair and "
+                                  "machine, cached); 4 in the API until tune_num_speculative_tokens(); "
+                                  "batched: the batch policy's k"),
+    "ngram": MethodSpec("prompt lookup: continue an earlier match of the last n tokens (no model)",
+                        needs="nothing", batched=True),
+    "tree": MethodSpec("the draft model expands a token tree (--tree), verified in one pass",
+                       default_k="4"),
+    "multi-draft": MethodSpec("--num-drafts sequences from the draft merged into one tree", default_k="4"),
+    "hybrid": MethodSpec("the n-gram continuation when one matches, else the draft model", chain=True,
+                         batched=True),
+    "layer-skip": MethodSpec("the target drafts for itself with sub-layers skipped (--skip-profile; no draft model)",
+                             needs="target", chain=True, default_k="the k its skip profile was tuned at"),
+    "early-exit": MethodSpec("self-speculation: the target's first --exit-layer layers + an exit head draft, "
+                             "sharing its KV cache", needs="target", chain=True, batched=True),
+    "auto": MethodSpec("the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
+                       needs="measured", default_k="the cost model's choice with the method"),
 }
-NEEDS_DRAFT = ("draft", "tree", "multi-draft", "hybrid", "auto")
-CHAIN_METHODS = ("draft", "hybrid", "layer-skip", "early-exit")  # the methods --draft-stop applies to
+NEEDS_DRAFT = tuple(name for name, m in METHODS.items() if m.needs in ("draft", "measured"))
+CHAIN_METHODS = tuple(name for name, m in METHODS.items() if m.chain)  # the methods --draft-stop applies to
+BATCH_METHODS = tuple(name for name, m in METHODS.items() if m.batched)
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,11 @@ import json
 import os
 import statistics
 import time
-from collections import deque
 from collections.abc import Sequence
 
 import torch
 
-from ..decoding.stats import GenerationStats
+from ..decoding.stats import GenerationStats, RecentAcceptance
 from ..models.ragged import Feed, ragged_forward
 from .autok import cache_dir, machine_fingerprint, model_fingerprint
 from .cost_model import StepCosts, choose_k
@@ -98,52 +97,6 @@ def _measure_at(model, cache, drafter, sizes, widths, repeats, context: int, voc
         if drafter is not None:
             draft[str(b)] = timed(drafter.forward, [Feed(r, context, ids[context: context + 1], 1) for r in range(b)])
     return {"context": context, "verify": verify, "draft": draft}
-
-
-#: Plain steps in a row after which the policy forgets the acceptance that turned
-#: speculation off and drafts again under its prior (``RecentAcceptance.record_plain_step``).
-FORGET_AFTER = 64
-
-
-class RecentAcceptance:
-    """Per-position acceptance over the last ``window`` verified proposals (all rows), so the
-    policy follows the prompts in the batch now rather than every prompt since the engine
-    started (long prompts accept less than short ones).
-
-    A plain step proposes nothing, so it cannot tell the policy that acceptance has
-    recovered: without forgetting, one poor stretch (a warm-up prompt where n-gram lookup
-    found little) would turn speculation off for good. After ``forget_after`` plain steps
-    in a row the window is emptied: the policy drafts again under its prior and measures
-    afresh (a few steps; where speculation still does not pay, it turns it off again)."""
-
-    def __init__(self, window: int = 256, forget_after: int = FORGET_AFTER) -> None:
-        self.steps: deque[tuple[int, int]] = deque(maxlen=window)
-        self.version = 0  # bumped with every recorded proposal (the policy caches on it)
-        self.forget_after = forget_after
-        self.plain_steps = 0  # plain steps since the last proposal
-
-    def record_step(self, drafted: int, accepted: int) -> None:
-        if drafted:
-            self.steps.append((drafted, accepted))
-            self.version += 1
-            self.plain_steps = 0
-
-    def record_plain_step(self) -> None:
-        """The policy ran a step as plain decoding (k = 0)."""
-        self.plain_steps += 1
-        if self.plain_steps >= self.forget_after and self.steps:
-            self.steps.clear()
-            self.version += 1
-            self.plain_steps = 0
-
-    @property
-    def drafted_tokens(self) -> int:
-        return sum(d for d, _ in self.steps)
-
-    @property
-    def per_position_acceptance(self) -> list[float]:
-        depth = max((d for d, _ in self.steps), default=0)
-        return [sum(a > i for d, a in self.steps if d > i) / sum(d > i for d, _ in self.steps) for i in range(depth)]
 
 
 def _no_dearer_than_larger(costs: dict[int, float]) -> dict[int, float]:

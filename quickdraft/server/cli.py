@@ -59,19 +59,20 @@ def make_engine(choice: str, target, method: str, draft, max_batch_size: int, k:
                 explicit_k: bool, options, acceptance: str):
     """The engine for these settings: the batched one where it supports them (``choice``
     auto or batch), else :class:`~quickdraft.server.solo_engine.SoloEngine`."""
-    from ..decoding import batch_engine
+    from ..batch_generate import make_batch_engine
+    from ..drafters.factory import BATCH_METHODS
     from .solo_engine import SoloEngine
 
     why_not = None
-    if method not in batch_engine.METHODS:
-        why_not = f"the batched engine runs {', '.join(batch_engine.METHODS)}, not {method}"
+    if method not in BATCH_METHODS:
+        why_not = f"the batched engine runs {', '.join(BATCH_METHODS)}, not {method}"
     elif target.backend != "native" or (draft is not None and draft.backend != "native"):
         why_not = "the batched engine needs the native runtime"
     if choice == "batch" and why_not:
         raise CliError(f"--engine batch: {why_not}; use --engine solo or auto")
     if choice != "solo" and why_not is None:
-        engine = batch_engine.BatchEngine(target, method=method, draft=draft, max_batch_size=max_batch_size,
-                                          num_speculative_tokens=k if explicit_k else None, options=options)
+        engine = make_batch_engine(target, method, draft, max_batch_size=max_batch_size,
+                                   num_speculative_tokens=k if explicit_k else None, options=options)
         engine.name = "batch"
         return engine
     return SoloEngine(target, method=method, draft=draft, max_batch_size=max_batch_size,

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..decoding.engine import ContextOverflowError
 from ..decoding.sampling import SamplingParams
 from ..decoding.stats import GenerationStats
+from ..decoding.step import ContextOverflowError
 from ..decoding.stopping import StopConditions
 from .metrics import ServerMetrics
 

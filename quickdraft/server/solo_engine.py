@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from ..decoding.batch_engine import BatchFullError, RowUpdate
-from ..decoding.engine import ContextOverflowError, Step, decode
+from ..decoding.engine import Step, decode
 from ..decoding.sampling import SamplingParams
 from ..decoding.stats import GenerationStats
+from ..decoding.step import ContextOverflowError
 from ..decoding.stopping import StopConditions
 from ..drafters import DraftOptions, make_drafter
 from ..generator import DEFAULT_NUM_SPECULATIVE_TOKENS

@@ -22,23 +22,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..sources import bench_source_files
 from .textdata import TrainInputError, read_text_data
 
 SHORT = (64, 256)  # prompt tokens, drawn uniformly; prompts alternate short and long
 LONG = (384, 1536)
 MIN_DOC_CHARS = 400
-
-
-def bench_source_files() -> set[str]:
-    """Paths (relative to their package or stdlib root) the bench's prompts come from."""
-    from ..bench.prompts import builtin_prompts
-
-    files = set()
-    for p in builtin_prompts():
-        source = (p.source or "").rpartition(": ")[2]  # "rich 15.0.0: rich/pretty.py:424"
-        if source:
-            files.add(source.rsplit(":", 1)[0])
-    return files
 
 
 def cut_prompts(docs: Sequence[tuple[str, str]], tok, n: int, seed: int, max_tokens: int,

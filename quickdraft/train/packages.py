@@ -18,7 +18,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from ..bench.prompt_sets import OOD_PACKAGES, _package_files, package_license
+from ..sources import OOD_PACKAGES, package_files, package_license
 from .textdata import TrainInputError
 
 
@@ -48,7 +48,7 @@ def export_package_sources(packages: list[str], out_dir: Path, max_bytes: int | 
                                   "leave it out") from None
         files = []
         total = 0
-        for rel, path in _package_files(dist, package):
+        for rel, path in package_files(dist, package):
             size = path.stat().st_size
             if size == 0 or (max_bytes is not None and total + size > max_bytes):
                 continue
