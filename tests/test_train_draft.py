@@ -288,3 +288,102 @@ def test_onpolicy_data_is_the_targets_own_greedy_continuation(setup, tmp_path, c
     assert onpolicy.main(["--data", str(tmp_path / "missing"), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: data path") and "\n" not in err
+
+
+# --------------------------------------------------------------- draft size and cost ratio
+
+
+def _meta_llama(config=None, **cfg):
+    """A Llama of these shapes on the meta device: no weights allocated, so any size is fast."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device("meta"):
+        return LlamaForCausalLM(config or LlamaConfig(**cfg))
+
+
+def test_cost_estimate_counts_the_matrices_a_decode_step_reads():
+    from quickdraft.train import sizing
+    from quickdraft.train.presets import FAMILY_DRAFT, FAMILY_TARGET, Arch
+    from quickdraft.train.trainer import llama_config
+
+    for arch in (FAMILY_DRAFT, FAMILY_TARGET, Arch(96, 3, 3, 256, num_key_value_heads=1)):
+        model = _meta_llama(llama_config(arch, 8192, 512))
+        assert sizing.matmul_params(model) == sizing.llama_matmul_params(arch, 8192)
+        assert sizing.matmul_params(model, 1024) == sizing.llama_matmul_params(arch, 1024)
+        assert sizing.decode_cost(model, 1024) == sizing.arch_cost(arch, 1024)
+    assert sizing.poor_ratio_warning(0.5, "estimated") is None
+    line = sizing.poor_ratio_warning(0.97, "measured")
+    assert "0.97 x the target's" in line and "--config" in line and "--method ngram" in line
+    assert "\n" not in line
+
+
+def test_default_draft_is_a_tenth_of_a_large_target_and_smaller_than_a_tiny_one(setup):
+    from transformers import AutoModelForCausalLM
+
+    from quickdraft.models.draft_vocab import default_vocab_size
+    from quickdraft.train import sizing
+    from quickdraft.train.presets import FAMILY_DRAFT, FAMILY_TARGET
+    from quickdraft.train.trainer import llama_config
+
+    # the embedded family's target gets the hand-picked family draft (1 layer x 256)
+    family = _meta_llama(llama_config(FAMILY_TARGET, 8192, 2048))
+    assert sizing.default_draft_arch(family, default_vocab_size(8192)) == FAMILY_DRAFT
+    # larger targets: about a tenth of their step, never deeper or wider than the target
+    for cfg in ({"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 2816,
+                 "num_hidden_layers": 16, "num_attention_heads": 16},
+                {"vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+                 "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3}):
+        target = _meta_llama(**cfg)
+        rows = default_vocab_size(cfg["vocab_size"])
+        arch = sizing.default_draft_arch(target, rows)
+        ratio = sizing.arch_cost(arch, rows) / sizing.decode_cost(target)
+        assert 0.05 < ratio <= 0.1, (cfg, arch, ratio)
+        assert arch.hidden_size <= cfg["hidden_size"] and arch.num_hidden_layers <= cfg["num_hidden_layers"]
+    # the tests' tiny target (2 x 64): too small for a cheap draft, but the default is smaller
+    tiny = AutoModelForCausalLM.from_pretrained(setup / "target")
+    vocab = tiny.config.vocab_size
+    arch = sizing.default_draft_arch(tiny, default_vocab_size(vocab))
+    assert (arch.num_hidden_layers, arch.hidden_size) < (2, 64)
+    assert arch.num_hidden_layers <= 2 and arch.hidden_size <= 64
+    assert sizing.arch_cost(arch, vocab) < sizing.decode_cost(tiny)
+    assert sizing.llama_matmul_params(arch, vocab) < sizing.matmul_params(tiny)
+    # one layer 16 wide has no smaller draft: a one-line error, not a draft as big as it
+    with pytest.raises(ValueError, match="too small for a smaller draft"):
+        sizing.default_draft_arch(_meta_llama(vocab_size=300, hidden_size=16, intermediate_size=32,
+                                              num_hidden_layers=1, num_attention_heads=1))
+
+
+def test_default_draft_is_smaller_than_the_target_and_a_too_large_one_warns(setup, tmp_path, capsys):
+    args = ["train", "draft", "--target", str(setup / "target"), "--data", str(setup / "data"),
+            "--steps", "1", "--seq-len", "32", "--batch-size", "2", "--eval-tokens", "64",
+            "--threads", "1", "--no-progress"]
+    target = json.loads((setup / "target" / "config.json").read_text())
+    assert cli.main([*args, "--out", str(tmp_path / "auto")]) == 0
+    draft = json.loads((tmp_path / "auto" / "config.json").read_text())
+    assert draft["num_hidden_layers"] <= target["num_hidden_layers"]
+    assert draft["hidden_size"] <= target["hidden_size"]
+    assert (draft["num_hidden_layers"], draft["hidden_size"]) != (target["num_hidden_layers"],
+                                                                   target["hidden_size"])
+    err = capsys.readouterr().err
+    assert "(--config auto)" in err
+    # a 2 x 64 target is too small for any draft to pay off: one line says to use another method
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "--method ngram" in warnings[0], err
+    # a draft wider than the target: one warning line with the ratio and what to do
+    big = json.dumps({"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                      "intermediate_size": 256})
+    assert cli.main([*args, "--out", str(tmp_path / "big"), "--config", big]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1, warnings
+    ratio = float(warnings[0].split("costs ")[1].split(" x")[0])
+    assert ratio > 1 and "pass a smaller --config" in warnings[0]
+
+
+def test_a_poor_measured_ratio_warns_when_the_estimate_did_not(setup, tmp_path, capsys, monkeypatch):
+    from quickdraft.train import draft, sizing
+
+    monkeypatch.setattr(sizing, "cost_ratio", lambda *a: 0.1)
+    monkeypatch.setattr(draft, "measure_decode", lambda models, **kw: {"target": 1.0, "draft": 0.9})
+    assert train_draft(setup, tmp_path / "d", "--steps", "1") == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "0.90 x the target's (measured" in warnings[0], warnings

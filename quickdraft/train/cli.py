@@ -106,9 +106,10 @@ def _configure_draft(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     start = p.add_mutually_exclusive_group()
     start.add_argument("--init", default=None,
                        help="start from this draft: embedded name or directory, with the target's tokenizer")
-    start.add_argument("--config", default="small",
-                       help="size of a new Llama draft: small (1 layer, 256 wide; default), "
-                            "tiny, or JSON (a file or inline) with hidden_size, "
+    start.add_argument("--config", default="auto",
+                       help="size of a new Llama draft: auto (default: sized from the target, "
+                            "a decode step about a tenth of the target's), small (1 layer, 256 "
+                            "wide), tiny, or JSON (a file or inline) with hidden_size, "
                             "num_hidden_layers, num_attention_heads, intermediate_size")
     p.add_argument("--draft-vocab", type=non_negative_int, default=None, metavar="N",
                    help="tokens the draft scores when drafting: the N most frequent in the training text "

@@ -1,11 +1,13 @@
 """``quickdraft train draft``: distil a draft model for any target the runtime loads.
 
-The draft is a small Llama (sized by ``--config``) or an existing model (``--init``) with
-the target's tokenizer, trained on KL(target || draft) + a small CE term over the user's
-text. The result is a Hugging Face directory with the target's tokenizer files, a model
-card and a ``quickdraft.json`` naming its target; the pair is also recorded in the user's
-pairing file (``models.registry.register_draft``), so ``quickdraft generate --model
-TARGET`` finds the draft without writing into the target's directory.
+The draft is a small Llama (sized by ``--config``; by default from the target, so its
+decode step costs about a tenth of the target's: :mod:`.sizing`) or an existing model
+(``--init``) with the target's tokenizer, trained on KL(target || draft) + a small CE
+term over the user's text. The result is a Hugging Face directory with the target's
+tokenizer files, a model card and a ``quickdraft.json`` naming its target; the pair is
+also recorded in the user's pairing file (``models.registry.register_draft``), so
+``quickdraft generate --model TARGET`` finds the draft without writing into the target's
+directory.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ..models.draft_vocab import VOCAB_FILE, default_vocab_size, read_draft_voca
 from ..models.loading import resolve_model_dir
 from ..models.registry import META_FILE, PACKAGE_DIR, read_meta, register_draft
 from ..pair import check_same_tokenizer
-from . import card
+from . import card, sizing
 from .distill import (
     DistillTask,
     check_settings,
@@ -54,8 +56,12 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.txt", "chat_template.jinja", "chat_template.json")
 
 
-def draft_arch(spec: str) -> Arch:
-    """``small``, ``tiny``, a JSON file or inline JSON with :class:`Arch` fields."""
+def draft_arch(spec: str, teacher=None, head_rows: int | None = None) -> Arch:
+    """``auto`` (sized from ``teacher``, whose draft scores ``head_rows`` tokens:
+    :func:`.sizing.default_draft_arch`), ``small``, ``tiny``, a JSON file or inline JSON
+    with :class:`Arch` fields."""
+    if spec == "auto":
+        return sizing.default_draft_arch(teacher, head_rows)
     if spec in DRAFT_SIZES:
         return DRAFT_SIZES[spec]
     text = Path(spec).read_text() if Path(spec).is_file() else spec
@@ -65,12 +71,12 @@ def draft_arch(spec: str) -> Arch:
     except (ValueError, TypeError) as exc:
         names = ", ".join(f.name for f in fields(Arch))
         raise TrainInputError(
-            f"--config {spec!r}: {exc}; use small, tiny, or JSON with the fields {names}"
+            f"--config {spec!r}: {exc}; use auto, small, tiny, or JSON with the fields {names}"
         ) from None
 
 
-def build_student(args, teacher, target_dir: Path, tok):
-    """The draft to train: ``--init`` (same tokenizer) or a fresh Llama of ``--config``."""
+def build_student(args, teacher, target_dir: Path, tok, arch: Arch | None):
+    """The draft to train: ``--init`` (same tokenizer) or a fresh Llama of ``arch``."""
     vocab = teacher.get_output_embeddings().weight.shape[0]
     context = context_length(teacher)
     if args.init is not None:
@@ -89,7 +95,7 @@ def build_student(args, teacher, target_dir: Path, tok):
     eos = tok.eos_token_id if eos is None else eos
     bos = teacher.config.bos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if isinstance(eos, int) else None)
-    cfg = llama_config(draft_arch(args.config), vocab, context, bos_id=bos, eos_id=eos, pad_id=pad)
+    cfg = llama_config(arch, vocab, context, bos_id=bos, eos_id=eos, pad_id=pad)
     return build_llama(cfg, args.seed)
 
 
@@ -142,29 +148,40 @@ def run_train_draft(args, command: str, log=print) -> int:
     if (args.draft_vocab or 0) > teacher.config.vocab_size:
         raise TrainInputError(f"--draft-vocab {args.draft_vocab} is more than the target's "
                               f"{teacher.config.vocab_size} tokens; pass at most that (0 = all)")
+    # The draft's frequency-ranked vocabulary (models/draft_vocab.py): what it scores when
+    # drafting, so what its sizing counts.
+    vocab_size = teacher.config.vocab_size
+    vocab_keep = default_vocab_size(vocab_size) if args.draft_vocab is None else args.draft_vocab
+    arch = None if args.init else draft_arch(args.config, teacher, vocab_keep)
     data = read_text_data(args.data)
     tokens = tokenize(data, tok, seq_len)
-    student = build_student(args, teacher, target_dir, tok)
+    student = build_student(args, teacher, target_dir, tok, arch)
     stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                   ckpt_every=args.ckpt_every, log_every=args.log_every)
     work = Path(args.work_dir) if args.work_dir else default_work_dir(out)
     check_settings(work, {
         "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
         "init": str(args.init) if args.init else None,
-        "config": None if args.init else asdict(draft_arch(args.config)),
+        "config": None if arch is None else asdict(arch),
         "seq_len": seq_len, "batch_size": args.batch_size, "lr": args.lr,
         "warmup": args.warmup, "seed": args.seed, "kl_weight": args.kl_weight,
         "ce_weight": args.ce_weight}, args.resume)
     split = tokens.manifest["split"]
+    auto = arch is not None and args.config == "auto"
+    named = args.config if args.config == "auto" or args.config in DRAFT_SIZES else "JSON"
+    shape = (f"from {args.init}" if arch is None else
+             f"{arch.num_hidden_layers} x {arch.hidden_size} (--config {named})")
+    ratio = sizing.cost_ratio(student, teacher, vocab_keep)
     log(f"[train draft] target {target_dir} ({count_params(teacher):,} params, context "
-        f"{context}); draft {count_params(student):,} params; {split['train_tokens']:,} train "
-        f"/ {split['heldout_tokens']:,} held-out tokens; {args.steps} steps of "
+        f"{context}); draft {shape}, {count_params(student):,} params, estimated step cost "
+        f"{ratio:.2f} x the target's; {split['train_tokens']:,} train / "
+        f"{split['heldout_tokens']:,} held-out tokens; {args.steps} steps of "
         f"{args.batch_size} x {seq_len}")
+    warning = sizing.poor_ratio_warning(ratio, "estimated", auto)
+    if warning:
+        log(warning)
 
-    # The draft's frequency-ranked vocabulary (models/draft_vocab.py), from the train split.
-    vocab_size = teacher.config.vocab_size
     counts = np.bincount(tokens.train.astype(np.int64), minlength=vocab_size)[:vocab_size]
-    vocab_keep = default_vocab_size(vocab_size) if args.draft_vocab is None else args.draft_vocab
 
     def save(d: Path) -> None:
         save_model_bf16(student, d)
@@ -216,6 +233,10 @@ def run_train_draft(args, command: str, log=print) -> int:
     card.record_eval(out, heldout, seq_len)
     card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")
     card.write_distill_card(out, report)
+    if not warning:  # the estimate missed it: say so once, with the figure the card reports
+        measured = sizing.poor_ratio_warning(ms["ratio"], "measured, full vocabulary", auto)
+        if measured:
+            log(measured)
     log(f"[train draft] held-out: greedy agreement {heldout['greedy_agreement']:.1%}, "
         f"KL {heldout['kl_from_target']:.4f}, loss {heldout['loss']:.4f}; decode cost "
         f"draft/target {ms['ratio']:.3f}; draft saved to {out}")
