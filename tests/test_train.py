@@ -225,6 +225,96 @@ def test_rerunning_one_stage_keeps_the_other_models_command(tiny_run):
     assert "--stage draft" in draft_card
 
 
+# ------------------------------------------------------------------------ model cards
+
+
+def _card_inputs() -> tuple[dict, dict]:
+    """A fixed ``results.json`` and ``config.json`` that reach every branch of write_card."""
+    buckets = [{"start": 0, "end": 128, "tokens": 4096, "loss": 1.25},
+               {"start": 128, "end": 256, "tokens": 4000, "loss": None}]
+    hw = {"platform": "Linux-6.1-x86_64", "processor": "", "machine": "x86_64", "cpu_count": 2,
+          "torch": "2.5.0", "threads": 2, "transformers": "4.46.0", "python": "3.11.9"}
+    stage = {"steps": 450, "batch_size": 12, "tokens": 1382400, "weight_decay": 0.1, "lr": 0.0015,
+             "warmup": 25, "grad_clip": 1.0, "train_time_s": 4321.0, "final_train_loss": 1.23456}
+    results = {
+        "command": "quickdraft train --out runs/v1 --threads auto",
+        "seed": 0,
+        "preset": {"seq_len": 256, "ce_weight": 0.1},
+        "corpus": {"files": 10, "bytes": 123456, "python_version": "3.11.9", "sha256": "ab" * 32,
+                   "split": {"method": "sha256(path) < 0.05", "val_files": 3, "val_bytes": 20000}},
+        "stream": {"train_tokens": 1234567, "val_tokens": 54321},
+        "hardware": hw,
+        "decode_ms": {"target": 6.4615, "draft": 0.9251, "threads": 2, "steps": 64,
+                      "prompt_len": 32, "repeats": 5},
+        "stage_wall_s": {"target": 4500.0},
+        "val_code_only": {"excluded": ["pydoc_data/topics.py"], "files": 2, "bytes": 8000,
+                          "target": {"loss": 1.5, "bpb": 0.6},
+                          "draft": {"loss": 2.5, "bpb": 0.9, "greedy_agreement": 0.61}},
+        "target_init": "runs/v0/qd-stdlib-target",
+        "target_init_val": {"position_buckets": [{**b, "loss": 1.5} for b in buckets]},
+        "target": {**stage, "params": 23_000_000,
+                   "val": {"loss": 1.4, "bpb": 0.55, "tokens": 8096, "bytes": 30000,
+                           "position_buckets": buckets},
+                   "train_eval": {"tokens": 1024, "loss": 1.3, "bpb": 0.5}},
+        "draft": {**stage, "params": 2_900_000, "command": "quickdraft train --stage draft",
+                  "val": {"loss": 2.4, "bpb": 0.95, "tokens": 8096, "bytes": 30000,
+                          "kl_from_target": 0.8, "greedy_agreement": 0.6,
+                          "position_buckets": buckets},
+                  "train_eval": {"tokens": 1024, "loss": 2.3, "bpb": 0.9}},
+    }
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 448, "num_hidden_layers": 8,
+              "num_attention_heads": 7, "num_key_value_heads": 7, "intermediate_size": 1216,
+              "vocab_size": 8192, "max_position_embeddings": 2048, "tie_word_embeddings": True}
+    return results, config
+
+
+def _card_variants() -> dict[str, dict]:
+    """Results with and without each optional part (timing, code-only rows, buckets, ...)."""
+    full, _ = _card_inputs()
+    bare = json.loads(json.dumps(full))
+    for key in ("decode_ms", "stage_wall_s", "val_code_only", "target_init", "target_init_val"):
+        del bare[key]
+    bare["command"] = "quickdraft train --out runs/v1"
+    bare["hardware"]["processor"] = "Intel(R) Xeon(R)"
+    for role in ("target", "draft"):
+        del bare[role]["val"]["position_buckets"]
+    return {"full": full, "bare": bare}
+
+
+# sha256 of the README.md card.write_card writes for each variant/role: pins the cards byte
+# for byte, so restructuring write_card cannot change what it writes. A deliberate change to
+# the card's text updates these (the test's assertion shows the new values).
+CARD_SHA256 = {
+    "full/target": "0d20467278370b2a1ff84e532f604ebed4661d9ccac0c56d02294feba25382d6",
+    "full/draft": "5274bbb9cdb100160a4d6c028d0355e1110b78158fbc89a64dfd979b97752808",
+    "bare/target": "6833f9adbe0b2be0315e6e63dd5fab90b9cbae52f522512b16d71e22cbfa8ae9",
+    "bare/draft": "3291ea708e801fcf6d58c5f6ecb100f66bb87b2b97f1458695e892ab7ef6fdd1",
+}
+
+
+def test_write_card_output_is_pinned(tmp_path):
+    import hashlib
+
+    from quickdraft.train import card
+
+    _, config = _card_inputs()
+    got = {}
+    for variant, results in _card_variants().items():
+        for role in ("target", "draft"):
+            d = tmp_path / f"{variant}-{role}"
+            d.mkdir()
+            (d / "config.json").write_text(json.dumps(config))
+            card.write_card(d, role, results)
+            text = (d / "README.md").read_text()
+            got[f"{variant}/{role}"] = hashlib.sha256(text.encode()).hexdigest()
+            headings = [line for line in text.splitlines() if line.startswith("## ")]
+            assert headings == ["## Architecture", "## Results", "## Decode cost", "## Training",
+                                "## Tokenizer", "## Corpus"], headings
+            assert (d / "position_loss.png").exists() == (variant == "full")
+            assert ("## Decode cost\n\n(measured once the draft is trained)" in text) == (variant == "bare")
+    assert got == CARD_SHA256
+
+
 # ------------------------------------------------------------------------ resume
 
 
