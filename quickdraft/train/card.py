@@ -128,42 +128,76 @@ def _fmt_arch(cfg: dict) -> str:
 
 
 def write_card(model_dir: Path, role: str, results: dict) -> None:
-    """README.md for one model from the shared ``results`` dict (see pipeline)."""
-    r = results[role]
-    # Each model records the command that trained it: re-running one stage must not stamp
-    # its command on the other model's card.
-    command = r.get("command", results["command"])
+    """README.md for one model of the embedded family from the shared ``results`` dict (see
+    pipeline), and its loss-by-position plot when the results have one."""
     cfg = json.loads((model_dir / "config.json").read_text())
-    manifest = results["corpus"]
-    timing = results.get("decode_ms", {})
-    hw = results["hardware"]
-    ev, tr = r.get("val", {}), r.get("train_eval", {})
-    lines = [
-        f"# {model_dir.name}",
+    _plot_position_loss(model_dir, role, results)
+    text = _join_sections(
+        _intro_section(model_dir.name, role, results),
+        _architecture_section(results[role]["params"], cfg),
+        _results_section(role, results),
+        _decode_cost_section(results.get("decode_ms", {})),
+        _training_section(role, results, cfg),
+        ["## Tokenizer", "", TOKENIZER_WHY],
+        _corpus_section(results),
+    )
+    (model_dir / "README.md").write_text(text)
+
+
+def _join_sections(*sections: list[str]) -> str:
+    """Markdown lines of each section, a blank line after each (so the file ends in one)."""
+    return "\n".join(line for section in sections for line in (*section, ""))
+
+
+def _intro_section(name: str, role: str, results: dict) -> list[str]:
+    """Title, which model of the pair this is, and what the family is for."""
+    what = (f"The default **target** model of quickdraft's embedded family; its paired draft is "
+            f"`{DRAFT_NAME}`." if role == "target" else
+            f"The **draft** model of quickdraft's embedded family, distilled from `{TARGET_NAME}` "
+            "(loss = KL(target || draft) at temperature 1"
+            f" + {results['preset']['ce_weight']} x CE; target frozen).")
+    return [
+        f"# {name}",
         "",
-        (f"The default **target** model of quickdraft's embedded family; its paired draft is "
-         f"`{DRAFT_NAME}`." if role == "target" else
-         f"The **draft** model of quickdraft's embedded family, distilled from `{TARGET_NAME}` "
-         "(loss = KL(target || draft) at temperature 1"
-         f" + {results['preset']['ce_weight']} x CE; target frozen)."),
+        what,
         "",
         "A small Llama-architecture causal LM trained by `quickdraft train` on the Python "
         "standard library, so speculative decoding works offline. It continues code with "
         "Python-shaped text (indentation, `def`/`class`, stdlib identifiers); at this size and "
         "a CPU training budget of about an hour it is not a useful code generator on its own, "
         "and it is not a general-purpose model. Its job is to be a cheap, real target/draft pair.",
-        "",
+    ]
+
+
+def _architecture_section(params: int, cfg: dict) -> list[str]:
+    """Parameter count, the embedding table's share of it, and the config's shape fields."""
+    embedding = cfg["vocab_size"] * cfg["hidden_size"]
+    return [
         "## Architecture",
         "",
-        f"`LlamaForCausalLM`, **{r['params']:,} parameters** (all, embeddings included; "
+        f"`LlamaForCausalLM`, **{params:,} parameters** (all, embeddings included; "
         "tied input/output embeddings), weights stored as bf16 safetensors, trained in fp32. "
-        f"The embedding table is {cfg['vocab_size'] * cfg['hidden_size']:,} of them "
-        f"({cfg['vocab_size'] * cfg['hidden_size'] / r['params']:.0%}).",
+        f"The embedding table is {embedding:,} of them ({embedding / params:.0%}).",
         "",
         "| field | value |", "|---|---|", _fmt_arch(cfg),
-        "",
-        "## Results",
-        "",
+    ]
+
+
+def _results_section(role: str, results: dict) -> list[str]:
+    """The metrics table, loss by position (when measured) and how bits per byte are counted."""
+    lines = ["## Results", "", *_metrics_table(role, results)]
+    buckets = results[role].get("val", {}).get("position_buckets")
+    if buckets:
+        lines += ["", *_position_subsection(buckets, _buckets_before(role, results),
+                                            results["preset"]["seq_len"])]
+    return [*lines, "", _bpb_note(results)]
+
+
+def _metrics_table(role: str, results: dict) -> list[str]:
+    """Validation and train loss and bits per byte; a draft's agreement with the target; the
+    code-only validation rows when the results have them."""
+    ev, tr = results[role].get("val", {}), results[role].get("train_eval", {})
+    rows = [
         "| metric | value |", "|---|---|",
         f"| validation loss (nats/token) | {ev.get('loss', float('nan')):.4f} |",
         f"| validation bits per byte | {ev.get('bpb', float('nan')):.4f} |",
@@ -173,105 +207,151 @@ def write_card(model_dir: Path, role: str, results: dict) -> None:
         f"| validation tokens scored | {ev.get('tokens', 0):,} ({ev.get('bytes', 0):,} bytes) |",
     ]
     if role == "draft" and "kl_from_target" in ev:
-        lines += [
+        rows += [
             f"| KL(target \\|\\| draft) on validation | {ev['kl_from_target']:.4f} |",
             f"| greedy agreement with target (validation, teacher-forced) | "
             f"{ev['greedy_agreement']:.2%} |",
         ]
-    code = results.get("val_code_only", {})
-    if role in code:
-        c = code[role]
-        lines += [
-            f"| validation loss, code only ({code['files']} files, {code['bytes']:,} bytes; "
-            f"shipped bf16 weights) | {c['loss']:.4f} |",
-            f"| validation bits per byte, code only | {c['bpb']:.4f} |",
-        ]
-        if "greedy_agreement" in c:
-            lines += [f"| greedy agreement with target, code only | {c['greedy_agreement']:.2%} |"]
-    buckets = ev.get("position_buckets")
-    if buckets:
-        before = results.get(f"{role}_init_val", {}).get("position_buckets")
-        curves = {model_dir.name: buckets}
-        if before:
-            curves[f"before ({results.get(f'{role}_init', 'init')})"] = before
-        plot_position_buckets(curves, model_dir / "position_loss.png",
-                              f"{model_dir.name}: validation loss by position")
-        lines += [
-            "",
-            f"### Loss by position (windows of {results['preset']['seq_len']} tokens)",
-            "",
-            "Validation cross-entropy by position in the context window: flat or falling means "
-            "the model uses the longer context instead of degrading past a shorter training "
-            "window." + (" The last column is the model this one was continued from, scored "
-                         "the same way." if before else ""),
-            "",
-            *position_table(buckets, before, "before"),
-            "",
-            "![loss by position](position_loss.png)",
-        ]
-    lines += [
+    return rows + _code_only_rows(role, results.get("val_code_only", {}))
+
+
+def _code_only_rows(role: str, code: dict) -> list[str]:
+    """Metrics rows on the validation split without its generated documentation file."""
+    if role not in code:
+        return []
+    c = code[role]
+    rows = [
+        f"| validation loss, code only ({code['files']} files, {code['bytes']:,} bytes; "
+        f"shipped bf16 weights) | {c['loss']:.4f} |",
+        f"| validation bits per byte, code only | {c['bpb']:.4f} |",
+    ]
+    if "greedy_agreement" in c:
+        rows += [f"| greedy agreement with target, code only | {c['greedy_agreement']:.2%} |"]
+    return rows
+
+
+def _buckets_before(role: str, results: dict) -> list[dict] | None:
+    """Loss by position of the model this one was continued from (None: trained from scratch)."""
+    return results.get(f"{role}_init_val", {}).get("position_buckets")
+
+
+def _plot_position_loss(model_dir: Path, role: str, results: dict) -> None:
+    """``position_loss.png`` for the card: this model's validation loss by position, and the
+    model it was continued from; nothing when the results have no buckets."""
+    buckets = results[role].get("val", {}).get("position_buckets")
+    if not buckets:
+        return
+    before = _buckets_before(role, results)
+    curves = {model_dir.name: buckets}
+    if before:
+        curves[f"before ({results.get(f'{role}_init', 'init')})"] = before
+    plot_position_buckets(curves, model_dir / "position_loss.png",
+                          f"{model_dir.name}: validation loss by position")
+
+
+def _position_subsection(buckets: list[dict], before: list[dict] | None, seq_len: int) -> list[str]:
+    """Loss by position in the context window: the table and the plot."""
+    return [
+        f"### Loss by position (windows of {seq_len} tokens)",
         "",
-        "bits per byte = total validation nats / (ln 2 x UTF-8 bytes of the predicted tokens); "
-        "over the whole validation split the byte count is its UTF-8 size."
-        + (f" The split is {manifest['split']['val_files']} whole files; "
-           f"{', '.join(code['excluded'])} (generated English documentation inside a Python "
-           f"string, {manifest['split']['val_bytes'] - code['bytes']:,} bytes) is most of it, "
-           "so the code-only rows report the remaining files separately."
-           if code.get("excluded") else ""),
+        "Validation cross-entropy by position in the context window: flat or falling means "
+        "the model uses the longer context instead of degrading past a shorter training "
+        "window." + (" The last column is the model this one was continued from, scored "
+                     "the same way." if before else ""),
         "",
+        *position_table(buckets, before, "before"),
+        "",
+        "![loss by position](position_loss.png)",
+    ]
+
+
+def _bpb_note(results: dict) -> str:
+    """How bits per byte are counted, and why there are code-only rows."""
+    code, split = results.get("val_code_only", {}), results["corpus"]["split"]
+    note = ("bits per byte = total validation nats / (ln 2 x UTF-8 bytes of the predicted "
+            "tokens); over the whole validation split the byte count is its UTF-8 size.")
+    if not code.get("excluded"):
+        return note
+    return (note + f" The split is {split['val_files']} whole files; "
+            f"{', '.join(code['excluded'])} (generated English documentation inside a Python "
+            f"string, {split['val_bytes'] - code['bytes']:,} bytes) is most of it, "
+            "so the code-only rows report the remaining files separately.")
+
+
+def _decode_cost_section(timing: dict) -> list[str]:
+    """Per-token decode time of both models and their ratio, once the draft is timed."""
+    if not timing:
+        return ["## Decode cost", "", "(measured once the draft is trained)"]
+    return [
         "## Decode cost",
         "",
-    ]
-    if timing:
-        lines += [
-            "Per-token cached decode step (batch 1, KV cache, fp32, "
-            f"{timing.get('threads')} threads, {timing.get('steps')} steps after a "
-            f"{timing.get('prompt_len')}-token prompt, median of {timing.get('repeats')} "
-            "interleaved rounds), measured by `quickdraft.train.trainer.measure_decode` on the "
-            "training machine:",
-            "",
-            "| model | ms / token |", "|---|---|",
-            f"| {TARGET_NAME} | {timing['target']:.3f} |",
-            f"| {DRAFT_NAME} | {timing['draft']:.3f} |",
-            "",
-            f"draft / target cost ratio: **{timing['draft'] / timing['target']:.3f}** "
-            f"(target is {timing['target'] / timing['draft']:.2f}x the draft).",
-        ]
-    else:
-        lines += ["(measured once the draft is trained)"]
-    lines += [
+        "Per-token cached decode step (batch 1, KV cache, fp32, "
+        f"{timing.get('threads')} threads, {timing.get('steps')} steps after a "
+        f"{timing.get('prompt_len')}-token prompt, median of {timing.get('repeats')} "
+        "interleaved rounds), measured by `quickdraft.train.trainer.measure_decode` on the "
+        "training machine:",
         "",
+        "| model | ms / token |", "|---|---|",
+        f"| {TARGET_NAME} | {timing['target']:.3f} |",
+        f"| {DRAFT_NAME} | {timing['draft']:.3f} |",
+        "",
+        f"draft / target cost ratio: **{timing['draft'] / timing['target']:.3f}** "
+        f"(target is {timing['target'] / timing['draft']:.2f}x the draft).",
+    ]
+
+
+def _training_section(role: str, results: dict, cfg: dict) -> list[str]:
+    """What was trained how: init, schedule, time, hardware, the command and the log."""
+    r = results[role]
+    # Each model records the command that trained it: re-running one stage must not stamp
+    # its command on the other model's card.
+    command = r.get("command", results["command"])
+    seq_len = results["preset"]["seq_len"]
+    init = results.get(f"{role}_init")
+    return [
         "## Training",
         "",
-        *([f"- continued from `{results[f'{role}_init']}` (its weights and tokenizer) at "
-           f"windows of {results['preset']['seq_len']} tokens, so that every position of the "
-           f"{cfg['max_position_embeddings']}-token context is trained"]
-          if results.get(f"{role}_init") else []),
-        f"- steps: {r['steps']}, batch {r['batch_size']} x {results['preset']['seq_len']} tokens "
+        *([f"- continued from `{init}` (its weights and tokenizer) at windows of {seq_len} "
+           f"tokens, so that every position of the {cfg['max_position_embeddings']}-token "
+           "context is trained"] if init else []),
+        f"- steps: {r['steps']}, batch {r['batch_size']} x {seq_len} tokens "
         f"({r['tokens']:,} tokens seen), AdamW (betas 0.9/0.95, weight decay "
         f"{r['weight_decay']}), peak lr {r['lr']}, {r['warmup']} warmup steps then cosine to "
         f"10%, grad clip {r['grad_clip']}, seed {results['seed']}",
-        f"- training time: {r['train_time_s'] / 60:.1f} min of optimizer steps "
-        f"(final train-batch {'loss' if role == 'target' else 'objective KL + CE term'} "
-        f"{r['final_train_loss']:.4f})"
-        + (f"; whole stage incl. data loading and evaluation: "
-           f"{results['stage_wall_s'][role] / 60:.1f} min wall"
-           if role in results.get("stage_wall_s", {}) else ""),
-        f"- hardware: {hw['platform']}, {hw['processor'] or hw['machine']}, "
-        f"{hw['cpu_count']} CPUs, torch {hw['torch']} ({hw['threads']} threads), "
-        f"transformers {hw['transformers']}, Python {hw['python']}"
-        + ("; `--threads auto`: each step ran with 1 or 2 threads, whichever was measured "
-           "faster (the machine was shared; the `threads` field of each log line records it)"
-           if "--threads auto" in command else ""),
+        _training_time_line(role, results),
+        _hardware_line(results["hardware"], command),
         f"- command: `{command}`",
         "- training log: `train_log.jsonl`; loss curve: `loss_curve.png`",
         "",
         "![loss curve](loss_curve.png)",
-        "",
-        "## Tokenizer",
-        "",
-        TOKENIZER_WHY,
-        "",
+    ]
+
+
+def _training_time_line(role: str, results: dict) -> str:
+    """Optimizer time and the final train-batch loss; the stage's wall time when recorded."""
+    r = results[role]
+    wall = results.get("stage_wall_s", {})
+    return (f"- training time: {r['train_time_s'] / 60:.1f} min of optimizer steps "
+            f"(final train-batch {'loss' if role == 'target' else 'objective KL + CE term'} "
+            f"{r['final_train_loss']:.4f})"
+            + (f"; whole stage incl. data loading and evaluation: {wall[role] / 60:.1f} min wall"
+               if role in wall else ""))
+
+
+def _hardware_line(hw: dict, command: str) -> str:
+    """The machine and library versions; how ``--threads auto`` ran when the command used it."""
+    return (f"- hardware: {hw['platform']}, {hw['processor'] or hw['machine']}, "
+            f"{hw['cpu_count']} CPUs, torch {hw['torch']} ({hw['threads']} threads), "
+            f"transformers {hw['transformers']}, Python {hw['python']}"
+            + ("; `--threads auto`: each step ran with 1 or 2 threads, whichever was measured "
+               "faster (the machine was shared; the `threads` field of each log line records it)"
+               if "--threads auto" in command else ""))
+
+
+def _corpus_section(results: dict) -> list[str]:
+    """Why the stdlib, how it is split, its manifest and the packed token counts."""
+    manifest = results["corpus"]
+    return [
         "## Corpus",
         "",
         CORPUS_WHY,
@@ -284,9 +364,7 @@ def write_card(model_dir: Path, role: str, results: dict) -> None:
         "",
         f"Packed streams: {results['stream']['train_tokens']:,} train tokens, "
         f"{results['stream']['val_tokens']:,} validation tokens.",
-        "",
     ]
-    (model_dir / "README.md").write_text("\n".join(lines))
 
 
 def _fmt(v, spec: str = ".4f") -> str:
