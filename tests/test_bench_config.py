@@ -41,3 +41,13 @@ def test_checks(given, message):
         BenchConfig.create(**given)
     with pytest.raises(BenchError, match=message):  # the API runs the same checks
         BenchConfig(**given).validate()
+
+
+def test_the_bench_runs_every_method_of_the_method_table():
+    """The bench reads the one method table: every decoding method is a bench method, and
+    loads the draft exactly when the table says the method needs one."""
+    from quickdraft.bench.config import BENCH_METHODS
+    from quickdraft.drafters.factory import METHODS, NEEDS_DRAFT
+
+    assert set(METHODS) <= set(BENCH_METHODS)
+    assert {m for m in METHODS if BENCH_METHODS[m].needs_draft} == set(NEEDS_DRAFT)

@@ -116,9 +116,15 @@ class BenchMethod:
 BENCH_METHODS: dict[str, BenchMethod] = {}
 
 
-def register_method(name: str, factory: Callable, *, needs_draft: bool = False,
+def register_method(name: str, factory: Callable, *, needs_draft: bool | None = None,
                     help: str = "") -> None:
-    """Make ``name`` a benchmark method whose rows ``factory(ctx, config, k)`` returns."""
+    """Make ``name`` a benchmark method whose rows ``factory(ctx, config, k)`` returns.
+    ``needs_draft`` defaults to what the method table says for a decoding method's name
+    (:data:`quickdraft.drafters.factory.METHODS`), else False."""
+    from ..drafters.factory import NEEDS_DRAFT
+
+    if needs_draft is None:
+        needs_draft = name in NEEDS_DRAFT
     BENCH_METHODS[name] = BenchMethod(name, factory, needs_draft, help)
 
 

@@ -15,8 +15,10 @@ tokenizer), the run's :class:`~.config.BenchConfig` and the run's k (given or th
 model's choice), and returns the method's rows: objects with the :class:`~.methods.Method`
 interface, usually :class:`~.methods.EngineMethod` (our decode loop with a drafter and
 optionally an acceptance rule). Rows are told apart by their ``label`` (name + settings):
-return one row per setting to compare (e.g. one per k). Pass ``needs_draft=True`` when the
-method uses the draft model (``ctx.draft``), so the bench loads it.
+return one row per setting to compare (e.g. one per k). A decoding method's name (one of
+:data:`quickdraft.drafters.factory.METHODS`) takes whether it needs the draft model from that
+table; for another name pass ``needs_draft=True`` when it uses ``ctx.draft``, so the bench
+loads it.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ register_method("ar", lambda ctx, config, k: [EngineMethod("ar", None)],
                 help="plain decoding (our loop): the baseline of every speedup")
 register_method("draft", lambda ctx, config, k: [EngineMethod("draft", _draft_drafter, s)
                                                  for s in sorted({k, *config.sweep})],
-                needs_draft=True, help="draft-model speculative decoding, at k and every --sweep k")
+                help="draft-model speculative decoding, at k and every --sweep k")
 register_method("hf-ar", lambda ctx, config, k: [HFMethod("hf-ar")],
                 help="transformers generate(), plain")
 register_method("hf-assisted", lambda ctx, config, k: [HFMethod("hf-assisted", k)],
@@ -105,10 +107,10 @@ def _bound(drafter, ctx, k):
 register_method("ngram", _drafter_rows("ngram", [{"ngram_max": 3}]),
                 help="prompt lookup over prompt + output (no draft model)")
 register_method("tree", _drafter_rows("tree", [{"tree": "2,1,1"}, {"tree": "2,2,1"}, {"tree": "dynamic:6"}]),
-                needs_draft=True, help="the draft model expands a token tree")
+                help="the draft model expands a token tree")
 register_method("multi-draft", _drafter_rows("multi-draft", [{"num_drafts": 2}, {"num_drafts": 2, "rule": "spectr"}]),
-                needs_draft=True, help="sampled drafts merged into one tree (mss; spectr when sampling)")
-register_method("hybrid", _drafter_rows("hybrid", [{"ngram_max": 3}]), needs_draft=True,
+                help="sampled drafts merged into one tree (mss; spectr when sampling)")
+register_method("hybrid", _drafter_rows("hybrid", [{"ngram_max": 3}]),
                 help="n-gram continuation when one matches, else the draft model")
 
 
@@ -152,7 +154,7 @@ def _auto_rows(ctx, config, k):
     return [EngineMethod("auto", factory, choice.k or None, settings={"chose": choice.label})]
 
 
-register_method("auto", _auto_rows, needs_draft=True,
+register_method("auto", _auto_rows,
                 help="the method, k and tree the cost model picks for this pair and machine")
 
 
