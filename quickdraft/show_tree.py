@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
+from .decoding.drafter import Drafter
 from .decoding.proposal import Proposal
 from .decoding.sampling import SamplingParams
 
@@ -13,27 +14,34 @@ from .decoding.sampling import SamplingParams
 class TreeRecorder:
     """Wraps a drafter and keeps the first non-empty proposal with its accepted path."""
 
-    def __init__(self, drafter) -> None:
+    def __init__(self, drafter: Drafter) -> None:
         self.drafter = drafter
         self.name = drafter.name
         self.proposal: Proposal | None = None
         self.path: list[int] | None = None
-        self._current: Proposal | None = None
+        self._current: dict[int, Proposal] = {}  # slot -> its last proposal
 
     def verify_width(self, k: int) -> int:
         return self.drafter.verify_width(k)
 
-    def start(self, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator, max_len: int) -> None:
-        self.drafter.start(prompt, params, generator, max_len)
+    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+             max_len: int) -> None:
+        self.drafter.join(slot, prompt, params, generator, max_len)
 
-    def propose(self, sequence: torch.Tensor, k: int) -> Proposal:
-        self._current = self.drafter.propose(sequence, k)
-        return self._current
+    def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
+        proposals = self.drafter.propose(slots, sequences, ks)
+        self._current.update(zip(slots, proposals))
+        return proposals
 
-    def verified(self, length: int, path: list[int]) -> None:
-        if self.proposal is None and self._current is not None and self._current.size:
-            self.proposal, self.path = self._current, list(path)
-        self.drafter.verified(length, path)
+    def verified(self, slot: int, length: int, path: list[int]) -> None:
+        current = self._current.pop(slot, None)
+        if self.proposal is None and current is not None and current.size:
+            self.proposal, self.path = current, list(path)
+        self.drafter.verified(slot, length, path)
+
+    def leave(self, slot: int) -> None:
+        self._current.pop(slot, None)
+        self.drafter.leave(slot)
 
 
 def render_tree(proposal: Proposal, path: list[int], show: Callable[[int], str]) -> str:

@@ -156,10 +156,11 @@ class ResumeTooLate(EarlyExitDrafter):
     """WRONG: claims its hidden states are one layer deeper than they are (verification
     then skips a layer of the target for the drafted tokens)."""
 
-    def propose(self, sequence, k):
-        proposal = super().propose(sequence, k)
-        proposal.start_layer += 1
-        return proposal
+    def propose(self, slots, sequences, ks):
+        proposals = super().propose(slots, sequences, ks)
+        for proposal in proposals:
+            proposal.start_layer += 1
+        return proposals
 
 
 @pytest.mark.slow

@@ -85,13 +85,16 @@ class FixedDrafter:
     def verify_width(self, k):
         return k + 1
 
-    def start(self, prompt, params, generator, max_len):
+    def join(self, slot, prompt, params, generator, max_len):
         pass
 
-    def propose(self, sequence, k):
-        return Proposal.chain(torch.tensor([2, 4, 1, 0][:k]))
+    def propose(self, slots, sequences, ks):
+        return [Proposal.chain(torch.tensor([2, 4, 1, 0][:k])) for k in ks]
 
-    def verified(self, length, path):
+    def verified(self, slot, length, path):
+        pass
+
+    def leave(self, slot):
         pass
 
 

@@ -95,11 +95,11 @@ def test_max_tokens_and_eos_inside_an_accepted_tree_path(models, n):
 def test_ngram_proposes_the_continuation_of_the_latest_match():
     drafter = NgramDrafter(ngram_max=3, ngram_min=1)
     seq = torch.tensor([5, 6, 7, 8, 9, 1, 5, 6, 7, 2, 3, 5, 6, 7])
-    proposal = drafter.propose(seq, 3)
+    proposal = drafter.lookup(seq, 3)
     assert proposal.is_chain and proposal.probs is None
     assert proposal.tokens.tolist() == [2, 3, 5]  # the latest earlier "5 6 7" with 3 tokens after it
-    assert drafter.propose(torch.tensor([1, 2, 3, 4]), 3).size == 0  # nothing matches: a plain step
-    assert drafter.propose(torch.tensor([4, 9, 4]), 3).tokens.tolist() == [9, 4]  # short continuation
+    assert drafter.lookup(torch.tensor([1, 2, 3, 4]), 3).size == 0  # nothing matches: a plain step
+    assert drafter.lookup(torch.tensor([4, 9, 4]), 3).tokens.tolist() == [9, 4]  # short continuation
 
 
 def test_ngram_never_costs_a_wide_pass_without_a_match(models):
@@ -149,8 +149,8 @@ def test_draft_cache_is_compacted_to_the_accepted_path(tiny_family):
     draft, fresh = load_model(tiny_family["perturbed"]), load_model(tiny_family["perturbed"])
     drafter = DraftModelDrafter(draft, draft.vocab_size, StaticTree((2, 2, 2), sample=False))
     prompt = torch.tensor([3, 17, 42, 8, 99, 23])
-    drafter.start(prompt, SamplingParams(), torch.Generator(), 64)
-    proposal = drafter.propose(prompt, 3)
+    drafter.join(0, prompt, SamplingParams(), torch.Generator(), 64)
+    [proposal] = drafter.propose([0], [prompt], [3])
     assert proposal.size == 14 and not proposal.is_chain
     leaf = 13  # the last node: depth 3, second child of a second child of the root's second child
     path = []
@@ -158,7 +158,7 @@ def test_draft_cache_is_compacted_to_the_accepted_path(tiny_family):
         path.insert(0, leaf)
         leaf = int(proposal.parents[leaf])
     assert len(path) == 3 and path[0] == 1
-    drafter.verified(prompt.numel(), path)
+    drafter.verified(0, prompt.numel(), path)
     assert draft.length == prompt.numel() + 2  # the depth-3 node was never fed to the draft
     fresh.reset(64)
     sequence = torch.cat([prompt, proposal.tokens[path], torch.tensor([5])])

@@ -23,7 +23,7 @@ import torch
 
 from ..models.lm import NativeLM
 from ..models.ragged import Feed, ragged_forward, ragged_forward_keeping
-from .drafter import BatchDrafter, BatchedNoDrafter
+from .drafter import Drafter, NoDrafter
 from .proposal import EMPTY, Proposal
 from .sampling import SamplingParams
 from .stats import GenerationStats, RecentAcceptance
@@ -77,8 +77,10 @@ class _Row:
 
 class BatchEngine:
     """Batched speculative decoding over a native target: ``drafter`` proposes a chain per
-    row (None: plain decoding). :func:`quickdraft.batch_generate.make_batch_engine` builds
-    one by method name, with the method's batch drafter and the measured batch policy.
+    row, in the row's slot (a :class:`~quickdraft.decoding.drafter.Drafter` that serves
+    ``max_batch_size`` slots; None: plain decoding).
+    :func:`quickdraft.batch_generate.make_batch_engine` builds one by method name, with the
+    method's batched drafter and the measured batch policy.
 
     ``num_speculative_tokens``: k for every batch size, or None for ``policy`` (an object
     with ``k(rows, acceptance, context)``, e.g. :class:`~quickdraft.policy.batch_policy.BatchPolicy`:
@@ -95,7 +97,7 @@ class BatchEngine:
     def __init__(
         self,
         target: NativeLM,
-        drafter: BatchDrafter | None = None,
+        drafter: Drafter | None = None,
         *,
         max_batch_size: int = 8,
         max_len: int | None = None,
@@ -114,7 +116,7 @@ class BatchEngine:
         self.max_batch_size = max_batch_size
         self.context = min(target.context_length, max_len or target.context_length)
         self.cache = self.model.new_cache(max_batch_size, cache_length(target, max_len))
-        self.drafter = drafter or BatchedNoDrafter()
+        self.drafter = drafter or NoDrafter()
         self.method = self.drafter.name
         self.num_speculative_tokens = num_speculative_tokens
         self.policy = policy
@@ -144,17 +146,21 @@ class BatchEngine:
         if not self._free:
             raise BatchFullError(f"all {self.max_batch_size} rows of the batch are taken")
         stop = stop or StopConditions(self.context - prompt.numel(), self.target.eos_token_ids)
-        slot = self._free.pop(0)
+        slot = self._free[0]
         generator = params.generator()
         sequence = torch.zeros(self.context + 1, dtype=torch.long)
         sequence[: prompt.numel()] = prompt
         stats = GenerationStats(prompt_tokens=prompt.numel())
         row = _Row(self._next_id, slot, sequence, prompt.numel(), params, generator,
                    self.acceptance(params, generator), stop, stats, time.perf_counter())
-        self._next_id += 1
         started = time.perf_counter()
-        self.drafter.join(slot, prompt, params, generator)  # its prefill waits for the row's first proposal
+        # The row's tokens + a chain stay within its budget (``draft_budget``). Its prefill
+        # waits for its first proposal. A drafter that serves fewer slots refuses this one
+        # here, before the row takes it.
+        self.drafter.join(slot, prompt, params, generator, min(self.context, prompt.numel() + stop.max_new_tokens))
         self.prefill_seconds += time.perf_counter() - started
+        self._free.pop(0)
+        self._next_id += 1
         self._rows[row.id] = row
         return row.id
 
@@ -247,7 +253,7 @@ class BatchEngine:
         first = r.stats.target_forward_passes == 0
         r.stats.record_step(r.proposal.size, accepted)
         self.pooled.record_step(r.proposal.size, accepted)
-        self.drafter.verified(r.slot, r.length, accepted)
+        self.drafter.verified(r.slot, r.length, verdict.path)
         r.cached = r.length + accepted  # the chain's accepted tokens stay in place
         emitted, finish = emit(r.proposal.tokens[:accepted].tolist() + [verdict.next_token], r.stop,
                                r.sequence, r.length, self.context, r.stats)

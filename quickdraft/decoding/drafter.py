@@ -1,6 +1,14 @@
-"""The drafter interfaces: who proposes tokens for the target to verify, for one sequence
-(:class:`Drafter`, token trees) and for the rows of a batch (:class:`BatchDrafter`, chains;
-the drafters themselves are in ``quickdraft/drafters``)."""
+"""The drafter interface: who proposes tokens for the target to verify (the drafters
+themselves are in ``quickdraft/drafters``).
+
+One interface serves both loops. A drafter sees sequences by slot: the batched engine
+(:class:`~quickdraft.decoding.batch_engine.BatchEngine`) gives each row the slot of its
+KV-cache row, and the batch-1 loop (:func:`~quickdraft.decoding.engine.decode`) is a batch
+of one in slot 0. A drafter built for one sequence (token trees, multi-draft, a draft
+model with a batch-1 cache of its own) serves slot 0 only and refuses any other in
+``join`` (:func:`check_single_slot`); a batched drafter serves many slots, and slot 0 of
+``decode`` too. The batched engine verifies chains only (token trees stay batch 1).
+"""
 
 from __future__ import annotations
 
@@ -12,13 +20,21 @@ import torch
 from .proposal import EMPTY, Proposal
 from .sampling import SamplingParams
 
-__all__ = ["EMPTY", "BatchDrafter", "BatchedNoDrafter", "Drafter", "NoDrafter", "Proposal"]
+__all__ = ["EMPTY", "Drafter", "NoDrafter", "Proposal", "check_single_slot"]
 
 
 class Drafter(Protocol):
-    """Proposes continuations as token trees (a chain is a tree). The engine calls, per
-    generation, ``verify_width`` and ``start`` once, then per step ``propose`` and
-    ``verified``. ``name`` labels the method in summaries (e.g. ``tree(2,2,1)``)."""
+    """Proposes token trees (a chain is a tree) for the sequences in its slots.
+
+    Per sequence the engine calls ``join`` once, then per step ``propose`` (for every
+    sequence at once) and ``verified`` (per sequence), and ``leave`` at the end. The
+    batch-1 loop calls ``verify_width`` once before ``join``. ``name`` labels the method in
+    summaries (e.g. ``tree(2,2,1)``).
+
+    Optionally (the batched engine looks for it) a drafter that runs the target's first
+    layers names ``adopts_layer`` and has ``adopt(slot, hidden, target_cache)``: it then
+    takes a joining row's prefill from the target's prefill pass.
+    """
 
     name: str
 
@@ -27,69 +43,53 @@ class Drafter(Protocol):
         the most nodes + 1 (1 for a drafter that never proposes). The engine leaves this
         much room in the KV cache past the sequence."""
 
-    def start(self, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator, max_len: int) -> None:
-        """A new generation after ``prompt``; ``max_len`` bounds the sequence + one proposal.
-        ``params`` and ``generator`` are the target's: a drafter that samples uses them."""
+    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+             max_len: int) -> None:
+        """A sequence starts in ``slot`` after ``prompt``; ``max_len`` bounds its tokens + one
+        proposal. ``params`` and ``generator`` are the sequence's own (the target's): a
+        drafter that samples draws from them. A drafter that cannot serve ``slot`` (one
+        built for a single sequence, asked for a second) raises ValueError."""
 
-    def propose(self, sequence: torch.Tensor, k: int) -> Proposal:
-        """A tree of depth <= ``k`` after ``sequence`` (prompt + emitted tokens so far);
-        ``EMPTY`` for nothing (the step is then a plain step)."""
+    def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
+        """One proposal per slot: a tree of depth <= ``ks[i]`` after ``sequences[i]`` (the
+        prompt + emitted tokens so far of the sequence in ``slots[i]``); ``EMPTY`` for
+        nothing (always for ``ks[i] == 0``; that row's step is then a plain step)."""
 
-    def verified(self, length: int, path: list[int]) -> None:
-        """The first ``length`` tokens of the sequence were final before the last proposal;
-        of it, the nodes ``path`` (root down) were accepted. Roll own state back to that."""
+    def verified(self, slot: int, length: int, path: list[int]) -> None:
+        """The first ``length`` tokens of the sequence in ``slot`` were final before its last
+        proposal; of that proposal, the nodes ``path`` (root down) were accepted (for a chain,
+        ``list(range(accepted))``). Roll own state for the slot back to that."""
+
+    def leave(self, slot: int) -> None:
+        """The sequence in ``slot`` is done (finished or cancelled); the slot may be reused."""
+
+
+def check_single_slot(drafter, slot: int) -> None:
+    """For a drafter that serves one sequence at a time (in slot 0, as ``decode`` runs it):
+    a one-line ValueError for any other slot."""
+    if slot != 0:
+        raise ValueError(f"the {drafter.name} drafter drafts for one sequence at a time (slot 0), "
+                         f"not slot {slot}; more rows need a batched drafter")
 
 
 class NoDrafter:
-    """Proposes nothing: the one decode loop then is plain autoregressive decoding."""
+    """Proposes nothing: either loop then is plain (autoregressive) decoding, for any
+    number of slots."""
 
     name = "ar"
 
     def verify_width(self, k: int) -> int:
         return 1
 
-    def start(self, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator, max_len: int) -> None:
+    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+             max_len: int) -> None:
         pass
-
-    def propose(self, sequence: torch.Tensor, k: int) -> Proposal:
-        return EMPTY
-
-    def verified(self, length: int, path: list[int]) -> None:
-        pass
-
-
-class BatchDrafter(Protocol):
-    """Proposes a chain per row of a batch (see the module docstring)."""
-
-    name: str
-
-    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> None:
-        """A row starts in ``slot`` after ``prompt``, sampling with its own ``params`` and
-        ``generator`` (the target's: a drafter that samples draws from it)."""
 
     def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
-        """A chain of at most ``ks[i]`` tokens after ``sequences[i]`` for the row in ``slots[i]``."""
-
-    def verified(self, slot: int, length: int, accepted: int) -> None:
-        """Of the row's last chain (proposed after ``length`` tokens) ``accepted`` tokens were kept."""
-
-    def leave(self, slot: int) -> None:
-        """The row in ``slot`` is gone; the slot may be reused."""
-
-
-class BatchedNoDrafter:
-    """Proposes nothing: the batched engine then is batched plain decoding."""
-
-    name = "ar"
-
-    def join(self, slot, prompt, params, generator) -> None:
-        pass
-
-    def propose(self, slots, sequences, ks) -> list[Proposal]:
         return [EMPTY] * len(slots)
 
-    def verified(self, slot, length, accepted) -> None:
+    def verified(self, slot: int, length: int, path: list[int]) -> None:
         pass
 
-    def leave(self, slot) -> None:
+    def leave(self, slot: int) -> None:
         pass

@@ -23,6 +23,9 @@ from .step import check_prompt, draft_budget, emit
 from .stopping import StopConditions
 from .verify import AcceptanceRule, acceptance_for
 
+#: The drafter slot of the one sequence: the batch-1 loop is a batch of one.
+SLOT = 0
+
 
 @dataclass
 class Step:
@@ -67,45 +70,47 @@ def decode(
 
     started = time.perf_counter()
     target.reset(max_len)
-    drafter.start(prompt, params, generator, max_len)
+    drafter.join(SLOT, prompt, params, generator, max_len)
+    try:
+        # The sequence buffer holds prompt + emitted tokens; the target's cache holds a prefix
+        # of it (none at first, then all but the last token). Each pass feeds the target what
+        # its cache lacks plus the draft, so the first pass is the prefill and also verifies a
+        # draft proposed from the prompt alone (as transformers' assisted generation does):
+        # one target pass fewer per generation.
+        sequence = torch.empty(max_len + 1, dtype=torch.long)
+        sequence[: prompt.numel()] = prompt
+        length = prompt.numel()
+        pending: list[int] = []
+        drafted_in_chunk = 0
+        decode_started = None
+        while True:
+            emitted, finish = emit(pending, stop, sequence, length, target.context_length, stats)
+            length += len(emitted)
+            if emitted:
+                yield Step(emitted, min(drafted_in_chunk, len(emitted)), finish)
+            if finish:
+                stats.finish_reason = finish
+                break
 
-    # The sequence buffer holds prompt + emitted tokens; the target's cache holds a prefix
-    # of it (none at first, then all but the last token). Each pass feeds the target what
-    # its cache lacks plus the draft, so the first pass is the prefill and also verifies a
-    # draft proposed from the prompt alone (as transformers' assisted generation does):
-    # one target pass fewer per generation.
-    sequence = torch.empty(max_len + 1, dtype=torch.long)
-    sequence[: prompt.numel()] = prompt
-    length = prompt.numel()
-    pending: list[int] = []
-    drafted_in_chunk = 0
-    decode_started = None
-    while True:
-        emitted, finish = emit(pending, stop, sequence, length, target.context_length, stats)
-        length += len(emitted)
-        if emitted:
-            yield Step(emitted, min(drafted_in_chunk, len(emitted)), finish)
-        if finish:
-            stats.finish_reason = finish
-            break
+            k = draft_budget(num_speculative_tokens, stop, length, target.context_length)
+            proposal = drafter.propose([SLOT], [sequence[:length]], [k])[0] if k > 0 else EMPTY
+            target_logits = _verify_pass(target, sequence, length, proposal)
+            verdict = acceptance(proposal, target_logits)
+            path = verdict.path
+            stats.record_step(proposal.depth, len(path))
+            # Keep what the target has now seen and accepted (the accepted nodes' KV moved into
+            # place after the prefix); drop the rest, in the drafter's cache too.
+            target.compact(length, path)
+            drafter.verified(SLOT, length, path)
+            pending = (proposal.tokens[path].tolist() if path else []) + [verdict.next_token]
+            drafted_in_chunk = len(path)
+            if decode_started is None:
+                decode_started = time.perf_counter()
+                stats.prefill_seconds = stats.time_to_first_token = decode_started - started
 
-        k = draft_budget(num_speculative_tokens, stop, length, target.context_length)
-        proposal = drafter.propose(sequence[:length], k) if k > 0 else EMPTY
-        target_logits = _verify_pass(target, sequence, length, proposal)
-        verdict = acceptance(proposal, target_logits)
-        path = verdict.path
-        stats.record_step(proposal.depth, len(path))
-        # Keep what the target has now seen and accepted (the accepted nodes' KV moved into
-        # place after the prefix); drop the rest, in the drafter's cache too.
-        target.compact(length, path)
-        drafter.verified(length, path)
-        pending = (proposal.tokens[path].tolist() if path else []) + [verdict.next_token]
-        drafted_in_chunk = len(path)
-        if decode_started is None:
-            decode_started = time.perf_counter()
-            stats.prefill_seconds = stats.time_to_first_token = decode_started - started
-
-    stats.decode_seconds = time.perf_counter() - (decode_started or started)
+        stats.decode_seconds = time.perf_counter() - (decode_started or started)
+    finally:
+        drafter.leave(SLOT)  # also when the caller stops early
 
 
 def _verify_pass(target: CausalLM, sequence: torch.Tensor, length: int, proposal: Proposal) -> torch.Tensor:

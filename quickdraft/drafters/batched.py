@@ -1,18 +1,21 @@
-"""Drafters for the batched engine: who proposes for every row of a batch at once.
+"""Drafters for many rows at once: model drafters that batch their draft passes.
 
-A batch drafter sees rows by their cache slot. Per step the engine asks it for one chain
-per row (``propose``: row ``i`` gets at most ``ks[i]`` tokens) and then tells it, per row,
-how much of its chain was accepted (``verified``). Rows join (``join``) and leave
-(``leave``) between steps. Proposals are chains: token trees stay batch 1.
+Every drafter has the one interface of ``decoding/drafter.py``: it sees rows by their
+cache slot, proposes for all of them in one ``propose`` (row ``i`` gets at most ``ks[i]``
+tokens) and hears per row what was accepted (``verified``); rows ``join`` and ``leave``
+between steps. The ones here keep a batched KV cache of their own (a row per slot), so
+they serve the batched engine's rows, and slot 0 of the batch-1 loop too. Their
+proposals are chains: token trees stay batch 1.
 
-- :class:`BatchedNoDrafter`: plain decoding.
-- :class:`PerRowDrafter`: a stateless single-sequence drafter (n-gram lookup) run per row.
 - :class:`BatchedDraftModel`: the draft model, one batched draft forward per draft
   position with its own batched KV cache (ragged, batch invariant, like the target's).
-- :class:`BatchedHybrid`: the n-gram chain where it matches, the draft model elsewhere.
 - :class:`BatchedEarlyExit`: early exit, the target's first L layers + an exit head,
   drafting like the draft model (both are a :class:`BatchedChain`) into cache rows of
   its own.
+- :class:`BatchedHybrid`: the n-gram chain where it matches, the draft model elsewhere.
+
+Plain decoding (``NoDrafter``) and n-gram lookup (``NgramDrafter``, no state) serve many
+rows as they are.
 
 A drafter that runs the target's first layers may also take a joining row's prefill from
 the target's prefill pass instead of running those layers itself: it names the layer
@@ -26,7 +29,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..decoding.drafter import BatchDrafter, BatchedNoDrafter, Drafter
+from ..decoding.drafter import Drafter, NoDrafter
 from ..decoding.proposal import EMPTY, Proposal
 from ..decoding.sampling import SamplingParams, choose
 from ..models.decode_linear import invariant_rows
@@ -41,26 +44,6 @@ from .factory import BATCH_METHODS, DraftOptions
 from .ngram import NgramDrafter
 
 
-class PerRowDrafter:
-    """A stateless single-sequence drafter (``NgramDrafter``) asked row by row."""
-
-    def __init__(self, drafter: Drafter) -> None:
-        self.drafter = drafter
-        self.name = drafter.name
-
-    def join(self, slot, prompt, params, generator) -> None:
-        pass
-
-    def propose(self, slots, sequences, ks) -> list[Proposal]:
-        return [self.drafter.propose(seq, k) if k > 0 else EMPTY for seq, k in zip(sequences, ks)]
-
-    def verified(self, slot, length, accepted) -> None:
-        pass
-
-    def leave(self, slot) -> None:
-        pass
-
-
 class BatchedChain:
     """A model drafting a chain for every row: draft position ``d`` is one batched
     ``forward`` over the rows still drafting (row ``i`` drafts ``ks[i]`` tokens), into a
@@ -72,8 +55,9 @@ class BatchedChain:
     a row's draft (and the random numbers it consumes) is the one it gets alone.
     A row's prefill waits for its first proposal: while the batch policy keeps k at 0
     (plain decoding), the drafter costs nothing. It then runs alone, as
-    ``DraftModelDrafter.start`` does, so the row's draft is the same.
-    Subclasses give ``forward`` (a ragged pass over the drafter's cache).
+    ``DraftModelDrafter.join`` does, so the row's draft is the same.
+    Subclasses give ``forward`` (a ragged pass over the drafter's cache) and build a cache
+    of ``max_len`` tokens per slot.
     """
 
     name = "chain"
@@ -81,8 +65,9 @@ class BatchedChain:
     #: instead of prefilling a row itself (:meth:`BatchedEarlyExit.adopt`); None: it cannot.
     adopts_layer: int | None = None
 
-    def __init__(self, target_vocab_size: int, max_batch_size: int) -> None:
+    def __init__(self, target_vocab_size: int, max_batch_size: int, max_len: int) -> None:
         self.vocab_size = target_vocab_size
+        self.max_len = max_len
         self.lengths = [0] * max_batch_size
         self.params: dict[int, SamplingParams] = {}
         self.generators: dict[int, torch.Generator] = {}
@@ -91,7 +76,16 @@ class BatchedChain:
         """One ragged pass of the drafter over ``feeds`` (``models.ragged.ragged_forward``)."""
         raise NotImplementedError
 
-    def join(self, slot, prompt, params, generator) -> None:
+    def verify_width(self, k: int) -> int:
+        return k + 1
+
+    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+             max_len: int) -> None:
+        if not 0 <= slot < len(self.lengths):
+            raise ValueError(f"the {self.name} drafter has {len(self.lengths)} slots, not slot {slot}")
+        if max_len > self.max_len:
+            raise ValueError(f"the {self.name} drafter keeps {self.max_len} tokens per row, "
+                             f"this row needs {max_len}; build it with a larger max_len")
         self.params[slot], self.generators[slot] = params, generator
         self.lengths[slot] = 0
 
@@ -101,7 +95,7 @@ class BatchedChain:
         self.forward([Feed(slot, 0, sequence[:-1], 0)])
         self.lengths[slot] = sequence.numel() - 1
 
-    def propose(self, slots, sequences, ks) -> list[Proposal]:
+    def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
         chains: list[list[int]] = [[] for _ in slots]
         probs: list[list[torch.Tensor]] = [[] for _ in slots]
         for slot, sequence, k in zip(slots, sequences, ks):
@@ -131,12 +125,12 @@ class BatchedChain:
                 out.append(Proposal.chain(torch.tensor(chain, dtype=torch.long), torch.stack(q) if q else None))
         return out
 
-    def verified(self, slot, length, accepted) -> None:
+    def verified(self, slot: int, length: int, path: list[int]) -> None:
         # The cache holds the sequence's ``length`` tokens plus the chain's fed tokens; keep
-        # the accepted ones (chains need no moving).
-        self.lengths[slot] = min(self.lengths[slot], length + accepted)
+        # the accepted ones (a chain's accepted nodes are a prefix: no moving).
+        self.lengths[slot] = min(self.lengths[slot], length + len(path))
 
-    def leave(self, slot) -> None:
+    def leave(self, slot: int) -> None:
         self.params.pop(slot, None)
         self.generators.pop(slot, None)
 
@@ -148,7 +142,7 @@ class BatchedDraftModel(BatchedChain):
     name = "draft"
 
     def __init__(self, draft: NativeLM, target_vocab_size: int, max_batch_size: int, max_len: int) -> None:
-        super().__init__(target_vocab_size, max_batch_size)
+        super().__init__(target_vocab_size, max_batch_size, max_len)
         self.model = draft.model
         self.lm = draft
         self.cache = self.model.new_cache(max_batch_size, max_len)
@@ -167,7 +161,7 @@ class BatchedEarlyExit(BatchedChain):
     product of the draft pass rounds a row alike whatever the batch holds."""
 
     def __init__(self, target: NativeLM, head: ExitHead, max_batch_size: int, max_len: int) -> None:
-        super().__init__(target.vocab_size, max_batch_size)
+        super().__init__(target.vocab_size, max_batch_size, max_len)
         check_exit_layer(target, head.exit_layer)
         net = target.model
         like = net.embed.weight
@@ -209,34 +203,38 @@ class BatchedHybrid:
     draft model catches up on the tokens it skipped the next time it drafts for a row)."""
 
     def __init__(self, ngram: NgramDrafter, model: BatchedDraftModel) -> None:
-        self.ngram, self.model = PerRowDrafter(ngram), model
+        self.ngram, self.model = ngram, model
         self.name = f"hybrid({ngram.name}+draft)"
 
-    def join(self, slot, prompt, params, generator) -> None:
-        self.model.join(slot, prompt, params, generator)
+    def verify_width(self, k: int) -> int:
+        return k + 1
 
-    def propose(self, slots, sequences, ks) -> list[Proposal]:
+    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+             max_len: int) -> None:
+        self.model.join(slot, prompt, params, generator, max_len)
+
+    def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
         found = self.ngram.propose(slots, sequences, ks)
         rest = [k if not p.size else 0 for p, k in zip(found, ks)]
         drafted = self.model.propose(slots, sequences, rest)
         return [p if p.size else d for p, d in zip(found, drafted)]
 
-    def verified(self, slot, length, accepted) -> None:
-        self.model.verified(slot, length, accepted)
+    def verified(self, slot: int, length: int, path: list[int]) -> None:
+        self.model.verified(slot, length, path)
 
-    def leave(self, slot) -> None:
+    def leave(self, slot: int) -> None:
         self.model.leave(slot)
 
 
 def make_batch_drafter(method: str, draft: NativeLM | None, target: NativeLM, max_batch_size: int,
-                       max_len: int, options: DraftOptions = DraftOptions()) -> BatchDrafter:
-    """The batch drafter of ``method`` (ar, draft, ngram, hybrid, early-exit; ``options``
-    gives the n-gram sizes and the exit head and layer); trees, multi-draft and layer skip
-    are batch 1 only."""
+                       max_len: int, options: DraftOptions = DraftOptions()) -> Drafter:
+    """The drafter of ``method`` for up to ``max_batch_size`` rows of ``max_len`` tokens (ar,
+    draft, ngram, hybrid, early-exit; ``options`` gives the n-gram sizes and the exit head
+    and layer); trees, multi-draft and layer skip are batch 1 only."""
     if method == "ar":
-        return BatchedNoDrafter()
+        return NoDrafter()
     if method == "ngram":
-        return PerRowDrafter(NgramDrafter(options.ngram_max, options.ngram_min))
+        return NgramDrafter(options.ngram_max, options.ngram_min)
     if method not in BATCH_METHODS:
         raise ValueError(f"method {method!r} does not batch; batched decoding supports {', '.join(BATCH_METHODS)} "
                          "(token trees, multi-draft and layer skip are batch 1)")

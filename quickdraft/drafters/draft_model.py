@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
-from ..decoding.proposal import Proposal
+from ..decoding.drafter import check_single_slot
+from ..decoding.proposal import EMPTY, Proposal
 from ..decoding.sampling import SamplingParams
 from ..models.decode_linear import row_dependent_rounding
 from ..models.lm import CausalLM
@@ -34,6 +37,9 @@ class DraftModelDrafter:
     ``stop`` (a chain's draft-stop policy, ``--draft-stop``) decides how many tokens a
     chain gets: it caps the depth, may end the chain after any token, and learns from
     each verification. Trees and multi-draft keep the fixed policy.
+
+    One sequence at a time (slot 0): the draft's cache is the model's own, of batch 1
+    (``BatchedDraftModel`` drafts chains for many rows).
     """
 
     def __init__(self, model: CausalLM, target_vocab_size: int, shape: Shape | None = None,
@@ -46,12 +52,14 @@ class DraftModelDrafter:
         self._drafted = 0  # tokens of the last proposal, for the policy's observe()
         self.params = SamplingParams()
         self.generator = torch.Generator()
-        self._slots: dict[int, int] = {}  # node -> offset of its KV row after the prefix
+        self._kv_rows: dict[int, int] = {}  # node -> offset of its KV row after the prefix
 
     def verify_width(self, k: int) -> int:
         return self.shape.width(k) + 1
 
-    def start(self, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator, max_len: int) -> None:
+    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+             max_len: int) -> None:
+        check_single_slot(self, slot)
         self.params, self.generator = params, generator
         self.model.reset(max_len)
         if prompt.shape[0] > 1:
@@ -64,9 +72,9 @@ class DraftModelDrafter:
         """Feed the nodes ``grow`` to the draft (after the prefix of ``start`` tokens and the
         nodes fed before); their logits ``[len(grow), V]``."""
         tokens = torch.tensor([nodes[i].token for i in grow])
-        fed = len(self._slots)
+        fed = len(self._kv_rows)
         for j, i in enumerate(grow):
-            self._slots[i] = fed + j
+            self._kv_rows[i] = fed + j
         if chain:
             return self._present(self.model.extend(tokens, logits="all"))
         total = fed + len(grow)
@@ -76,22 +84,27 @@ class DraftModelDrafter:
         for row, i in enumerate(grow):
             depth, node = 0, i
             while node >= 0:
-                mask[row, start + self._slots[node]] = True
+                mask[row, start + self._kv_rows[node]] = True
                 node, depth = nodes[node].parent, depth + 1
             depths.append(depth - 1)
         positions = start + torch.tensor(depths)
         return self._present(self.model.extend(tokens, logits="all", positions=positions, mask=mask))
 
     def _last_fed(self) -> int:
-        return max(self._slots, key=self._slots.get) if self._slots else -1
+        return max(self._kv_rows, key=self._kv_rows.get) if self._kv_rows else -1
+
+    def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
+        (k,) = ks  # one sequence: slot 0 (join refused any other)
+        return [self._draft(sequences[0], k) if k > 0 else EMPTY]
 
     # The draft's one-token steps need not round like its multi-token passes: the target
     # decides what is accepted, so take the fastest kernels.
     @row_dependent_rounding()
-    def propose(self, sequence: torch.Tensor, k: int) -> Proposal:
+    def _draft(self, sequence: torch.Tensor, k: int) -> Proposal:
+        """The proposal of depth <= ``k`` after ``sequence``, grown by the shape."""
         start = sequence.shape[0]
         logits = self._present(self.model.extend(sequence[self.model.length :], logits="last"))
-        self._slots = {}
+        self._kv_rows = {}
         nodes: list[Node] = []
         frontier, chain = [-1], True  # chain: every node fed so far is an ancestor of the next
         depth_limit = self.stop.max_depth(self.shape.depth(k))
@@ -109,7 +122,7 @@ class DraftModelDrafter:
                 q = nodes[-1].q if nodes[-1].q is not None else logits[-1].float().softmax(-1)
                 if not self.stop.keep_going(depth + 1, q):
                     break
-            frontier = self.shape.frontier(depth, nodes, new, self.shape.width(k) - len(self._slots))
+            frontier = self.shape.frontier(depth, nodes, new, self.shape.width(k) - len(self._kv_rows))
             if not frontier:
                 break
             chain = chain and len(frontier) == 1 and nodes[frontier[0]].parent == (self._last_fed())
@@ -120,7 +133,7 @@ class DraftModelDrafter:
     def _proposal(self, nodes: list[Node], keep: list[int]) -> Proposal:
         if len(keep) < len(nodes):  # renumber the kept nodes (their order stays topological)
             new_index = {old: new for new, old in enumerate(keep)}
-            self._slots = {new_index[i]: s for i, s in self._slots.items() if i in new_index}
+            self._kv_rows = {new_index[i]: s for i, s in self._kv_rows.items() if i in new_index}
             nodes = [nodes[i] for i in keep]
             for node in nodes:
                 node.parent = new_index.get(node.parent, -1)
@@ -132,13 +145,16 @@ class DraftModelDrafter:
         self._drafted = len(nodes)
         return Proposal(tokens, parents, probs, counts)
 
-    def verified(self, length: int, path: list[int]) -> None:
+    def verified(self, slot: int, length: int, path: list[int]) -> None:
         keep = []
         for node in path:  # the accepted nodes the draft has scored: a prefix of the path
-            if node not in self._slots:
+            if node not in self._kv_rows:
                 break
-            keep.append(self._slots[node])
+            keep.append(self._kv_rows[node])
         self.model.compact(length, keep)
         if self._drafted:
             self.stop.observe(self._drafted, len(path))
             self._drafted = 0
+
+    def leave(self, slot: int) -> None:
+        pass

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from ..decoding.proposal import Proposal
+from ..decoding.drafter import check_single_slot
+from ..decoding.proposal import EMPTY, Proposal
 from ..decoding.sampling import SamplingParams
 from ..models.decode_linear import use_decode_linears
 from ..models.exit_head import (
@@ -60,6 +62,9 @@ class EarlyExitDrafter:
     ``stop_policy`` (an object with ``max_depth(k)``, ``keep_going(depth, q)`` and
     ``observe(drafted, accepted)``, see ``--draft-stop``) may end a chain early; None
     drafts k tokens every step.
+
+    One sequence at a time (slot 0): it drafts in the target's own batch-1 KV cache (or a
+    batch-1 cache of its own); ``BatchedEarlyExit`` drafts for many rows.
     """
 
     def __init__(self, target: CausalLM, head: ExitHead, share_kv: bool = True, stop_policy=None) -> None:
@@ -83,7 +88,9 @@ class EarlyExitDrafter:
     def verify_width(self, k: int) -> int:
         return k + 1
 
-    def start(self, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator, max_len: int) -> None:
+    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+             max_len: int) -> None:
+        check_single_slot(self, slot)
         self.params, self.generator = params, generator
         like = self.net.embed.weight
         if not self.share_kv and (self.base_cache is None or self.base_cache.max_len < max_len):
@@ -123,7 +130,12 @@ class EarlyExitDrafter:
         x = self.step_head.transform(hidden_in, self.net, block_start, self.head_cache)
         return hidden[0], self.step_head.logits(x[:, -1], self.net)[0] if logits else None
 
-    def propose(self, sequence: torch.Tensor, k: int) -> Proposal:
+    def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
+        (k,) = ks  # one sequence: slot 0 (join refused any other)
+        return [self._draft(sequences[0], k) if k > 0 else EMPTY]
+
+    def _draft(self, sequence: torch.Tensor, k: int) -> Proposal:
+        """The chain of at most ``k`` tokens after ``sequence``."""
         length = sequence.shape[0]
         start = self._cached()
         hidden, logits = self._run(sequence[start:], start)
@@ -160,7 +172,7 @@ class EarlyExitDrafter:
             proposal.hidden, proposal.start_layer = torch.cat(hiddens), self.exit_layer
         return proposal
 
-    def verified(self, length: int, path: list[int]) -> None:
+    def verified(self, slot: int, length: int, path: list[int]) -> None:
         # Chains: the accepted nodes are a prefix, already in place. With sharing the
         # target's compact already kept them (every layer) and dropped the rest.
         kept = length + min(len(path), self._fed)
@@ -170,6 +182,9 @@ class EarlyExitDrafter:
         self.head_len = min(self.head_len, kept)
         if self.stop_policy is not None:
             self.stop_policy.observe(self._drafted, len(path))
+
+    def leave(self, slot: int) -> None:
+        pass
 
 
 #: Exit heads shipped with the package, one directory each (found by target fingerprint).

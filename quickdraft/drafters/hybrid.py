@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..decoding.proposal import Proposal
@@ -13,7 +15,8 @@ from .ngram import NgramDrafter
 class HybridDrafter:
     """Propose the n-gram continuation when the tail matches (free, and long on repeated
     code), else the draft model's proposal. The draft model catches up on the tokens it
-    skipped in one pass the next time it proposes."""
+    skipped in one pass the next time it proposes. One sequence (slot 0), as the draft
+    model's drafter."""
 
     def __init__(self, ngram: NgramDrafter, model: DraftModelDrafter) -> None:
         self.ngram, self.model = ngram, model
@@ -23,14 +26,19 @@ class HybridDrafter:
     def verify_width(self, k: int) -> int:
         return max(self.ngram.verify_width(k), self.model.verify_width(k))
 
-    def start(self, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator, max_len: int) -> None:
-        self.ngram.start(prompt, params, generator, max_len)
-        self.model.start(prompt, params, generator, max_len)
+    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+             max_len: int) -> None:
+        self.ngram.join(slot, prompt, params, generator, max_len)
+        self.model.join(slot, prompt, params, generator, max_len)
 
-    def propose(self, sequence: torch.Tensor, k: int) -> Proposal:
-        proposal = self.ngram.propose(sequence, k)
-        self._last = self.ngram if proposal.size else self.model
-        return proposal if proposal.size else self.model.propose(sequence, k)
+    def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
+        proposals = self.ngram.propose(slots, sequences, ks)
+        self._last = self.ngram if proposals[0].size else self.model
+        return proposals if proposals[0].size else self.model.propose(slots, sequences, ks)
 
-    def verified(self, length: int, path: list[int]) -> None:
-        self._last.verified(length, path)
+    def verified(self, slot: int, length: int, path: list[int]) -> None:
+        self._last.verified(slot, length, path)
+
+    def leave(self, slot: int) -> None:
+        self.ngram.leave(slot)
+        self.model.leave(slot)

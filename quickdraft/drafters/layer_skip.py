@@ -16,7 +16,7 @@ attended to and are overwritten later. After verification the view's length is t
 target's again.
 
 **Never skip during prefill.** :meth:`LayerSkipLM.extend` with ``logits="none"`` (what a
-drafter's ``start`` does with the prompt) runs the full target, unskipped. Those entries are
+drafter's ``join`` does with the prompt) runs the full target, unskipped. Those entries are
 exactly what the target's own prefill writes, so the target keeps them (its length
 advances) and the engine's first pass then feeds only the last prompt token plus the
 first proposal: the prompt is prefilled once, by whichever runs first. That is cheaper

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..decoding.proposal import EMPTY, Proposal
@@ -13,7 +15,8 @@ class NgramDrafter:
     occurred before in prompt + output and propose the tokens that followed it (the most
     recent occurrence with a full continuation, else the earliest one). Proposals are
     deterministic (one-hot q). When nothing matches it proposes nothing, so the step is a
-    plain one and costs what plain decoding costs.
+    plain one and costs what plain decoding costs. It keeps no state, so it serves any
+    number of rows (slots) alike.
     """
 
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1) -> None:
@@ -25,10 +28,15 @@ class NgramDrafter:
     def verify_width(self, k: int) -> int:
         return k + 1
 
-    def start(self, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator, max_len: int) -> None:
+    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+             max_len: int) -> None:
         pass
 
-    def propose(self, sequence: torch.Tensor, k: int) -> Proposal:
+    def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
+        return [self.lookup(sequence, k) if k > 0 else EMPTY for sequence, k in zip(sequences, ks)]
+
+    def lookup(self, sequence: torch.Tensor, k: int) -> Proposal:
+        """The chain of at most ``k`` tokens after ``sequence`` (``EMPTY``: no match)."""
         length = sequence.shape[0]
         for n in range(min(self.ngram_max, length - 1), self.ngram_min - 1, -1):
             # Windows starting at 0 .. length - n - 1: every earlier occurrence, not the tail itself.
@@ -41,5 +49,8 @@ class NgramDrafter:
             return Proposal.chain(sequence[begin : begin + k].clone())
         return EMPTY
 
-    def verified(self, length: int, path: list[int]) -> None:
+    def verified(self, slot: int, length: int, path: list[int]) -> None:
+        pass
+
+    def leave(self, slot: int) -> None:
         pass

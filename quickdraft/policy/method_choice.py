@@ -109,7 +109,7 @@ def _accepted(candidate: Candidate, trace: Trace, t: int, ngram: NgramDrafter) -
     if candidate.method in ("ngram", "hybrid"):
         k = min(candidate.k, room)
         sequence = torch.tensor(trace.prompt + trace.output[:t], dtype=torch.long)
-        proposal = ngram.propose(sequence, k).tokens.tolist() if k > 0 else []
+        proposal = ngram.lookup(sequence, k).tokens.tolist() if k > 0 else []
         if proposal:
             accepted = 0
             while accepted < len(proposal) and proposal[accepted] == trace.output[t + accepted]:
