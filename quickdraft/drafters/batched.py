@@ -12,10 +12,9 @@ proposals are chains: token trees stay batch 1.
 - :class:`BatchedEarlyExit`: early exit, the target's first L layers + an exit head,
   drafting like the draft model (both are a :class:`BatchedChain`) into cache rows of
   its own.
-- :class:`BatchedHybrid`: the n-gram chain where it matches, the draft model elsewhere.
 
-Plain decoding (``NoDrafter``) and n-gram lookup (``NgramDrafter``, no state) serve many
-rows as they are.
+Plain decoding (``NoDrafter``), n-gram lookup (``NgramDrafter``, no state) and the hybrid
+(``HybridDrafter`` over a ``BatchedDraftModel``) serve many rows as they are.
 
 A drafter that runs the target's first layers may also take a joining row's prefill from
 the target's prefill pass instead of running those layers itself: it names the layer
@@ -41,6 +40,7 @@ from ..models.transformer import RaggedRow
 from .draft_model import present_logits
 from .early_exit import check_exit_layer, resolve_exit_head, step_head
 from .factory import BATCH_METHODS, DraftOptions
+from .hybrid import HybridDrafter
 from .ngram import NgramDrafter
 
 
@@ -198,34 +198,6 @@ class BatchedEarlyExit(BatchedChain):
         self.lengths[slot] = n
 
 
-class BatchedHybrid:
-    """The n-gram chain for rows whose tail matches, the draft model's for the others (the
-    draft model catches up on the tokens it skipped the next time it drafts for a row)."""
-
-    def __init__(self, ngram: NgramDrafter, model: BatchedDraftModel) -> None:
-        self.ngram, self.model = ngram, model
-        self.name = f"hybrid({ngram.name}+draft)"
-
-    def verify_width(self, k: int) -> int:
-        return k + 1
-
-    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator,
-             max_len: int) -> None:
-        self.model.join(slot, prompt, params, generator, max_len)
-
-    def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
-        found = self.ngram.propose(slots, sequences, ks)
-        rest = [k if not p.size else 0 for p, k in zip(found, ks)]
-        drafted = self.model.propose(slots, sequences, rest)
-        return [p if p.size else d for p, d in zip(found, drafted)]
-
-    def verified(self, slot: int, length: int, path: list[int]) -> None:
-        self.model.verified(slot, length, path)
-
-    def leave(self, slot: int) -> None:
-        self.model.leave(slot)
-
-
 def make_batch_drafter(method: str, draft: NativeLM | None, target: NativeLM, max_batch_size: int,
                        max_len: int, options: DraftOptions = DraftOptions()) -> Drafter:
     """The drafter of ``method`` for up to ``max_batch_size`` rows of ``max_len`` tokens (ar,
@@ -247,5 +219,5 @@ def make_batch_drafter(method: str, draft: NativeLM | None, target: NativeLM, ma
         raise ValueError("batched decoding needs the native runtime for the draft (--backend native)")
     model = BatchedDraftModel(draft, target.vocab_size, max_batch_size, max_len)
     if method == "hybrid":
-        return BatchedHybrid(NgramDrafter(options.ngram_max, options.ngram_min), model)
+        return HybridDrafter(NgramDrafter(options.ngram_max, options.ngram_min), model)
     return model

@@ -6,22 +6,25 @@ from collections.abc import Sequence
 
 import torch
 
+from ..decoding.drafter import Drafter
 from ..decoding.proposal import Proposal
 from ..decoding.sampling import SamplingParams
-from .draft_model import DraftModelDrafter
 from .ngram import NgramDrafter
 
 
 class HybridDrafter:
-    """Propose the n-gram continuation when the tail matches (free, and long on repeated
-    code), else the draft model's proposal. The draft model catches up on the tokens it
-    skipped in one pass the next time it proposes. One sequence (slot 0), as the draft
-    model's drafter."""
+    """Propose the n-gram continuation when a row's tail matches (free, and long on
+    repeated code), else the draft model's proposal. The draft model catches up on the
+    tokens it skipped in one pass the next time it proposes for the row.
 
-    def __init__(self, ngram: NgramDrafter, model: DraftModelDrafter) -> None:
+    ``model`` is the draft model's drafter: ``DraftModelDrafter`` (one sequence) or
+    ``BatchedDraftModel`` (many rows); the hybrid serves the slots it serves.
+    """
+
+    def __init__(self, ngram: NgramDrafter, model: Drafter) -> None:
         self.ngram, self.model = ngram, model
         self.name = f"hybrid({ngram.name}+{model.name})"
-        self._last = model
+        self._by_ngram: set[int] = set()  # slots whose last proposal was the n-gram's
 
     def verify_width(self, k: int) -> int:
         return max(self.ngram.verify_width(k), self.model.verify_width(k))
@@ -30,15 +33,28 @@ class HybridDrafter:
              max_len: int) -> None:
         self.ngram.join(slot, prompt, params, generator, max_len)
         self.model.join(slot, prompt, params, generator, max_len)
+        self._by_ngram.discard(slot)
 
     def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
-        proposals = self.ngram.propose(slots, sequences, ks)
-        self._last = self.ngram if proposals[0].size else self.model
-        return proposals if proposals[0].size else self.model.propose(slots, sequences, ks)
+        found = self.ngram.propose(slots, sequences, ks)
+        rest = [0 if p.size else k for p, k in zip(found, ks)]
+        for slot, p in zip(slots, found):
+            if p.size:
+                self._by_ngram.add(slot)
+            else:
+                self._by_ngram.discard(slot)
+        if not any(rest):
+            return found
+        drafted = self.model.propose(slots, sequences, rest)
+        return [p if p.size else d for p, d in zip(found, drafted)]
 
     def verified(self, slot: int, length: int, path: list[int]) -> None:
-        self._last.verified(slot, length, path)
+        # The draft model hears only of its own proposals: after an n-gram chain its state
+        # is a prefix of the sequence still, and it catches up when it next proposes.
+        if slot not in self._by_ngram:
+            self.model.verified(slot, length, path)
 
     def leave(self, slot: int) -> None:
+        self._by_ngram.discard(slot)
         self.ngram.leave(slot)
         self.model.leave(slot)

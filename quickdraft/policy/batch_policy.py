@@ -197,9 +197,10 @@ class BatchPolicy:
     def for_engine(cls, engine, remeasure: bool = False) -> BatchPolicy:
         """Measure (or read the cached) costs for this engine's target, drafter and batch size
         (the draft model's step, or early exit's: the target's first layers + its head)."""
-        from ..drafters.batched import BatchedChain, BatchedDraftModel, BatchedHybrid
+        from ..drafters.batched import BatchedChain, BatchedDraftModel
+        from ..drafters.hybrid import HybridDrafter
 
-        drafter = engine.drafter.model if isinstance(engine.drafter, BatchedHybrid) else engine.drafter
+        drafter = engine.drafter.model if isinstance(engine.drafter, HybridDrafter) else engine.drafter
         drafter = drafter if isinstance(drafter, BatchedChain) else None
         # A draft model's costs follow its files; early exit's its layer and head kind (its name).
         draft_id = model_fingerprint(drafter.lm) if isinstance(drafter, BatchedDraftModel) else getattr(
