@@ -9,9 +9,12 @@ from quickdraft.batch_generate import make_batch_engine
 from quickdraft.decoding.batch_engine import BatchFullError
 from quickdraft.decoding.engine import decode
 from quickdraft.decoding.sampling import SamplingParams
+from quickdraft.decoding.stats import GenerationStats
 from quickdraft.decoding.step import ContextOverflowError
 from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftModelDrafter, NoDrafter
+from quickdraft.drafters.batched import make_batch_drafter
+from quickdraft.drafters.shapes import StaticTree
 from quickdraft.models.decode_linear import canonical_rows
 from quickdraft.models.ragged import Feed, ragged_forward
 
@@ -177,6 +180,41 @@ def test_slots_overflow_and_cancel(models, prompts):
     assert engine.free_slots == 2
     with pytest.raises(ValueError, match="does not batch"):
         make_batch_engine(target, method="tree", max_batch_size=2)
+
+
+def test_one_drafter_interface_serves_both_loops(models, prompts):
+    """Batch 1 is a batch of one: a batched drafter drafts for ``decode`` (slot 0); a
+    one-sequence drafter drafts for the batched engine's first row but refuses a second
+    slot, which stays free; the batched engine refuses a token tree."""
+    tok, target, drafts = models
+    eos = [tok.eos_token_id]
+    expected = plain(target, prompts[0], StopConditions(MAX_NEW, eos))
+    batched = make_batch_drafter("draft", drafts["perturbed"], target, 2, 200)
+    stats = GenerationStats()
+    steps = decode(target, prompts[0], StopConditions(MAX_NEW, eos), drafter=batched, num_speculative_tokens=4,
+                   stats=stats)
+    assert [t for s in steps for t in s.tokens] == expected and stats.accepted_tokens > 0
+    with pytest.raises(ValueError, match="keeps 200 tokens per row"):
+        batched.join(0, prompts[0], SamplingParams(), torch.Generator(), 201)
+    with pytest.raises(ValueError, match="has 2 slots, not slot 2"):
+        batched.join(2, prompts[0], SamplingParams(), torch.Generator(), 100)
+
+    single = DraftModelDrafter(drafts["perturbed"], target.vocab_size)
+    engine = make_batch_engine(target, drafter=single, max_batch_size=2, max_len=200, num_speculative_tokens=4)
+    engine.add(prompts[0], SamplingParams(), StopConditions(MAX_NEW, eos))
+    with pytest.raises(ValueError, match="one sequence at a time"):
+        engine.add(prompts[3], SamplingParams(), StopConditions(MAX_NEW, eos))
+    assert engine.free_slots == 1 and engine.active == 1
+    out = []
+    while engine.active:
+        out += [t for update in engine.step().values() for t in update.tokens]
+    assert out == expected
+
+    tree = DraftModelDrafter(drafts["perturbed"], target.vocab_size, StaticTree((2, 1)))
+    engine = make_batch_engine(target, drafter=tree, max_batch_size=1, max_len=200, num_speculative_tokens=2)
+    engine.add(prompts[0], SamplingParams(), StopConditions(MAX_NEW, eos))
+    with pytest.raises(ValueError, match="token tree"):
+        engine.step()
 
 
 def test_policy_turns_speculation_off_when_verification_is_compute_bound():

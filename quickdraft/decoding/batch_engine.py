@@ -203,6 +203,11 @@ class BatchEngine:
                     adopting.add(r.slot)
         proposals = self.drafter.propose([r.slot for r in rows], [r.sequence[: r.length] for r in rows], ks)
         for r, p in zip(rows, proposals):
+            # Rows verify chains in their own cache rows: a token tree, or hidden states the
+            # drafter left in a shared cache (early exit at batch 1), has no place here.
+            if not p.is_chain or p.hidden is not None:
+                raise ValueError(f"the {self.method} drafter proposed a token tree or a shared-cache draft; "
+                                 "the batched engine verifies plain chains (trees are batch 1)")
             r.proposal = p
         logits = self._verify(rows, adopting)
         updates = {}
