@@ -66,6 +66,33 @@ def test_eos_inside_an_accepted_chunk(models):
         assert stats.finish_reason == "stop"
 
 
+def test_stats_count_only_the_accepted_drafts_eos_leaves(models):
+    """A chunk cut at EOS counts only the accepted drafts before the cut: an EOS as the first
+    draft token used to give "0 tokens ... acceptance 50% (2/4)"."""
+    tok, target, drafts = models
+    reference = plain(target, tok, PROMPTS[1], 30)
+    for position in (0, 2):
+        eos = reference[position]
+        cut = reference.index(eos)  # the copy draft's first chain (k=5) is reference[:5], all accepted
+        stats = GenerationStats()
+        out = spec(target, drafts["copy"], tok, PROMPTS[1], 30, 5, eos=[eos], stats=stats)
+        assert len(out) == stats.new_tokens == cut and stats.target_forward_passes == 1
+        assert stats.drafted_tokens == 5 and stats.accepted_tokens == cut, stats
+        assert stats.accepted_per_position == [1] * cut + [0] * (5 - cut)
+        assert stats.prefill_tokens == cut and stats.decode_tokens == 0
+        assert (stats.finish_reason, stats.stopped_by) == ("stop", "eos")
+        summary = stats.summary()
+        assert summary.startswith(f"{cut} tokens (ended at EOS) in ") and f"({cut}/5)" in summary
+
+
+def test_stats_say_what_ended_the_generation(models):
+    tok, target, drafts = models
+    stats = GenerationStats()
+    spec(target, drafts["copy"], tok, PROMPTS[0], 7, 4, stats=stats)
+    assert (stats.finish_reason, stats.stopped_by) == ("length", "max_new_tokens")
+    assert "ended" not in stats.summary()  # the token count says it
+
+
 def test_stats_are_consistent(models):
     tok, target, drafts = models
     stats = GenerationStats()

@@ -256,18 +256,15 @@ class BatchEngine:
         verdict = r.rule(r.proposal, logits)
         accepted = len(verdict.path)
         first = r.stats.target_forward_passes == 0
-        r.stats.record_step(r.proposal.size, accepted)
-        self.pooled.record_step(r.proposal.size, accepted)
+        self.pooled.record_step(r.proposal.size, accepted)  # what the policy learns from: every accepted draft
         self.drafter.verified(r.slot, r.length, verdict.path)
         r.cached = r.length + accepted  # the chain's accepted tokens stay in place
-        emitted, finish = emit(r.proposal.tokens[:accepted].tolist() + [verdict.next_token], r.stop,
-                               r.sequence, r.length, self.context, r.stats)
+        emitted, finish = emit(r.proposal.tokens[:accepted].tolist() + [verdict.next_token], r.proposal.size,
+                               accepted, r.stop, r.sequence, r.length, self.context, r.stats)
         r.length += len(emitted)
         if first:
             r.first_token = now
             r.stats.prefill_seconds = r.stats.time_to_first_token = now - r.added
         else:
             r.stats.decode_seconds = now - r.first_token
-        if finish:
-            r.stats.finish_reason = finish
         return RowUpdate(emitted, min(accepted, len(emitted)), finish, r.stats)

@@ -80,33 +80,28 @@ def decode(
         sequence = torch.empty(max_len + 1, dtype=torch.long)
         sequence[: prompt.numel()] = prompt
         length = prompt.numel()
-        pending: list[int] = []
-        drafted_in_chunk = 0
         decode_started = None
         while True:
-            emitted, finish = emit(pending, stop, sequence, length, target.context_length, stats)
-            length += len(emitted)
-            if emitted:
-                yield Step(emitted, min(drafted_in_chunk, len(emitted)), finish)
-            if finish:
-                stats.finish_reason = finish
-                break
-
             k = draft_budget(num_speculative_tokens, stop, length, target.context_length)
             proposal = drafter.propose([SLOT], [sequence[:length]], [k])[0] if k > 0 else EMPTY
             target_logits = _verify_pass(target, sequence, length, proposal)
             verdict = acceptance(proposal, target_logits)
             path = verdict.path
-            stats.record_step(proposal.depth, len(path))
             # Keep what the target has now seen and accepted (the accepted nodes' KV moved into
             # place after the prefix); drop the rest, in the drafter's cache too.
             target.compact(length, path)
             drafter.verified(SLOT, length, path)
-            pending = (proposal.tokens[path].tolist() if path else []) + [verdict.next_token]
-            drafted_in_chunk = len(path)
             if decode_started is None:
                 decode_started = time.perf_counter()
                 stats.prefill_seconds = stats.time_to_first_token = decode_started - started
+            settled = (proposal.tokens[path].tolist() if path else []) + [verdict.next_token]
+            emitted, finish = emit(settled, proposal.depth, len(path), stop, sequence, length,
+                                   target.context_length, stats)
+            length += len(emitted)
+            if emitted:
+                yield Step(emitted, min(len(path), len(emitted)), finish)
+            if finish:
+                break
 
         stats.decode_seconds = time.perf_counter() - (decode_started or started)
     finally:

@@ -8,6 +8,10 @@ from dataclasses import asdict, dataclass, field
 #: Fewer tokens than this from decode passes and a tokens/s figure says nothing (it would
 #: be the prefill's tokens over next to no time): it is then not reported.
 MIN_DECODE_TOKENS_FOR_RATE = 2
+#: How the terminal summary says what ended a generation; the token budget goes unsaid
+#: (the token count shows it).
+STOPPED_BY_TEXT = {"eos": "ended at EOS", "stop_string": "ended at a stop string",
+                   "context": "ended at the context limit"}
 
 
 @dataclass
@@ -20,6 +24,12 @@ class GenerationStats:
     ``decode_seconds``. ``mean_accepted_tokens`` = new tokens / target passes, 1.0 for
     plain decoding. ``prompt_tokens`` counts the prompt as decoded, after
     ``truncated_prompt_tokens`` were dropped from its beginning (``--truncate-prompt``).
+
+    ``accepted_tokens`` counts the accepted draft tokens that are in the output: a step
+    cut short by EOS or a stop string keeps none of the accepted tokens after the cut (nor
+    an accepted EOS, which is never output), so 0 new tokens never come with accepted
+    drafts. ``finish_reason`` is "stop" or "length"; ``stopped_by`` says which condition
+    ended the generation: "eos", "stop_string", "max_new_tokens" or "context".
     """
 
     prompt_tokens: int = 0
@@ -35,10 +45,18 @@ class GenerationStats:
     decode_seconds: float = 0.0
     time_to_first_token: float = 0.0
     finish_reason: str = ""
+    stopped_by: str = ""
 
-    def record_step(self, drafted: int, accepted: int) -> None:
+    def record_step(self, drafted: int, accepted: int, emitted: int | None = None) -> None:
+        """One target pass: ``drafted`` tokens proposed, ``accepted`` of them accepted, and
+        ``emitted`` tokens output (default ``accepted + 1``: the accepted drafts and the
+        target's own token). When EOS or a stop string cut the step, ``emitted`` is what is
+        left, and only the accepted drafts among those count."""
+        if emitted is None:
+            emitted = accepted + 1
+        accepted = min(accepted, emitted)
         if self.target_forward_passes == 0:
-            self.prefill_tokens = accepted + 1  # its accepted draft + the target's token
+            self.prefill_tokens = emitted
         self.target_forward_passes += 1
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
@@ -54,7 +72,8 @@ class GenerationStats:
     def merge(self, other: GenerationStats) -> GenerationStats:
         """Add ``other``'s counts and times to these (pooling several generations: the
         per-position counts are added position by position). ``time_to_first_token`` and
-        ``finish_reason`` describe one generation and are left as they are. Returns ``self``."""
+        ``finish_reason`` / ``stopped_by`` describe one generation and are left as they are.
+        Returns ``self``."""
         self.prompt_tokens += other.prompt_tokens
         self.truncated_prompt_tokens += other.truncated_prompt_tokens
         self.new_tokens += other.new_tokens
@@ -128,7 +147,9 @@ class GenerationStats:
         noun = "token" if self.new_tokens == 1 else "tokens"
         timing = [] if d["tokens_per_second"] is None else [f"{d['tokens_per_second']:.1f} tok/s decode"]
         timing.append(f"TTFT {self.time_to_first_token * 1000:.0f} ms")
-        line = (f"{self.new_tokens} {noun} in {self.prefill_seconds + self.decode_seconds:.2f}s "
+        ended = STOPPED_BY_TEXT.get(self.stopped_by)
+        line = (f"{self.new_tokens} {noun}{f' ({ended})' if ended else ''} in "
+                f"{self.prefill_seconds + self.decode_seconds:.2f}s "
                 f"({', '.join(timing)}) | target passes {self.target_forward_passes}")
         if d["acceptance_rate"] is not None:
             line += (f", mean accepted {d['mean_accepted_tokens']:.2f}, acceptance "

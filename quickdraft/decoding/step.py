@@ -36,24 +36,33 @@ def draft_budget(k: int, stop: StopConditions, length: int, context: int) -> int
     return max(0, min(k, stop.max_new_tokens - stop.count - 1, context - length - 1))
 
 
-def emit(tokens: list[int], stop: StopConditions, sequence: torch.Tensor, length: int, context: int,
-         stats: GenerationStats) -> tuple[list[int], str | None]:
-    """Emit the tokens a verify pass settled (accepted drafts, then the target's own token)
-    after the first ``length`` tokens of ``sequence``: up to the first EOS (not emitted) or
-    stop condition. Writes them into ``sequence`` and counts them in ``stats``. Returns the
-    emitted tokens and the finish reason: "stop", "length" (budget or context) or None."""
+def emit(tokens: list[int], drafted: int, accepted: int, stop: StopConditions, sequence: torch.Tensor,
+         length: int, context: int, stats: GenerationStats) -> tuple[list[int], str | None]:
+    """Emit what a verify pass settled: ``tokens`` are its ``accepted`` draft tokens (of
+    ``drafted`` proposed) and then the target's own token. They go out up to the first EOS
+    (not emitted) or stop condition, into ``sequence`` after its first ``length`` tokens.
+
+    The pass is recorded in ``stats`` once the stop conditions have cut it, so accepted
+    drafts that never reach the output (after EOS or a stop string) are not counted as
+    accepted; on the last step ``stats.finish_reason`` and ``stats.stopped_by`` are set.
+    Returns the emitted tokens and the finish reason: "stop", "length" (budget or
+    context) or None."""
     emitted: list[int] = []
-    finish = None
+    finish = stopped_by = None
     for token in tokens:
         if stop.is_eos(token):
-            finish = "stop"
+            finish, stopped_by = "stop", "eos"
             break
         emitted.append(token)
         finish = stop.check(token)
         if finish:
+            stopped_by = "stop_string" if finish == "stop" else "max_new_tokens"
             break
     sequence[length : length + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
+    stats.record_step(drafted, accepted, len(emitted))
     stats.new_tokens += len(emitted)
     if finish is None and length + len(emitted) >= context:
-        finish = "length"
+        finish, stopped_by = "length", "context"
+    if finish:
+        stats.finish_reason, stats.stopped_by = finish, stopped_by
     return emitted, finish
