@@ -107,3 +107,20 @@ def test_readme_block_runs_as_written(line, language, code, skip, shims, tmp_pat
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"README.md:{line} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     assert "Traceback" not in proc.stderr
+
+
+def test_readme_sampled_example_shows_text(shims, tmp_path):
+    """The sampled `--prompt-file` example prints a completion: its prompt used to end in a
+    bare newline, the embedded model's first sampled token was EOS, and it printed nothing."""
+    block = next(code for _, _, code, _ in BLOCKS if "--prompt-file prompt.py" in code)
+    lines = [line for line in block.splitlines() if "prompt.py" in line]
+    assert lines[0].startswith("printf ") and "--temperature" in lines[1], lines
+    env = dict(os.environ, PATH=f"{shims}{os.pathsep}{os.environ['PATH']}", NO_COLOR="1",
+               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    proc = subprocess.run(["bash", "-e", "-c", "\n".join(lines)], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    out = json.loads(proc.stdout)
+    assert out["text"].strip() and out["stats"]["new_tokens"] > 0, out["stats"]
