@@ -2,8 +2,9 @@
 
 The common entry points::
 
-    from quickdraft import SpeculativeGenerator, SamplingParams
+    from quickdraft import DraftOptions, SamplingParams, SpeculativeGenerator
     gen = SpeculativeGenerator.from_pretrained()      # embedded target + paired draft
+    tree = SpeculativeGenerator.from_pretrained(method="tree", options=DraftOptions(tree="2,2,1"))
     out = gen.generate("def median(values):", max_new_tokens=64, temperature=0.7, seed=0)
     stream = gen.stream("import os\n")             # chunks as they come; stream.stats at the end
 """
@@ -15,7 +16,7 @@ from .decoding.stats import GenerationStats
 from .decoding.step import ContextOverflowError
 from .decoding.stopping import StopConditions
 from .decoding.verify import AcceptanceRule, GreedyAcceptance, SpeculativeSampling, Verdict
-from .drafters import Drafter, DraftModelDrafter, NoDrafter, Proposal
+from .drafters import Drafter, DraftModelDrafter, DraftOptions, NoDrafter, Proposal
 from .generator import SpeculativeGenerator
 from .models.lm import CausalLM, load_model
 from .models.loading import CheckpointError
@@ -32,6 +33,7 @@ __all__ = [
     "CheckpointError",
     "ContextOverflowError",
     "DraftModelDrafter",
+    "DraftOptions",
     "Drafter",
     "Generation",
     "GenerationStats",

@@ -156,3 +156,26 @@ def test_figures_that_mean_nothing_are_not_reported():
     spec = GenerationStats(new_tokens=20, target_forward_passes=6, prefill_tokens=4, decode_seconds=0.1,
                            drafted_tokens=20, accepted_tokens=14)
     assert "acceptance 70% (14/20)" in spec.summary() and spec.to_dict()["acceptance_rate"] == 0.7
+
+
+def test_every_name_the_readme_uses_comes_from_the_package():
+    """The README's Python (``from quickdraft import ...`` and inline code such as
+    ``options=DraftOptions(tree="2,2,1")``) works as written: `from quickdraft import
+    DraftOptions` used to fail."""
+    import re
+    from pathlib import Path
+
+    import quickdraft
+
+    root = Path(__file__).resolve().parents[1]
+    names = set()
+    for doc in [root / "README.md", *(root / "docs").glob("*.md")]:
+        text = doc.read_text()
+        for group in re.findall(r"^\s*from quickdraft import ([\w, ]+)$", text, re.M):
+            names |= {n.strip() for n in group.split(",")}
+        if doc.name == "README.md":  # the guide to the public API (docs/ also cite internal classes)
+            for span in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S)):
+                names |= set(re.findall(r"\b([A-Z][a-z]+[A-Z][A-Za-z]*)[.(]", span))
+    assert {"DraftOptions", "SamplingParams", "SpeculativeGenerator"} <= names
+    missing = sorted(n for n in names if n not in quickdraft.__all__ or not hasattr(quickdraft, n))
+    assert missing == []
