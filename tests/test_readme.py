@@ -124,3 +124,24 @@ def test_readme_sampled_example_shows_text(shims, tmp_path):
 
     out = json.loads(proc.stdout)
     assert out["text"].strip() and out["stats"]["new_tokens"] > 0, out["stats"]
+
+
+def test_docs_scripts_import_what_the_package_has():
+    """The scripts the documents tell you to run (docs/bench/*.py) import names that exist:
+    two still imported load_tokenizer from quickdraft.generator and quickdraft.bench.exit_layer
+    after they moved to quickdraft.pair and quickdraft.policy."""
+    import ast
+    import importlib
+
+    broken = []
+    for script in sorted((ROOT / "docs").rglob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "quickdraft":
+                try:
+                    module = importlib.import_module(node.module)
+                except ImportError:
+                    broken.append(f"{script.name}: {node.module}")
+                    continue
+                broken += [f"{script.name}: {node.module}.{a.name}" for a in node.names
+                           if not hasattr(module, a.name)]
+    assert broken == []

@@ -65,13 +65,13 @@ def main() -> None:
     from quickdraft_old.stats import GenerationStats as OldStats
     from quickdraft_old.stopping import StopConditions as OldStop
 
-    from quickdraft.drafters import DraftModelDrafter
     from quickdraft.decoding.engine import decode
-    from quickdraft.generator import load_tokenizer
-    from quickdraft.models.lm import load_model
-    from quickdraft.models.loading import resolve_model_dir
     from quickdraft.decoding.stats import GenerationStats
     from quickdraft.decoding.stopping import StopConditions
+    from quickdraft.drafters import DraftModelDrafter
+    from quickdraft.models.lm import load_model
+    from quickdraft.models.loading import resolve_model_dir
+    from quickdraft.pair import load_tokenizer
 
     target_dir, draft_dir = resolve_model_dir("qd-stdlib-target"), resolve_model_dir("qd-stdlib-draft")
     tokenizer = load_tokenizer(target_dir)

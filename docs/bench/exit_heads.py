@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from quickdraft.bench.exit_layer import measure_exit_layer
 from quickdraft.drafters.early_exit import SHARED, resolve_exit_head
-from quickdraft.generator import load_tokenizer
 from quickdraft.models.lm import load_model
+from quickdraft.pair import load_tokenizer
+from quickdraft.policy.exit_layer import measure_exit_layer
 
 
 def main() -> None:
