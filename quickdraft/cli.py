@@ -7,7 +7,6 @@ import importlib
 import json
 import random
 import sys
-from pathlib import Path
 
 from .console import green, use_color, write_stream
 
@@ -86,13 +85,15 @@ def cmd_models(args: argparse.Namespace) -> int:
 def read_prompt(args: argparse.Namespace) -> str:
     if args.prompt_file is None:
         return args.prompt
-    path = Path(args.prompt_file)
-    if not path.is_file():
-        raise CliError(f"prompt file {path} does not exist")
+    from .jsonl import check_input_file
+
+    path = check_input_file(args.prompt_file, "prompt file", CliError)
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise CliError(f"prompt file {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise CliError(f"cannot read prompt file {path}: {exc.strerror or exc}") from None
 
 
 def notice(message: str) -> None:

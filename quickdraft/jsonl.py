@@ -11,12 +11,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def check_input_file(path: str | Path, what: str, error: type[Exception] = ValueError) -> Path:
+    """``path`` as a Path if it is a file; else ``error`` saying what it is instead (missing,
+    a directory, something else) and what to pass. ``what`` names it (e.g. "prompt file")."""
+    path = Path(path)
+    if path.is_dir():
+        raise error(f"{what} {path} is a directory; pass a file")
+    if not path.exists():
+        raise error(f"{what} not found: {path} does not exist")
+    if not path.is_file():
+        raise error(f"{what} {path} is not a regular file; pass a file")
+    return path
+
+
 def read_objects(path: str | Path, what: str, error: type[ValueError] = ValueError) -> Iterator[tuple[str, dict]]:
     """``(where, obj)`` per non-blank line of ``path``, ``where`` being ``"PATH:LINE"`` for the
     caller's own messages. ``what`` names the file in errors (e.g. "prompts file")."""
-    path = Path(path)
-    if not path.is_file():
-        raise error(f"{what} not found: {path} does not exist")
+    path = check_input_file(path, what, error)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:

@@ -100,6 +100,15 @@ def test_bad_inputs_give_one_line_and_exit_2(tiny_family, tmp_path):
         assert len(err.strip().splitlines()) == 1 and word in err and "Traceback" not in err, err
 
 
+def test_a_directory_as_prompt_file_is_named_as_one(tiny_family, tmp_path):
+    """`--prompt-file DIR` used to say the file does not exist."""
+    for flag in ("--prompt-file", "--prompts-file"):
+        code, out, err = run_cli("generate", "--model", str(tiny_family["target"]), flag, str(tmp_path))
+        assert code == 2 and out == "", (flag, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert f"{tmp_path} is a directory; pass a file" in err and "does not exist" not in err, err
+
+
 def test_truncate_prompt_allows_long_prompts(tiny_family, capsys):
     args = ["generate", "--model", str(tiny_family["target"]), "--method", "ar", "--prompt", "x = 1\n" * 400,
             "--truncate-prompt", "--max-new-tokens", "4", "--json"]
