@@ -320,6 +320,32 @@ def test_model_without_tokenizer_names_the_files_and_the_fix(tiny_family, tmp_pa
     assert f"save_pretrained('{bare}')" in err
 
 
+def test_a_broken_target_is_reported_as_broken_not_as_draftless(tiny_family, tmp_path):
+    """Under the default method (draft), a folder without tokenizer files or with truncated
+    weights used to be reported as "has no paired draft"."""
+    import shutil
+
+    bare = tmp_path / "bare"  # weights, no tokenizer files
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_family["target"] / name, bare / name)
+    truncated = tmp_path / "truncated"  # tokenizer, half of the weights file
+    shutil.copytree(tiny_family["target"], truncated)
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    cases = [
+        (["--model", str(bare)], ["no tokenizer files", "tokenizer.json"]),
+        (["--model", str(truncated)], [f"{weights} is corrupt or truncated", "re-download or re-save"]),
+        (["--model", str(tiny_family["target"]), "--draft", str(bare)], [f"{bare} has no tokenizer files"]),
+        (["--model", str(tiny_family["target"]), "--draft", str(truncated)], [f"{weights} is corrupt"]),
+    ]
+    for args, words in cases:
+        code, out, err = run_cli("generate", *args, "--prompt", "x")
+        assert code == 2 and out == "", (args, err)
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert "paired draft" not in err and all(w in err for w in words), (args, err)
+
+
 def test_transformers_noise_stays_out_of_our_output(tiny_family):
     code, out, err = run_cli("generate", "--model", str(tiny_family["target"]), "--method", "ar", "--backend", "hf",
                              "--prompt", "x = 1\n" * 400, "--truncate-prompt", "--max-new-tokens", "3")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from .config import ModelConfig
@@ -89,6 +89,9 @@ def resolve_pair(
             raise CheckpointError("no embedded model is installed; pass --model PATH")
         model = embedded.name
     target_dir = resolve_model_dir(model)
+    # A broken target (no tokenizer files, corrupt weights) is reported as such, not as a
+    # target without a draft, and before minutes go into loading anything.
+    check_checkpoint(target_dir)
     if not need_draft:
         return target_dir, None
     if draft is None:
@@ -99,7 +102,29 @@ def resolve_pair(
                 f"`quickdraft train draft --target {model} --out DIR`, or use plain decoding"
             )
         return target_dir, paired
-    return target_dir, resolve_model_dir(draft)
+    draft_dir = resolve_model_dir(draft)
+    check_checkpoint(draft_dir)
+    return target_dir, draft_dir
+
+
+def check_checkpoint(model_dir: Path) -> None:
+    """Refuse, cheaply (config.json, the safetensors headers and the tokenizer file names;
+    no weights are read), a checkpoint directory that loading would refuse."""
+    read_hf_config(model_dir)
+    for file in safetensors_files(model_dir):
+        try:
+            with safe_open(str(file), "pt"):
+                pass
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise unreadable_weights(file, exc) from None
+    check_tokenizer_files(model_dir)
+
+
+def unreadable_weights(file: Path, exc: BaseException) -> CheckpointError:
+    return CheckpointError(
+        f"{file} is corrupt or truncated: not a readable safetensors file ({first_line(exc, 120)}); "
+        "re-download or re-save the checkpoint"
+    )
 
 
 def read_hf_config(model_dir: Path) -> dict:
@@ -146,10 +171,7 @@ def load_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
         try:
             state.update(load_file(str(file)))
         except (SafetensorError, OSError, ValueError) as exc:
-            raise CheckpointError(
-                f"{file} is not a readable safetensors file ({str(exc).splitlines()[0][:120]}); "
-                "re-download or re-save the checkpoint"
-            ) from None
+            raise unreadable_weights(file, exc) from None
     return state
 
 
