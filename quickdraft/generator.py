@@ -116,7 +116,8 @@ class SpeculativeGenerator:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         if method == "early-exit" and draft is not None:  # the draft is an exit head directory
             options, draft = dataclasses.replace(options, exit_head=str(draft)), None
-        pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend, draft_vocab=draft_vocab)
+        pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend, draft_vocab=draft_vocab,
+                         method=method)
         if method == "early-exit":
             options = _exit_layer_by_cost_model(pair, options)
         if method != "auto":

@@ -11,9 +11,47 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from .models.config import ModelConfig, UnsupportedModelError
 from .models.draft_vocab import read_draft_vocab
 from .models.lm import CausalLM, load_model
-from .models.loading import CheckpointError, check_tokenizer_files, first_line, resolve_pair
+from .models.loading import (
+    CheckpointError,
+    check_tokenizer_files,
+    first_line,
+    read_hf_config,
+    resolve_draft,
+    resolve_target,
+)
+
+#: The methods only the native runtime runs, and why: the transformers backend verifies a
+#: chain of tokens with the full model, nothing else.
+NATIVE_ONLY_METHODS = {
+    "tree": "it verifies a token tree in one pass",
+    "multi-draft": "it verifies several drafts merged into a token tree",
+    "layer-skip": "its draft is the target with sub-layers skipped",
+    "early-exit": "its draft is the target's own first layers, sharing its KV cache",
+}
+#: The methods the transformers backend runs.
+HF_METHODS = ("draft", "hybrid", "ngram", "ar")
+
+
+def check_method_backend(method: str, backend: str, target_dir: Path | None = None) -> None:
+    """Refuse, in one line and before any model loads, a method the backend cannot run:
+    a native-only method with ``backend="hf"``, or (given ``target_dir``) with ``"auto"``
+    for an architecture the native runtime lacks (auto would fall back to transformers)."""
+    why = NATIVE_ONLY_METHODS.get(method)
+    if why is None or backend == "native":
+        return
+    if backend == "hf":
+        raise ValueError(f"--method {method} needs the native runtime ({why}); the transformers backend "
+                         f"verifies plain chains only: drop --backend hf, or use --method "
+                         f"{', '.join(HF_METHODS)} with it")
+    if target_dir is not None:
+        try:
+            ModelConfig.from_hf(read_hf_config(target_dir))
+        except UnsupportedModelError as exc:
+            raise ValueError(f"--method {method} needs the native runtime ({why}), which cannot run "
+                             f"{target_dir}: {first_line(exc)}; use --method {', '.join(HF_METHODS)}") from None
 
 
 def load_tokenizer(model_dir: str | Path):
@@ -54,6 +92,7 @@ def load_pair(
     need_draft: bool = True,
     backend: str = "auto",
     draft_vocab: int | None = None,
+    method: str | None = None,
 ) -> ModelPair:
     """Load a target (default: the embedded default), its tokenizer and, when ``need_draft``,
     a draft (default: the embedded target's paired draft).
@@ -64,8 +103,15 @@ def load_pair(
 
     ``draft_vocab``: how many of the draft's most frequent tokens it scores (its
     ``draft_vocab.json``, :mod:`quickdraft.models.draft_vocab`): None its default, 0 all.
+    ``method``, when given, is checked against the backend first
+    (:func:`check_method_backend`), so a combination that cannot run loads nothing.
     """
-    target_dir, draft_dir = resolve_pair(model, draft, need_draft)
+    if method is not None:
+        check_method_backend(method, backend)
+    target_dir = resolve_target(model)
+    if method is not None:
+        check_method_backend(method, backend, target_dir)
+    draft_dir = resolve_draft(target_dir, model, draft) if need_draft else None
     target = load_model(target_dir, backend)
     tokenizer = load_tokenizer(target_dir)
     draft_lm = None

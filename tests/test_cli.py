@@ -346,6 +346,37 @@ def test_a_broken_target_is_reported_as_broken_not_as_draftless(tiny_family, tmp
         assert "paired draft" not in err and all(w in err for w in words), (args, err)
 
 
+@pytest.mark.parametrize("method", ["tree", "multi-draft", "layer-skip", "early-exit"])
+def test_native_only_methods_with_backend_hf_fail_before_loading(tiny_family, tmp_path, method, monkeypatch, capsys):
+    """`--backend hf --method tree` used to load both models and fail while decoding (and
+    layer-skip with a traceback): the combination is refused first, in one line."""
+    import json as json_module
+
+    import quickdraft.pair
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(quickdraft.pair, "load_model", no_loading)
+    draft = ["--draft", str(tiny_family["copy"])] if method in ("tree", "multi-draft") else []
+    common = ["generate", "--model", str(tiny_family["target"]), *draft, "--method", method, "--prompt", "x"]
+    assert main([*common, "--backend", "hf"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "a model was loaded" not in err, err
+    assert f"--method {method} needs the native runtime" in err and "drop --backend hf" in err, err
+    # --backend auto on an architecture the native runtime lacks would fall back to transformers
+    other = tmp_path / "other-arch"
+    import shutil
+
+    shutil.copytree(tiny_family["target"], other)
+    config = json_module.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json_module.dumps({**config, "model_type": "gpt_neox"}))
+    assert main(["generate", "--model", str(other), *draft, "--method", method, "--prompt", "x"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "a model was loaded" not in err, err
+    assert f"--method {method} needs the native runtime" in err and "gpt_neox" in err, err
+
+
 def test_transformers_noise_stays_out_of_our_output(tiny_family):
     code, out, err = run_cli("generate", "--model", str(tiny_family["target"]), "--method", "ar", "--backend", "hf",
                              "--prompt", "x = 1\n" * 400, "--truncate-prompt", "--max-new-tokens", "3")

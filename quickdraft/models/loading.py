@@ -83,28 +83,40 @@ def resolve_pair(
 ) -> tuple[Path, Path | None]:
     """Directories of a target (default: the embedded default) and, when ``need_draft``, of
     its draft (default: the target's paired draft, see ``registry.find_draft_dir``)."""
+    target_dir = resolve_target(model)
+    return target_dir, resolve_draft(target_dir, model, draft) if need_draft else None
+
+
+def resolve_target(model: str | Path | None) -> Path:
+    """The target's directory (default: the embedded default target), checked cheaply
+    (:func:`check_checkpoint`): a broken target (no tokenizer files, corrupt weights) is
+    reported as such, not as a target without a draft, and before anything loads."""
     if model is None:
         embedded = default_target()
         if embedded is None:
             raise CheckpointError("no embedded model is installed; pass --model PATH")
         model = embedded.name
     target_dir = resolve_model_dir(model)
-    # A broken target (no tokenizer files, corrupt weights) is reported as such, not as a
-    # target without a draft, and before minutes go into loading anything.
     check_checkpoint(target_dir)
-    if not need_draft:
-        return target_dir, None
+    return target_dir
+
+
+def resolve_draft(target_dir: Path, model: str | Path | None, draft: str | Path | None) -> Path:
+    """The draft's directory: ``draft``, or the target's paired draft (``model`` is how the
+    target was named, for the message when it has none), checked cheaply."""
     if draft is None:
         paired = find_draft_dir(target_dir)
         if paired is None:
+            name = model if model is not None else target_dir
             raise CheckpointError(
-                f"model {model} has no paired draft; pass --draft PATH, train one with "
-                f"`quickdraft train draft --target {model} --out DIR`, or use plain decoding"
+                f"model {name} has no paired draft; pass --draft PATH, train one with "
+                f"`quickdraft train draft --target {name} --out DIR`, or use plain decoding"
             )
-        return target_dir, paired
-    draft_dir = resolve_model_dir(draft)
+        draft_dir = paired
+    else:
+        draft_dir = resolve_model_dir(draft)
     check_checkpoint(draft_dir)
-    return target_dir, draft_dir
+    return draft_dir
 
 
 def check_checkpoint(model_dir: Path) -> None:
