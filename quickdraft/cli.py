@@ -170,7 +170,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                f"tokens (kept the last {stats.prompt_tokens})")
     draft_lm = draft_model_of(gen.drafter)
     settings = {
-        "method": args.method if gen.method_choice is None else f"auto: {gen.method_choice.label}",
+        "method": args.method if gen.method_choice is None else f"auto: {auto_method(gen.method_choice)}",
         "model": str(gen.target.model_dir),
         "draft": str(draft_lm.model_dir) if draft_lm is not None else None,
         "backend": gen.target.backend,
@@ -241,11 +241,18 @@ def draft_model_of(drafter):
     return model
 
 
+def auto_method(choice) -> str:
+    """What ``--method auto`` chose, without its k (reported once, as k): "draft", "tree 2,2,1"."""
+    return choice.label if choice.method == "tree" else choice.method
+
+
 def settings_label(settings: dict) -> str:
     """The summary line's prefix: method, k and where it came from, backend, truncation."""
     parts = [settings["method"]]
-    if settings["num_speculative_tokens"] is not None:
-        parts.append(f"k={settings['num_speculative_tokens']} ({settings['num_speculative_tokens_source']})")
+    k, source = settings["num_speculative_tokens"], settings["num_speculative_tokens_source"]
+    if k is not None:
+        # auto's k came with its method, which the label already says auto chose
+        parts.append(f"k={k}" if source == "auto" else f"k={k} ({source})")
     backend = settings["backend"]
     if settings["draft_backend"] not in (None, backend):
         backend = f"{backend} target, {settings['draft_backend']} draft"

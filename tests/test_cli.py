@@ -377,6 +377,23 @@ def test_native_only_methods_with_backend_hf_fail_before_loading(tiny_family, tm
     assert f"--method {method} needs the native runtime" in err and "gpt_neox" in err, err
 
 
+def test_auto_summary_says_each_thing_once(tiny_family, tmp_path, monkeypatch, capsys):
+    """The --method auto line used to read `[auto: draft k=8, k=8 (auto), ...]`."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    args = ["generate", "--model", str(tiny_family["target"]), "--draft", str(tiny_family["copy"]),
+            "--method", "auto", "--prompt", "def add(a, b):", "--max-new-tokens", "8", "--color", "never"]
+    assert main(args) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    chose = next(line for line in err if "auto chose" in line)
+    label = err[-1][1 : err[-1].index("]")]
+    method = chose.split("auto chose ", 1)[1].split(" (predicted")[0]  # e.g. "hybrid k=10" or "tree 2,2,1"
+    assert label.startswith(f"auto: {method.split(' k=')[0]}, "), (label, chose)
+    assert label.count("auto") == 1 and label.count("k=") <= 1, label
+    assert main([*args, "--json"]) == 0
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert settings["method"] == f"auto: {method.split(' k=')[0]}" and "k=" not in settings["method"]
+
+
 def test_transformers_noise_stays_out_of_our_output(tiny_family):
     code, out, err = run_cli("generate", "--model", str(tiny_family["target"]), "--method", "ar", "--backend", "hf",
                              "--prompt", "x = 1\n" * 400, "--truncate-prompt", "--max-new-tokens", "3")
