@@ -31,8 +31,8 @@ NATIVE_ONLY_METHODS = {
     "layer-skip": "its draft is the target with sub-layers skipped",
     "early-exit": "its draft is the target's own first layers, sharing its KV cache",
 }
-#: The methods the transformers backend runs.
-HF_METHODS = ("draft", "hybrid", "ngram", "ar")
+#: The methods the transformers backend runs, as the messages list them.
+HF_METHODS = "draft, hybrid, ngram or ar"
 
 
 def check_method_backend(method: str, backend: str, target_dir: Path | None = None) -> None:
@@ -45,13 +45,13 @@ def check_method_backend(method: str, backend: str, target_dir: Path | None = No
     if backend == "hf":
         raise ValueError(f"--method {method} needs the native runtime ({why}); the transformers backend "
                          f"verifies plain chains only: drop --backend hf, or use --method "
-                         f"{', '.join(HF_METHODS)} with it")
+                         f"{HF_METHODS} with it")
     if target_dir is not None:
         try:
             ModelConfig.from_hf(read_hf_config(target_dir))
         except UnsupportedModelError as exc:
             raise ValueError(f"--method {method} needs the native runtime ({why}), which cannot run "
-                             f"{target_dir}: {first_line(exc)}; use --method {', '.join(HF_METHODS)}") from None
+                             f"{target_dir}: {first_line(exc)}; use --method {HF_METHODS}") from None
 
 
 def load_tokenizer(model_dir: str | Path):
