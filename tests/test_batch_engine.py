@@ -352,9 +352,6 @@ def test_engine_drafts_again_after_the_policy_turned_speculation_off(models, pro
     assert sum(drafted[:FORGET_AFTER]) == 0 and sum(drafted[FORGET_AFTER:]) > 0
 
 
-@pytest.mark.xfail(strict=True, reason="needs BatchEngine._advance to record the step after the stop "
-                   "conditions cut it (record_step(..., len(emitted))) and to set stats.stopped_by, as "
-                   "engine.decode does; remove this marker with that change")
 def test_row_stats_count_only_the_accepted_drafts_eos_leaves(models, prompts):
     """As engine.decode does: a chunk cut at EOS counts only the accepted drafts before the cut
     (0 new tokens never come with accepted drafts), and stopped_by says EOS ended the row."""
@@ -362,8 +359,8 @@ def test_row_stats_count_only_the_accepted_drafts_eos_leaves(models, prompts):
     first = plain(target, prompts[1], StopConditions(MAX_NEW, [tok.eos_token_id]))
     for position in (0, 2):
         cut = first.index(first[position])  # the copy draft's first chain (k=5) is first[:5], all accepted
-        engine = BatchEngine(target, method="draft", draft=drafts["copy"], max_batch_size=1, max_len=200,
-                             num_speculative_tokens=5)
+        engine = make_batch_engine(target, method="draft", draft=drafts["copy"], max_batch_size=1, max_len=200,
+                                   num_speculative_tokens=5)
         row = engine.add(prompts[1], SamplingParams(), StopConditions(MAX_NEW, [first[position]]))
         update = engine.step()[row]
         stats = update.stats
