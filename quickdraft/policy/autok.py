@@ -5,17 +5,13 @@ pass over 1 and over n tokens, one draft step) at a realistic context length;
 :func:`calibrate` adds a short calibration decode for per-position acceptance and the cost
 model's best k. :func:`cached_k` is what ``quickdraft generate`` uses when no ``-k`` is
 given: the choice for a (target, draft, machine) is measured once on fixed calibration
-prompts and cached as JSON, with the measured costs, under
-``$XDG_CACHE_HOME/quickdraft/autok/`` (default ``~/.cache/quickdraft/autok/``), so the
+prompts and cached as JSON, with the measured costs (:mod:`.cache`: under
+``$XDG_CACHE_HOME/quickdraft/autok/``, default ``~/.cache/quickdraft/autok/``), so the
 same pair on the same machine always gets the same k until it is re-measured.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -31,6 +27,7 @@ from ..decoding.stopping import StopConditions
 from ..drafters import DraftModelDrafter
 from ..models.decode_linear import row_dependent_rounding
 from ..models.lm import CausalLM, eos_token_ids
+from . import cache
 from .cost_model import StepCosts, best_k, speedup_curve
 
 DEFAULT_PROBE_K = 8
@@ -230,49 +227,7 @@ CALIBRATION_PROMPTS = (
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
     "The quick brown fox jumps over the lazy dog. Speculative decoding lets a small model",
 )
-CACHE_VERSION = 1
-
-
-def cache_dir() -> Path:
-    """Where auto-k choices are cached: ``$XDG_CACHE_HOME/quickdraft/autok``, by default
-    ``~/.cache/quickdraft/autok``."""
-    root = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(root) / "quickdraft" / "autok"
-
-
-def model_fingerprint(lm: CausalLM) -> dict | None:
-    """What identifies a loaded model for the cache: its directory, backend and the size
-    and modification time of its config and weight files (None when it has no directory)."""
-    model_dir = getattr(lm, "model_dir", None)
-    if model_dir is None:
-        return None
-    model_dir = Path(model_dir).resolve()
-    files = sorted(p for p in model_dir.iterdir() if p.name == "config.json" or p.suffix == ".safetensors")
-    head_ids = getattr(getattr(lm, "model", None), "head_ids", None)
-    return {
-        "path": str(model_dir),
-        "backend": lm.backend,
-        "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files],
-        # A draft's restricted head (draft_vocab.json) changes its step cost and acceptance.
-        "head_vocab": None if head_ids is None else int(head_ids.numel()),
-    }
-
-
-def machine_fingerprint() -> dict:
-    """What identifies the machine for the cache: CPU, cores, torch threads and version,
-    and the linear kernels the native runtime decodes with (costs change with them)."""
-    from ..machine import cpu_model
-    from ..models.decode_linear import SMALL_WEIGHT_ELEMENTS, onednn_linear_available
-
-    return {
-        "cpu": cpu_model(),
-        "machine": platform.machine(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        # The drafts' one-row MKL products changed step costs: part of the key.
-        "linear_kernels": f"onednn,mkl-rows1<={SMALL_WEIGHT_ELEMENTS}" if onednn_linear_available() else "torch",
-    }
+CACHE_VERSION = 2  # 2: entries named and keyed by policy.cache
 
 
 @dataclass
@@ -314,43 +269,37 @@ def cached_k(
     (missing, unreadable, or ``remeasure``) measured greedily on :data:`CALIBRATION_PROMPTS`
     and written there. ``log`` gets one line before a measurement."""
     log = log or (lambda msg: None)
-    fingerprints = {"target": model_fingerprint(target), "draft": model_fingerprint(draft_lm)}
-    path = None
-    if None not in fingerprints.values():
-        identity = {"version": CACHE_VERSION, "max_k": max_k, "machine": machine_fingerprint(), **fingerprints}
-        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
-        path = cache_dir() / f"{digest}.json"
-        if not remeasure:
-            cached = _read_choice(path)
-            if cached is not None:
-                return cached
-    where = f"cached in {path}" if path else "not cached: the models have no directory"
+    entry = cache.entry("k", CACHE_VERSION, {"target": target, "draft": draft_lm}, max_k=max_k)
+    if entry is not None and not remeasure:
+        cached = _read_choice(entry)
+        if cached is not None:
+            return cached
+    where = f"cached in {entry.path}" if entry is not None else "not cached: the models have no directory"
     log(f"measuring the best k for this model pair on this machine, once ({where}; --remeasure redoes it)")
     prompts = [tokenizer(p, verbose=False)["input_ids"] for p in CALIBRATION_PROMPTS]
     result = calibrate(target, draft_lm, tokenizer, prompts, probe_k=max_k, max_k=max_k,
                        calibration_tokens=calibration_tokens)
-    choice = KChoice(result.k, True, path, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    choice = KChoice(result.k, True, None, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                      result.predicted, result.costs, result.per_position)
-    if path is not None:
+    if entry is not None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps({**identity, **choice.to_json()}, indent=1))
-            os.replace(tmp, path)
+            entry.store(choice.to_json())
+            choice.path = entry.path
         except OSError as exc:
             log(f"could not write the auto-k cache ({exc.strerror or exc}); k is not cached")
-            choice.path = None
     return choice
 
 
-def _read_choice(path: Path) -> KChoice | None:
+def _read_choice(entry: cache.Entry) -> KChoice | None:
+    data = entry.load()
+    if data is None:
+        return None  # missing or unreadable: measure again
     try:
-        data = json.loads(path.read_text())
         return KChoice(
-            k=int(data["k"]), measured=False, path=path, measured_at=str(data["measured_at"]),
+            k=int(data["k"]), measured=False, path=entry.path, measured_at=str(data["measured_at"]),
             predicted={int(k): float(v) for k, v in data["predicted_speedup"].items()},
             costs=StepCosts.from_dict(data["step_costs"]),
             per_position=[float(a) for a in data["per_position_acceptance"]],
         )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # missing or unreadable: measure again
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # not what this version writes: measure again

@@ -13,9 +13,6 @@ per model pair and machine (cached next to the auto-k choices). Per step the cos
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
 import statistics
 import time
 from collections.abc import Sequence
@@ -24,7 +21,7 @@ import torch
 
 from ..decoding.stats import GenerationStats, RecentAcceptance
 from ..models.ragged import Feed, ragged_forward
-from .autok import cache_dir, machine_fingerprint, model_fingerprint
+from . import cache
 from .cost_model import StepCosts, choose_k
 
 #: Acceptance by position assumed until the batch has drafted ``MIN_DRAFTED`` tokens.
@@ -37,7 +34,7 @@ WIDTHS = (1, 2, 3, 4, 5, 7, 9)
 #: Row lengths the costs are measured at; the policy interpolates between them (and
 #: extrapolates past the last: attention grows linearly with the context).
 CONTEXTS = (256, 1024)
-CACHE_VERSION = 3  # 3: packed ragged passes (session 10)
+CACHE_VERSION = 4  # 3: packed ragged passes (session 10); 4: keyed by policy.cache
 
 
 def batch_sizes(max_batch_size: int) -> list[int]:
@@ -202,29 +199,22 @@ class BatchPolicy:
 
         drafter = engine.drafter.model if isinstance(engine.drafter, HybridDrafter) else engine.drafter
         drafter = drafter if isinstance(drafter, BatchedChain) else None
-        # A draft model's costs follow its files; early exit's its layer and head kind (its name).
-        draft_id = model_fingerprint(drafter.lm) if isinstance(drafter, BatchedDraftModel) else getattr(
-            drafter, "name", None)
+        # A draft model's costs follow its weights; early exit's its layer and head kind (its name).
+        draft = drafter.lm if isinstance(drafter, BatchedDraftModel) else getattr(drafter, "name", None)
         sizes = batch_sizes(engine.max_batch_size)
-        identity = {"version": CACHE_VERSION, "sizes": sizes, "widths": list(WIDTHS), "contexts": list(CONTEXTS),
-                    "machine": machine_fingerprint(),
-                    "target": model_fingerprint(engine.target), "draft": draft_id}
-        path = None
-        if identity["target"] is not None:
-            digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
-            path = cache_dir() / f"batch-{digest}.json"
-            if not remeasure:
+        entry = cache.entry("batch", CACHE_VERSION, {"target": engine.target, "draft": draft},
+                            sizes=sizes, widths=list(WIDTHS), contexts=list(CONTEXTS))
+        if entry is not None and not remeasure:
+            data = entry.load()
+            if data is not None:
                 try:
-                    return cls(json.loads(path.read_text()))
-                except (OSError, ValueError, KeyError, TypeError):
-                    pass
+                    return cls(data)
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    pass  # not what this version writes: measure again
         table = measure_batch_costs(engine.model, engine.cache, drafter, sizes)
-        if path is not None:
+        if entry is not None:
             try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(json.dumps({**identity, **table}, indent=1))
-                os.replace(tmp, path)
+                entry.store(table)
             except OSError:
                 pass  # not cached: measured again next time
         return cls(table)

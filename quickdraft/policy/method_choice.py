@@ -23,10 +23,7 @@ greedy and used for both (docs/methods.md, "Choosing a method: `--method auto`")
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -39,20 +36,15 @@ from ..decoding.stopping import StopConditions
 from ..drafters.factory import DraftOptions, make_drafter
 from ..drafters.ngram import NgramDrafter
 from ..models.lm import CausalLM, eos_token_ids
-from .autok import (
-    CALIBRATION_PROMPTS,
-    cache_dir,
-    machine_fingerprint,
-    measure_step_costs,
-    model_fingerprint,
-)
+from . import cache
+from .autok import CALIBRATION_PROMPTS, measure_step_costs
 from .cost_model import StepCosts
 
 #: Static tree shapes auto considers (the chain is ``draft``).
 TREE_SHAPES = ((2,), (2, 1), (2, 1, 1), (2, 2, 1), (3, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1),
                (2, 1, 1, 1, 1), (3, 2, 1), (2, 1, 1, 1, 1, 1))
 MAX_K = 12
-CACHE_VERSION = 2  # 2: verify passes are no longer padded to the drafter's width
+CACHE_VERSION = 3  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache
 
 
 @dataclass(frozen=True)
@@ -248,28 +240,21 @@ def cached_method(target: CausalLM, draft: CausalLM | None, tokenizer, remeasure
     """:func:`choose_method` for this pair and machine, cached next to the auto-k choices
     (``--remeasure`` measures again)."""
     log = log or (lambda msg: None)
-    prints = {"target": model_fingerprint(target), "draft": model_fingerprint(draft) if draft else "none"}
-    path = None
-    if None not in prints.values():
-        identity = {"version": CACHE_VERSION, "kind": "method", "machine": machine_fingerprint(), **prints}
-        digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
-        path = cache_dir() / f"method-{digest}.json"
-        if not remeasure and path.is_file():
+    entry = cache.entry("method", CACHE_VERSION, {"target": target, "draft": draft if draft else "none"})
+    if entry is not None and not remeasure:
+        data = entry.load()
+        if data is not None:
             try:
-                return MethodChoice.from_json(json.loads(path.read_text()), path)
-            except (ValueError, KeyError, TypeError):
-                pass  # unreadable: measure again
+                return MethodChoice.from_json(data, entry.path)
+            except (ValueError, KeyError, TypeError, AttributeError):
+                pass  # not what this version writes: measure again
     log(f"measuring which method is fastest for this pair on this machine, once "
-        f"({f'cached in {path}' if path else 'not cached'}; --remeasure redoes it)")
+        f"({f'cached in {entry.path}' if entry is not None else 'not cached'}; --remeasure redoes it)")
     choice = choose_method(target, draft, tokenizer)
-    if path is not None:
+    if entry is not None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps({**identity, **choice.to_json(),
-                                       "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1))
-            os.replace(tmp, path)
-            choice.path = path
+            entry.store({**choice.to_json(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            choice.path = entry.path
         except OSError as exc:
             log(f"could not write the method cache ({exc.strerror or exc}); the choice is not cached")
     return choice
