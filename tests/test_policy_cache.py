@@ -62,6 +62,7 @@ def test_every_cached_measurement_goes_through_the_cache_module(models, cache_ho
     monkeypatch.setattr(cache, "write_json", lambda path, data: (written.append(path), real_write(path, data)))
     first = (cached_k(target, drafts["perturbed"], tok), cached_method(target, drafts["perturbed"], tok),
              BatchPolicy.for_engine(_engine(target)))
+    written = [p for p in written if p.parent == cache_home]  # not the file digests remembered
     kinds = sorted(p.name.split("-")[0] for p in written)
     assert kinds == ["batch", "k", "method"]
     assert sorted(p.name for p in cache_home.glob("*.json")) == sorted(p.name for p in written)
@@ -105,3 +106,84 @@ def test_an_unwritable_cache_still_gives_a_choice(models, tmp_path, monkeypatch,
     assert choice.k == 3 and choice.path is None and any("could not write" in line for line in logged)
     assert cached_method(target, drafts["perturbed"], tok).path is None
     assert BatchPolicy.for_engine(_engine(target)).costs(1).t_ar == 1.0
+
+
+# --- keys: model content and machine, not paths ---------------------------------------------
+
+
+def _load(path):
+    from quickdraft.models.lm import load_model
+
+    return load_model(path)
+
+
+def test_copies_of_a_checkpoint_share_an_entry_and_a_perturbed_one_does_not(tiny_family, tmp_path, cache_home,
+                                                                           fake_measurements, models):
+    """An editable and a pip install of the same pair are two directories with the same
+    files (new mtimes too): one cache entry. Different weights: another."""
+    import shutil
+
+    tok = models[0]
+    elsewhere = tmp_path / "site-packages" / "target"
+    shutil.copytree(tiny_family["target"], elsewhere, copy_function=shutil.copy)  # new path, new mtimes
+    draft = _load(tiny_family["perturbed"])
+    first = cached_k(_load(tiny_family["target"]), draft, tok)
+    same = cached_k(_load(elsewhere), draft, tok)
+    assert first.measured and not same.measured and same.path == first.path
+    assert cached_k(_load(tiny_family["copy"]), draft, tok).path == first.path
+    other = cached_k(_load(tiny_family["perturbed"]), draft, tok)  # perturbed weights as the target
+    assert other.measured and other.path != first.path
+    assert fake_measurements["k"] == 2
+    assert len(list(cache_home.glob("k-*.json"))) == 2
+    identity = json.loads(first.path.read_text())
+    assert str(tiny_family["target"]) not in json.dumps(identity)  # no path in the key
+
+
+def test_the_key_follows_machine_and_runtime_not_location(tiny_family, cache_home, monkeypatch):
+    import torch
+
+    target, copy = _load(tiny_family["target"]), _load(tiny_family["copy"])
+    key = cache.entry("k", 1, {"target": target})
+    assert cache.entry("k", 1, {"target": copy}).path == key.path
+    assert cache.entry("k", 1, {"target": target}, max_k=6).path != key.path  # the caller's settings
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads + 1)
+    assert cache.entry("k", 1, {"target": target}).path != key.path  # thread count
+    monkeypatch.undo()
+    real = cache.machine_fingerprint
+    monkeypatch.setattr(cache, "machine_fingerprint", lambda: {**real(), "cpu": "another CPU"})
+    assert cache.entry("k", 1, {"target": target}).path != key.path  # CPU model
+    monkeypatch.undo()
+    monkeypatch.setattr(target, "decode_linears", not target.decode_linears)
+    assert cache.entry("k", 1, {"target": target}).path != key.path  # the runtime's kernels
+    monkeypatch.undo()
+    target.model.to(torch.float64)
+    try:
+        assert cache.entry("k", 1, {"target": target}).path != key.path  # dtype
+    finally:
+        target.model.to(torch.float32)
+
+
+def test_file_digests_are_content_hashes_computed_once(tmp_path, cache_home, monkeypatch):
+    import hashlib
+    import os
+
+    data = b"weights" * 1000
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    a.write_bytes(data)
+    b.write_bytes(data)
+    os.utime(b, ns=(1, 1))
+    assert cache.file_digest(a) == cache.file_digest(b) == hashlib.sha256(data).hexdigest()
+    # Remembered: not read again while size, mtime and inode stay.
+    monkeypatch.setattr("builtins.open", lambda *a, **k: (_ for _ in ()).throw(AssertionError("read again")))
+    assert cache.file_digest(a) == hashlib.sha256(data).hexdigest()
+    monkeypatch.undo()
+    a.write_bytes(data + b"!")
+    assert cache.file_digest(a) == hashlib.sha256(data + b"!").hexdigest()
+    # A Hugging Face hub file is a link to a blob named by its sha256: no need to read it.
+    sha = "ab" * 32
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / sha).write_bytes(b"not what the name says")
+    (tmp_path / "snap").mkdir()
+    (tmp_path / "snap" / "model.safetensors").symlink_to(tmp_path / "blobs" / sha)
+    assert cache.file_digest(tmp_path / "snap" / "model.safetensors") == sha

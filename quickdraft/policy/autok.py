@@ -269,14 +269,16 @@ def cached_k(
     (missing, unreadable, or ``remeasure``) measured greedily on :data:`CALIBRATION_PROMPTS`
     and written there. ``log`` gets one line before a measurement."""
     log = log or (lambda msg: None)
-    entry = cache.entry("k", CACHE_VERSION, {"target": target, "draft": draft_lm}, max_k=max_k)
+    prompts = [tokenizer(p, verbose=False)["input_ids"] for p in CALIBRATION_PROMPTS]
+    # The tokens measured on (the tokenizer's), not the tokenizer's files: what acceptance depends on.
+    entry = cache.entry("k", CACHE_VERSION, {"target": target, "draft": draft_lm}, max_k=max_k,
+                        calibration=cache.digest(prompts))
     if entry is not None and not remeasure:
         cached = _read_choice(entry)
         if cached is not None:
             return cached
     where = f"cached in {entry.path}" if entry is not None else "not cached: the models have no directory"
     log(f"measuring the best k for this model pair on this machine, once ({where}; --remeasure redoes it)")
-    prompts = [tokenizer(p, verbose=False)["input_ids"] for p in CALIBRATION_PROMPTS]
     result = calibrate(target, draft_lm, tokenizer, prompts, probe_k=max_k, max_k=max_k,
                        calibration_tokens=calibration_tokens)
     choice = KChoice(result.k, True, None, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

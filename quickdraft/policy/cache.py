@@ -7,8 +7,9 @@ and the batch policy's cost tables (``batch-*.json``, :mod:`.batch_policy`).
 
 An entry's name is a digest of its *identity*: the kind of measurement, the caller's
 settings, the machine (:func:`machine_fingerprint`: CPU, cores, torch threads and version,
-linear kernels) and the models (:func:`model_fingerprint`). The identity is written into the file with
-the data.
+linear kernels) and the models (:func:`model_fingerprint`: the content of their weights,
+config, dtype, backend and kernels, never their paths, so an editable and a pip install of
+the same pair share one entry). The identity is written into the file with the data.
 
 This module is the only place that computes fingerprints, names cache files and reads and
 writes them (atomically: a reader never sees half a file).
@@ -20,6 +21,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +29,7 @@ from pathlib import Path
 import torch
 
 #: Bumped when the fingerprints change meaning (every entry is then measured again).
-FINGERPRINT_VERSION = 1
+FINGERPRINT_VERSION = 2  # 2: model content instead of its path, size and mtime
 
 
 def cache_root() -> Path:
@@ -68,21 +70,73 @@ def read_json(path: Path):
 
 # --- fingerprints ---------------------------------------------------------------------------
 
+_HUB_BLOB = re.compile(r"[0-9a-f]{64}")
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of a file's content.
+
+    A Hugging Face hub download is a symlink to a blob named by it (read, not computed).
+    Otherwise the file is hashed once and the digest remembered under
+    ``cache_root()/digests``, keyed by the file's resolved path, size, mtime and inode."""
+    resolved = Path(path).resolve()
+    if resolved.parent.name == "blobs" and _HUB_BLOB.fullmatch(resolved.name):
+        return resolved.name
+    stat = resolved.stat()
+    stamp = {"path": str(resolved), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino}
+    memo = cache_root() / "digests" / f"{digest(str(resolved))}.json"
+    known = read_json(memo)
+    if isinstance(known, dict) and known.get("stamp") == stamp and isinstance(known.get("sha256"), str):
+        return known["sha256"]
+    sha = hashlib.sha256()
+    with open(resolved, "rb") as f:
+        while chunk := f.read(1 << 22):
+            sha.update(chunk)
+    value = sha.hexdigest()
+    try:
+        write_json(memo, {"stamp": stamp, "sha256": value})
+    except OSError:
+        pass  # hashed again next time
+    return value
+
+
+def _config_digest(path: Path) -> str:
+    """config.json's content without the fields that name where it was saved from."""
+    config = json.loads(path.read_text())
+    if isinstance(config, dict):
+        config = {k: v for k, v in config.items() if k not in ("_name_or_path", "transformers_version")}
+    return digest(config)
+
+
 def model_fingerprint(lm) -> dict | None:
-    """What identifies a loaded model: its directory, backend and the size and modification
-    time of its config and weight files (None when it has no directory)."""
+    """What determines a loaded model's step costs and acceptance, independent of where it
+    is installed: the content of its weight files and config, its backend, dtype, whether
+    the native decode kernels run it, its EOS ids and a draft's restricted head
+    (draft_vocab.json). None when it has no directory or its files cannot be read."""
+    from ..models.loading import CheckpointError, safetensors_files
+
     model_dir = getattr(lm, "model_dir", None)
     if model_dir is None:
         return None
-    model_dir = Path(model_dir).resolve()
-    files = sorted(p for p in model_dir.iterdir() if p.name == "config.json" or p.suffix == ".safetensors")
-    head_ids = getattr(getattr(lm, "model", None), "head_ids", None)
+    model_dir = Path(model_dir)
+    try:
+        weights = [[p.name, file_digest(p)] for p in safetensors_files(model_dir)]
+        config = _config_digest(model_dir / "config.json")
+    except (OSError, ValueError, CheckpointError):
+        return None
+    module = getattr(lm, "model", None)
+    param = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
+    head_ids = getattr(module, "head_ids", None)
     return {
-        "path": str(model_dir),
+        "weights": weights,
+        "config": config,
         "backend": lm.backend,
-        "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files],
-        # A draft's restricted head (draft_vocab.json) changes its step cost and acceptance.
-        "head_vocab": None if head_ids is None else int(head_ids.numel()),
+        "dtype": None if param is None else str(param.dtype),
+        "decode_kernels": bool(getattr(lm, "decode_linears", False)),
+        "eos": [int(t) for t in getattr(lm, "eos_token_ids", [])],
+        # A draft's restricted head changes its step cost and acceptance.
+        "head": None if head_ids is None else hashlib.sha256(
+            head_ids.detach().cpu().to(torch.int64).numpy().tobytes()).hexdigest()[:20],
     }
 
 

@@ -240,7 +240,9 @@ def cached_method(target: CausalLM, draft: CausalLM | None, tokenizer, remeasure
     """:func:`choose_method` for this pair and machine, cached next to the auto-k choices
     (``--remeasure`` measures again)."""
     log = log or (lambda msg: None)
-    entry = cache.entry("method", CACHE_VERSION, {"target": target, "draft": draft if draft else "none"})
+    calibration = [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
+    entry = cache.entry("method", CACHE_VERSION, {"target": target, "draft": draft if draft else "none"},
+                        calibration=cache.digest(calibration))
     if entry is not None and not remeasure:
         data = entry.load()
         if data is not None:
