@@ -27,7 +27,7 @@ from ..decoding.stopping import StopConditions
 from ..drafters import DraftModelDrafter
 from ..models.decode_linear import row_dependent_rounding
 from ..models.lm import CausalLM, eos_token_ids
-from . import cache
+from . import cache, timing
 from .cost_model import StepCosts, best_k, speedup_curve
 
 DEFAULT_PROBE_K = 8
@@ -56,7 +56,8 @@ class StepCostSampler:
     plain decode step), and right after a target pass a burst of consecutive 1-token
     ``draft.extend`` calls (last logits), as a draft step runs inside a speculative step
     (the first draft call after a target pass is slower: the target evicted the draft's
-    weights from the CPU caches). ``costs()`` gives the medians.
+    weights from the CPU caches). ``costs()`` gives the medians, ``spread()`` how noisy
+    they are (:func:`.timing.spread_of`).
     """
 
     def __init__(self, target: CausalLM, draft: CausalLM | None, context_ids,
@@ -90,7 +91,7 @@ class StepCostSampler:
         """Time ``rounds`` rounds (the caches of both models are reset here: run it
         between generations, not inside one)."""
         self._prepare()
-        perf = time.perf_counter
+        perf = timing.clock
         for n in self.sizes:
             # Time each width warm, as a decode loop runs it (the first call is slower).
             self.target.extend(self.tail[:n])
@@ -110,6 +111,10 @@ class StepCostSampler:
                             if record:
                                 self.burst_times[j + 1].append(perf() - started)
                     self.draft.crop(self.length)
+
+    def spread(self) -> float:
+        """How noisy the recorded timings are (:func:`.timing.spread_of`)."""
+        return timing.spread_of([*self.times.values(), *self.burst_times.values()])
 
     def costs(self) -> StepCosts:
         if not self.times[1]:
@@ -133,11 +138,33 @@ def measure_step_costs(
     context_length: int | None = None,
 ) -> StepCosts:
     """Median seconds of the target over 1 and over n tokens and of draft steps (see
-    :class:`StepCostSampler`), after one untimed round."""
-    sampler = StepCostSampler(target, draft, context_ids, verify_sizes, context_length)
-    sampler.sample(1, record=False)
-    sampler.sample(repeats)
-    return sampler.costs()
+    :class:`StepCostSampler`), after one untimed round; measured once, however noisy (see
+    :func:`measure_quiet_step_costs`)."""
+    return measure_quiet_step_costs(target, draft, context_ids, verify_sizes, repeats, context_length,
+                                    attempts=1)[0]
+
+
+def measure_quiet_step_costs(
+    target: CausalLM,
+    draft: CausalLM | None,
+    context_ids,
+    verify_sizes: Iterable[int] = (1, 2, 3, 4, 5, 6, 7, 8, 9),
+    repeats: int = 9,
+    context_length: int | None = None,
+    attempts: int = timing.ATTEMPTS,
+    log: Callable[[str], None] | None = None,
+) -> tuple[StepCosts, timing.Noise]:
+    """:func:`measure_step_costs`, measured again (up to ``attempts`` times in all) while
+    the timings are too noisy to trust; the costs of the quiet (else the least noisy)
+    attempt and how noisy it was."""
+
+    def once() -> tuple[StepCosts, float]:
+        sampler = StepCostSampler(target, draft, context_ids, verify_sizes, context_length)
+        sampler.sample(1, record=False)
+        sampler.sample(repeats)
+        return sampler.costs(), sampler.spread()
+
+    return timing.least_noisy(once, attempts, log=log)
 
 
 @dataclass
@@ -147,6 +174,7 @@ class AutoKResult:
     per_position: list[float]
     predicted: dict[int, float] = field(default_factory=dict)
     calibration_stats: GenerationStats | None = None
+    noise: timing.Noise | None = None  # how noisy the step-cost timings were
 
     @property
     def predicted_speedup(self) -> float:
@@ -163,12 +191,15 @@ def calibrate(
     calibration_tokens: int = 48,
     params: SamplingParams | None = None,
     repeats: int = 7,
+    log: Callable[[str], None] | None = None,
 ) -> AutoKResult:
     """A short speculative decode at ``probe_k`` on the prompt (per-position acceptance)
     and step-cost timings at the resulting context length; the cost model then predicts the
     speedup of every k in 1..max_k (acceptance past ``probe_k`` is extrapolated).
 
     ``prompt_ids`` is one prompt (ids) or a list of prompts; acceptance is pooled over them.
+    Timings too noisy to trust are taken again (:func:`measure_quiet_step_costs`; ``log``
+    gets a line each time); ``noise`` says how noisy the kept ones were.
     """
     many = isinstance(prompt_ids, (list, tuple)) and bool(prompt_ids) and not isinstance(prompt_ids[0], int)
     prompts = [_as_ids(p) for p in prompt_ids] if many else [_as_ids(prompt_ids)]
@@ -193,10 +224,10 @@ def calibrate(
             context = torch.cat([ids, torch.tensor(generated, dtype=torch.long)]) if generated else ids
     per_position = stats.per_position_acceptance or [0.0]
     sizes = range(1, max_k + 2)
-    costs = measure_step_costs(target, draft_lm, context, sizes, repeats=repeats)
+    costs, noise = measure_quiet_step_costs(target, draft_lm, context, sizes, repeats=repeats, log=log)
     predicted = speedup_curve(costs, per_position=per_position, max_k=max_k)
     k = best_k(costs, per_position=per_position, max_k=max_k)
-    return AutoKResult(k, costs, list(per_position), predicted, stats)
+    return AutoKResult(k, costs, list(per_position), predicted, stats, noise)
 
 
 def auto_k(
@@ -241,6 +272,7 @@ class KChoice:
     predicted: dict[int, float]
     costs: StepCosts
     per_position: list[float]
+    noise: timing.Noise | None = None  # a measurement's (None when read from the cache)
 
     @property
     def predicted_speedup(self) -> float:
@@ -267,7 +299,9 @@ def cached_k(
 ) -> KChoice:
     """The cost model's best k for this target, draft and machine: read from the cache, or
     (missing, unreadable, or ``remeasure``) measured greedily on :data:`CALIBRATION_PROMPTS`
-    and written there. ``log`` gets one line before a measurement."""
+    and written there. ``log`` gets one line before a measurement, and one for each
+    attempt the timings were too noisy to trust; a choice measured noisy every time is used
+    but not cached (``path`` None), and ``log`` says so."""
     log = log or (lambda msg: None)
     prompts = [tokenizer(p, verbose=False)["input_ids"] for p in CALIBRATION_PROMPTS]
     # The tokens measured on (the tokenizer's), not the tokenizer's files: what acceptance depends on.
@@ -280,10 +314,13 @@ def cached_k(
     where = f"cached in {entry.path}" if entry is not None else "not cached: the models have no directory"
     log(f"measuring the best k for this model pair on this machine, once ({where}; --remeasure redoes it)")
     result = calibrate(target, draft_lm, tokenizer, prompts, probe_k=max_k, max_k=max_k,
-                       calibration_tokens=calibration_tokens)
+                       calibration_tokens=calibration_tokens, log=log)
     choice = KChoice(result.k, True, None, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                     result.predicted, result.costs, result.per_position)
-    if entry is not None:
+                     result.predicted, result.costs, result.per_position, result.noise)
+    if result.noise is not None and result.noise.noisy:
+        log(f"not caching k={choice.k}: {result.noise.describe()} (is the machine busy?); "
+            "used for this run only, measured again next time")
+    elif entry is not None:
         try:
             entry.store(choice.to_json())
             choice.path = entry.path

@@ -14,14 +14,15 @@ per model pair and machine (cached next to the auto-k choices). Per step the cos
 from __future__ import annotations
 
 import statistics
-import time
+import sys
 from collections.abc import Sequence
 
 import torch
 
 from ..decoding.stats import GenerationStats, RecentAcceptance
 from ..models.ragged import Feed, ragged_forward
-from . import cache
+from . import cache as policy_cache
+from . import timing
 from .cost_model import StepCosts, choose_k
 
 #: Acceptance by position assumed until the batch has drafted ``MIN_DRAFTED`` tokens.
@@ -58,17 +59,21 @@ def measure_batch_costs(model, cache, drafter=None, sizes: Sequence[int] = (1,),
     """``{"calibrations": [{"context", "verify", "draft"}, ...]}``: per context (tokens per
     row; capped by the caches' length), the median seconds of a target ragged pass per
     (batch, width) and of a batched 1-token step of ``drafter`` (a ``BatchedChain``: the
-    draft model or early exit) per batch size."""
+    draft model or early exit) per batch size; ``"spread"``: how noisy the timings were
+    (:func:`.timing.spread_of`)."""
     vocab = model.config.vocab_size
     room = min([cache.max_len] + ([drafter.cache.max_len] if drafter is not None else []))
     cap = max(1, room - max(widths) - 1)
-    return {"calibrations": [_measure_at(model, cache, drafter, sizes, widths, repeats, context, vocab)
-                             for context in sorted({min(c, cap) for c in contexts})]}
+    samples: list[list[float]] = []
+    calibrations = [_measure_at(model, cache, drafter, sizes, widths, repeats, context, vocab, samples)
+                    for context in sorted({min(c, cap) for c in contexts})]
+    return {"calibrations": calibrations, "spread": timing.spread_of(samples)}
 
 
-def _measure_at(model, cache, drafter, sizes, widths, repeats, context: int, vocab: int) -> dict:
+def _measure_at(model, cache, drafter, sizes, widths, repeats, context: int, vocab: int,
+                samples: list[list[float]]) -> dict:
     ids = torch.arange(context + max(widths)) % vocab
-    perf = time.perf_counter
+    perf = timing.clock
 
     def target(feeds):
         return ragged_forward(model, cache, feeds)
@@ -80,6 +85,7 @@ def _measure_at(model, cache, drafter, sizes, widths, repeats, context: int, voc
             started = perf()
             forward(feeds)
             times.append(perf() - started)
+        samples.append(times)
         return statistics.median(times)
 
     verify: dict[str, dict[str, float]] = {}
@@ -191,9 +197,11 @@ class BatchPolicy:
                         min_gain=self.min_gain)
 
     @classmethod
-    def for_engine(cls, engine, remeasure: bool = False) -> BatchPolicy:
+    def for_engine(cls, engine, remeasure: bool = False, log=None) -> BatchPolicy:
         """Measure (or read the cached) costs for this engine's target, drafter and batch size
-        (the draft model's step, or early exit's: the target's first layers + its head)."""
+        (the draft model's step, or early exit's: the target's first layers + its head).
+        Timings too noisy to trust are taken again; if they stay noisy they are used but not
+        cached, and ``log`` (default: a line on stderr) says so."""
         from ..drafters.batched import BatchedChain, BatchedDraftModel
         from ..drafters.hybrid import HybridDrafter
 
@@ -202,7 +210,7 @@ class BatchPolicy:
         # A draft model's costs follow its weights; early exit's its layer and head kind (its name).
         draft = drafter.lm if isinstance(drafter, BatchedDraftModel) else getattr(drafter, "name", None)
         sizes = batch_sizes(engine.max_batch_size)
-        entry = cache.entry("batch", CACHE_VERSION, {"target": engine.target, "draft": draft},
+        entry = policy_cache.entry("batch", CACHE_VERSION, {"target": engine.target, "draft": draft},
                             sizes=sizes, widths=list(WIDTHS), contexts=list(CONTEXTS))
         if entry is not None and not remeasure:
             data = entry.load()
@@ -211,10 +219,19 @@ class BatchPolicy:
                     return cls(data)
                 except (ValueError, KeyError, TypeError, AttributeError):
                     pass  # not what this version writes: measure again
-        table = measure_batch_costs(engine.model, engine.cache, drafter, sizes)
-        if entry is not None:
+        log = log or _notice
+        table, noise = timing.least_noisy(
+            lambda: (t := measure_batch_costs(engine.model, engine.cache, drafter, sizes), t.get("spread", 0.0)), log=log)
+        if noise.noisy:
+            log(f"not caching the batch policy's costs: {noise.describe()} (is the machine busy?); "
+                "used for this engine only, measured again next time")
+        elif entry is not None:
             try:
                 entry.store(table)
             except OSError:
                 pass  # not cached: measured again next time
         return cls(table)
+
+
+def _notice(message: str) -> None:
+    print(f"quickdraft: {message}", file=sys.stderr, flush=True)

@@ -37,8 +37,9 @@ from ..drafters.factory import DraftOptions, make_drafter
 from ..drafters.ngram import NgramDrafter
 from ..models.lm import CausalLM, eos_token_ids
 from . import cache
-from .autok import CALIBRATION_PROMPTS, measure_step_costs
+from .autok import CALIBRATION_PROMPTS, measure_quiet_step_costs
 from .cost_model import StepCosts
+from .timing import Noise
 
 #: Static tree shapes auto considers (the chain is ``draft``).
 TREE_SHAPES = ((2,), (2, 1), (2, 1, 1), (2, 2, 1), (3, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1),
@@ -170,6 +171,7 @@ class MethodChoice:
     costs: StepCosts | None = None
     measured: bool = True
     path: Path | None = None
+    noise: Noise | None = None  # how noisy the step-cost timings were (None: read from the cache)
 
     @property
     def label(self) -> str:
@@ -210,10 +212,12 @@ class MethodChoice:
 
 
 def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer, prompts: Sequence[str] = CALIBRATION_PROMPTS,
-                  new_tokens: int = 96, max_k: int = MAX_K, ngram: NgramDrafter | None = None) -> MethodChoice:
+                  new_tokens: int = 96, max_k: int = MAX_K, ngram: NgramDrafter | None = None,
+                  log: Callable[[str], None] | None = None) -> MethodChoice:
     """Replay greedy decoding on ``prompts`` for every candidate and pick the fastest
     predicted one (see the module docstring). Without a draft only n-gram and plain
-    decoding compete."""
+    decoding compete. Step-cost timings too noisy to trust are taken again (``log`` gets a
+    line each time); ``noise`` says how noisy the kept ones were."""
     eos = eos_token_ids(target, tokenizer)
     traces = []
     for text in prompts:
@@ -226,19 +230,21 @@ def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer, prompts: 
     longest = max(traces, key=lambda tr: len(tr.prompt) + len(tr.output))
     context = torch.tensor(longest.prompt + longest.output, dtype=torch.long)
     widths = {c.nodes + 1 for c in candidates(max_k, draft is not None)}  # every full tree's pass
-    costs = measure_step_costs(target, draft, context, sorted({*range(1, max_k + 2), *widths}), repeats=5)
+    costs, noise = measure_quiet_step_costs(target, draft, context, sorted({*range(1, max_k + 2), *widths}),
+                                            repeats=5, log=log)
     table = {c.label: replay_speedup(c, traces, costs, ngram) for c in candidates(max_k, draft is not None)}
     table["ar"] = (1.0, 1.0)
     by_label = {c.label: c for c in candidates(max_k, draft is not None)}
     best = max(table, key=lambda label: table[label][0])
     chosen = by_label.get(best, Candidate("ar", 0))
-    return MethodChoice(chosen.method, chosen.k, chosen.tree, table[best][0], table, costs)
+    return MethodChoice(chosen.method, chosen.k, chosen.tree, table[best][0], table, costs, noise=noise)
 
 
 def cached_method(target: CausalLM, draft: CausalLM | None, tokenizer, remeasure: bool = False,
                   log: Callable[[str], None] | None = None) -> MethodChoice:
     """:func:`choose_method` for this pair and machine, cached next to the auto-k choices
-    (``--remeasure`` measures again)."""
+    (``--remeasure`` measures again). A choice whose timings stayed too noisy is used but
+    not cached (``log`` says so)."""
     log = log or (lambda msg: None)
     calibration = [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
     entry = cache.entry("method", CACHE_VERSION, {"target": target, "draft": draft if draft else "none"},
@@ -252,8 +258,11 @@ def cached_method(target: CausalLM, draft: CausalLM | None, tokenizer, remeasure
                 pass  # not what this version writes: measure again
     log(f"measuring which method is fastest for this pair on this machine, once "
         f"({f'cached in {entry.path}' if entry is not None else 'not cached'}; --remeasure redoes it)")
-    choice = choose_method(target, draft, tokenizer)
-    if entry is not None:
+    choice = choose_method(target, draft, tokenizer, log=log)
+    if choice.noise is not None and choice.noise.noisy:
+        log(f"not caching the method choice: {choice.noise.describe()} (is the machine busy?); "
+            "used for this run only, measured again next time")
+    elif entry is not None:
         try:
             entry.store({**choice.to_json(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
             choice.path = entry.path
