@@ -122,8 +122,7 @@ def choose_k(args: argparse.Namespace, gen) -> tuple[int | None, str | None]:
     if args.method != "draft" or not isinstance(gen.drafter, DraftModelDrafter):
         return gen.num_speculative_tokens, "default"  # the cost model knows chains only
     choice = gen.tune_num_speculative_tokens(remeasure=args.remeasure, log=notice)
-    if choice.measured:
-        notice(f"k={choice.k} (cost model: predicted {choice.predicted_speedup:.2f}x over plain decoding)")
+    notice(choice.summary())  # cached or measured now, and how to re-measure
     return choice.k, "cost model, measured now" if choice.measured else "cost model, cached"
 
 

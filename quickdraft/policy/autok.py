@@ -278,6 +278,15 @@ class KChoice:
     def predicted_speedup(self) -> float:
         return self.predicted.get(self.k, 1.0)
 
+    @property
+    def source(self) -> str:
+        """Where the choice came from, for a log line."""
+        return measurement_source(self.measured, self.measured_at, self.path)
+
+    def summary(self) -> str:
+        """One line: the k, its predicted speedup and where it came from."""
+        return f"k={self.k} (cost model: predicted {self.predicted_speedup:.2f}x over plain decoding; {self.source})"
+
     def to_json(self) -> dict:
         return {
             "k": self.k,
@@ -286,6 +295,15 @@ class KChoice:
             "per_position_acceptance": self.per_position,
             "step_costs": self.costs.to_dict(),
         }
+
+
+def measurement_source(measured: bool, measured_at: str | None, path: Path | None) -> str:
+    """``measured now``, ``measured now, not cached`` or ``cached measurement from
+    2026-11-25, re-measure with --remeasure``."""
+    if not measured:
+        when = f" from {measured_at[:10]}" if measured_at else ""
+        return f"cached measurement{when}, re-measure with --remeasure"
+    return "measured now" if path is not None else "measured now, not cached"
 
 
 def cached_k(

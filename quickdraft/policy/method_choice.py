@@ -37,7 +37,7 @@ from ..drafters.factory import DraftOptions, make_drafter
 from ..drafters.ngram import NgramDrafter
 from ..models.lm import CausalLM, eos_token_ids
 from . import cache
-from .autok import CALIBRATION_PROMPTS, measure_quiet_step_costs
+from .autok import CALIBRATION_PROMPTS, measure_quiet_step_costs, measurement_source
 from .cost_model import StepCosts
 from .timing import Noise
 
@@ -172,6 +172,7 @@ class MethodChoice:
     measured: bool = True
     path: Path | None = None
     noise: Noise | None = None  # how noisy the step-cost timings were (None: read from the cache)
+    measured_at: str | None = None
 
     @property
     def label(self) -> str:
@@ -192,11 +193,12 @@ class MethodChoice:
         return best
 
     def summary(self) -> str:
-        """One line: the choice, then the best of every other method."""
+        """One line: the choice, the best of every other method, where it came from."""
         others = ", ".join(f"{label} {s:.2f}x" for m, (label, s, _) in
                            sorted(self.best_per_method().items(), key=lambda kv: -kv[1][1])
                            if m != self.method)
-        return f"auto chose {self.label} (predicted {self.predicted:.2f}x; best of the others: {others})"
+        source = measurement_source(self.measured, self.measured_at, self.path)
+        return f"auto chose {self.label} (predicted {self.predicted:.2f}x; best of the others: {others}; {source})"
 
     def to_json(self) -> dict:
         return {"method": self.method, "k": self.k, "tree": list(self.tree), "predicted": self.predicted,
@@ -208,7 +210,7 @@ class MethodChoice:
         return cls(str(data["method"]), int(data["k"]), tuple(int(w) for w in data["tree"]),
                    float(data["predicted"]), {k: (float(v[0]), float(v[1])) for k, v in data["table"].items()},
                    StepCosts.from_dict(data["step_costs"]) if data.get("step_costs") else None,
-                   measured=False, path=path)
+                   measured=False, path=path, measured_at=data.get("measured_at"))
 
 
 def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer, prompts: Sequence[str] = CALIBRATION_PROMPTS,
@@ -259,12 +261,13 @@ def cached_method(target: CausalLM, draft: CausalLM | None, tokenizer, remeasure
     log(f"measuring which method is fastest for this pair on this machine, once "
         f"({f'cached in {entry.path}' if entry is not None else 'not cached'}; --remeasure redoes it)")
     choice = choose_method(target, draft, tokenizer, log=log)
+    choice.measured_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if choice.noise is not None and choice.noise.noisy:
         log(f"not caching the method choice: {choice.noise.describe()} (is the machine busy?); "
             "used for this run only, measured again next time")
     elif entry is not None:
         try:
-            entry.store({**choice.to_json(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+            entry.store({**choice.to_json(), "measured_at": choice.measured_at})
             choice.path = entry.path
         except OSError as exc:
             log(f"could not write the method cache ({exc.strerror or exc}); the choice is not cached")
