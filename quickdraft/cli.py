@@ -123,6 +123,8 @@ def choose_k(args: argparse.Namespace, gen) -> tuple[int | None, str | None]:
         return gen.num_speculative_tokens, "default"  # the cost model knows chains only
     choice = gen.tune_num_speculative_tokens(remeasure=args.remeasure, log=notice)
     notice(choice.summary())  # cached or measured now, and how to re-measure
+    if not choice.k:
+        return 0, "cost model: the draft is predicted slower, plain decoding"
     return choice.k, "cost model, measured now" if choice.measured else "cost model, cached"
 
 
@@ -196,7 +198,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     sys.stdout.write("\n")
     sys.stdout.flush()
     print(f"[{settings_label(settings)}] {stats.summary()}"
-          + (f" | {green('green', True)} = accepted draft tokens" if color and k is not None else ""),
+          + (f" | {green('green', True)} = accepted draft tokens" if color and k else ""),
           file=sys.stderr)
     return show_tree(gen) if args.show_tree else 0
 

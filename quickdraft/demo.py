@@ -34,6 +34,7 @@ def run_demo(args: argparse.Namespace) -> int:
     with quiet_transformers():
         gen = SpeculativeGenerator.from_pretrained()
     choice = gen.tune_num_speculative_tokens(log=lambda msg: print(f"quickdraft: {msg}", file=sys.stderr))
+    print(f"quickdraft: {choice.summary()}", file=sys.stderr)  # k, or why the draft is not used
     legend = f", {green('green', color)} = accepted draft tokens" if color else ""
     print(f"\n--- completion (draft-model speculative decoding, k={choice.k} from the cost model{legend}) ---")
     sys.stdout.write(DEMO_PROMPT)

@@ -65,7 +65,8 @@ class SpeculativeGenerator:
 
     ``num_speculative_tokens`` is the default draft length of :meth:`generate` and
     :meth:`stream` (4 unless set; :meth:`tune_num_speculative_tokens` sets it to the cost
-    model's choice for this pair and machine).
+    model's choice for this pair and machine, 0 when the draft is predicted to slow
+    decoding down: 0 decodes plainly, without the drafter).
     """
 
     def __init__(
@@ -202,8 +203,12 @@ class SpeculativeGenerator:
         params = sampling_params(temperature, top_k, top_p, seed, sampling)
         k = self.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
         conditions = StopConditions(max_new_tokens, self.eos_token_ids, stop_strings(stop), self.tokenizer)
-        bind_step_costs(self.drafter, self.target, self.tokenizer, k)
-        return decode(self.target, ids, conditions, drafter=self.drafter, params=params,
+        drafter = self.drafter
+        if k == 0:  # plain decoding (the cost model predicts the draft to lose)
+            drafter, k = NoDrafter(), 1
+        else:
+            bind_step_costs(drafter, self.target, self.tokenizer, k)
+        return decode(self.target, ids, conditions, drafter=drafter, params=params,
                       num_speculative_tokens=k, acceptance=self.acceptance, stats=stats)
 
     def generate(
@@ -235,7 +240,8 @@ class SpeculativeGenerator:
             seed: seed of the sampling generator (None: a random seed). The same seed and
                 settings give the same output.
             num_speculative_tokens: draft tokens proposed per step (k); None uses
-                ``self.num_speculative_tokens``. Only speed depends on it, never the output.
+                ``self.num_speculative_tokens``, 0 decodes without the drafter. Only speed
+                depends on it, never the output.
             stop: a stop string or several; generation ends at the first one, which is cut
                 from ``text`` (its tokens stay in ``token_ids``).
             truncate_prompt: drop the beginning of a prompt too long for the context
@@ -319,7 +325,8 @@ class SpeculativeGenerator:
     def tune_num_speculative_tokens(self, remeasure: bool = False, log=None):
         """Set ``num_speculative_tokens`` to the cost model's best k for this target, draft
         and machine: read from the auto-k cache, or measured (a few seconds for the
-        embedded pair) and cached when missing or when ``remeasure``. Returns the
+        embedded pair) and cached when missing or when ``remeasure``; 0 (decode without the
+        draft) when even the best k is predicted to be slower than plain decoding. Returns the
         :class:`~quickdraft.policy.autok.KChoice` (k, measured costs, where it is cached).
         Needs a draft model."""
         from .policy.autok import cached_k

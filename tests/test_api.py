@@ -120,7 +120,8 @@ def test_stream_raises_for_a_prompt_that_does_not_fit(gen):
 def test_default_k_is_the_generators_and_tuning_sets_it(gen, private_cache_dir):
     assert gen.num_speculative_tokens == 4
     choice = gen.tune_num_speculative_tokens()
-    assert gen.num_speculative_tokens == choice.k and 1 <= choice.k <= 8
+    # k = 0 (no draft) when the tiny pair is predicted slower than plain decoding.
+    assert gen.num_speculative_tokens == choice.k and 0 <= choice.k <= 8 and 1 <= choice.best_k <= 8
     assert choice.path is not None and choice.path.is_relative_to(private_cache_dir)
     again = gen.tune_num_speculative_tokens()
     assert not again.measured and again.k == choice.k

@@ -56,3 +56,51 @@ def test_auto_says_its_choice_was_cached(models, tmp_path, monkeypatch):
     today = time.strftime("%Y-%m-%d", time.gmtime())
     assert cached.summary() == ("auto chose draft k=3 (predicted 2.00x; best of the others: ngram k=2 1.20x, ar 1.00x; "
                                 f"cached measurement from {today}, re-measure with --remeasure)")
+
+
+# --- a draft predicted to lose is not used -----------------------------------------------------
+
+
+def test_a_draft_predicted_to_lose_is_not_used_and_the_line_says_how_to_force_it(tiny_family, measured, capsys):
+    measured.clear()
+    measured.update({1: 0.77, 2: 0.61, 3: 0.5, 4: 0.42})
+    assert main(run_args(tiny_family, "--method", "ar")) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main(run_args(tiny_family)) == 0
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if "without the draft" in line]
+    assert lines == ["quickdraft: decoding without the draft: the cost model predicts it slower than plain "
+                     "decoding (best k=1: 0.77x; measured now); -k N uses it anyway"]
+    out = json.loads(captured.out)
+    assert out["settings"]["num_speculative_tokens"] == 0
+    assert out["stats"]["drafted_tokens"] == 0 and out["token_ids"] == plain["token_ids"]
+    # Cached: the same decision, and the line says where it came from.
+    assert main(run_args(tiny_family)) == 0
+    captured = capsys.readouterr()
+    assert "without the draft" in captured.err and "cached measurement from" in captured.err
+    assert json.loads(captured.out)["stats"]["drafted_tokens"] == 0
+    # -k forces the draft.
+    assert main(run_args(tiny_family, "-k", "2")) == 0
+    assert json.loads(capsys.readouterr().out)["stats"]["drafted_tokens"] > 0
+
+
+def test_k_zero_decodes_plainly(tiny_family):
+    from quickdraft import SpeculativeGenerator
+
+    gen = SpeculativeGenerator.from_pretrained(tiny_family["target"], tiny_family["perturbed"])
+    drafted = gen.generate("def add(a, b):", max_new_tokens=12, num_speculative_tokens=3)
+    plain = gen.generate("def add(a, b):", max_new_tokens=12, num_speculative_tokens=0)
+    assert plain.token_ids == drafted.token_ids
+    assert plain.stats.drafted_tokens == 0 and drafted.stats.drafted_tokens > 0
+
+
+def test_tuning_sets_k_zero_when_the_draft_loses(tiny_family, measured):
+    from quickdraft import SpeculativeGenerator
+
+    measured.clear()
+    measured.update({1: 0.99, 2: 0.9})
+    gen = SpeculativeGenerator.from_pretrained(tiny_family["target"], tiny_family["perturbed"])
+    choice = gen.tune_num_speculative_tokens()
+    assert choice.k == 0 and choice.best_k == 1 and gen.num_speculative_tokens == 0
+    assert json.loads(choice.path.read_text())["k"] == 0
+    assert gen.generate("def add(a, b):", max_new_tokens=8).stats.drafted_tokens == 0

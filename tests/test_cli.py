@@ -279,7 +279,8 @@ def test_default_k_is_measured_once_then_cached(tiny_family, tmp_path, monkeypat
     cached = json.loads(files[0].read_text())
     settings = json.loads(first.out)["settings"]
     assert settings["num_speculative_tokens"] == cached["k"]
-    assert settings["num_speculative_tokens_source"] == "cost model, measured now"
+    assert settings["num_speculative_tokens_source"] in (  # the tiny pair may be predicted slower
+        "cost model, measured now", "cost model: the draft is predicted slower, plain decoding")
     assert {"t_ar", "t_draft", "t_verify"} <= cached["step_costs"].keys() and cached["machine"]["cpu"]
     # The cached choice is what later runs use, whatever the timing noise would say now.
     cached["k"] = 7

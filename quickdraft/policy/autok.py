@@ -259,11 +259,14 @@ CALIBRATION_PROMPTS = (
     "The quick brown fox jumps over the lazy dog. Speculative decoding lets a small model",
 )
 CACHE_VERSION = 2  # 2: entries named and keyed by policy.cache
+#: Use the draft only when its best k is predicted to be faster than plain decoding.
+MIN_GAIN = 1.0
 
 
 @dataclass
 class KChoice:
-    """The cost model's k for a pair on this machine and where it came from."""
+    """The cost model's k for a pair on this machine and where it came from; k = 0 when even
+    the best k is predicted to be no faster than plain decoding (decode without the draft)."""
 
     k: int
     measured: bool  # True: measured by this call; False: read from the cache
@@ -279,12 +282,22 @@ class KChoice:
         return self.predicted.get(self.k, 1.0)
 
     @property
+    def best_k(self) -> int:
+        """The k with the highest predicted speedup (the smallest on ties)."""
+        return max(self.predicted, key=lambda k: (round(self.predicted[k], 12), -k)) if self.predicted else 1
+
+    @property
     def source(self) -> str:
         """Where the choice came from, for a log line."""
         return measurement_source(self.measured, self.measured_at, self.path)
 
     def summary(self) -> str:
-        """One line: the k, its predicted speedup and where it came from."""
+        """One line: the k, its predicted speedup and where it came from (or that the draft
+        is not used, and how to use it anyway)."""
+        if not self.k:
+            best = self.best_k
+            return (f"decoding without the draft: the cost model predicts it slower than plain decoding "
+                    f"(best k={best}: {self.predicted.get(best, 0.0):.2f}x; {self.source}); -k N uses it anyway")
         return f"k={self.k} (cost model: predicted {self.predicted_speedup:.2f}x over plain decoding; {self.source})"
 
     def to_json(self) -> dict:
@@ -315,7 +328,8 @@ def cached_k(
     max_k: int = DEFAULT_PROBE_K,
     calibration_tokens: int = 64,
 ) -> KChoice:
-    """The cost model's best k for this target, draft and machine: read from the cache, or
+    """The cost model's best k for this target, draft and machine, or 0 (plain decoding) when
+    even the best is predicted to be no faster than plain decoding: read from the cache, or
     (missing, unreadable, or ``remeasure``) measured greedily on :data:`CALIBRATION_PROMPTS`
     and written there. ``log`` gets one line before a measurement, and one for each
     attempt the timings were too noisy to trust; a choice measured noisy every time is used
@@ -333,7 +347,8 @@ def cached_k(
     log(f"measuring the best k for this model pair on this machine, once ({where}; --remeasure redoes it)")
     result = calibrate(target, draft_lm, tokenizer, prompts, probe_k=max_k, max_k=max_k,
                        calibration_tokens=calibration_tokens, log=log)
-    choice = KChoice(result.k, True, None, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    k = result.k if result.predicted_speedup > MIN_GAIN else 0
+    choice = KChoice(k, True, None, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                      result.predicted, result.costs, result.per_position, result.noise)
     if result.noise is not None and result.noise.noisy:
         log(f"not caching k={choice.k}: {result.noise.describe()} (is the machine busy?); "
