@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from ..models.registry import ASSETS_DIR
+from .results import TOO_NOISY
 
 
 def _model_label(path: str | None) -> str:
@@ -33,6 +34,19 @@ def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     if isinstance(value, bool):
         return "yes" if value else "NO"
     return f"{value:{spec}}{suffix}"
+
+
+def _noisy(row: dict, figure: str) -> bool:
+    """Whether a row's figure (``predicted_speedup``, ``overhead``) is too noisy to trust."""
+    return figure in (row.get("too_noisy") or {})
+
+
+def _predicted(row: dict) -> str:
+    return "too noisy" if _noisy(row, "predicted_speedup") else _fmt(row["predicted_speedup"], ".2f", "x")
+
+
+def _efficiency(row: dict) -> str:
+    return "too noisy" if _noisy(row, "predicted_speedup") else _fmt(row["efficiency"])
 
 
 def _lossless(value) -> str:
@@ -66,8 +80,8 @@ COLUMNS = [
     ("tau", lambda r: _fmt(r["mean_accepted_tokens"])),
     ("accept", lambda r: _fmt(r["acceptance_rate"], ".0%")),
     ("lossless", lambda r: _lossless(r["lossless"])),
-    ("predicted", lambda r: _fmt(r["predicted_speedup"], ".2f", "x")),
-    ("efficiency", lambda r: _fmt(r["efficiency"])),
+    ("predicted", _predicted),
+    ("efficiency", _efficiency),
 ]
 
 
@@ -145,7 +159,8 @@ def print_table(result: dict, console=None) -> None:
 
 
 def summary_lines(result: dict, group: dict) -> list[str]:
-    """Step costs of a category and where a step's time goes."""
+    """Step costs of a category and where a step's time goes (an overhead too noisy to
+    trust is said so, not printed)."""
     costs = group["step_costs"]
     k = result["config"]["k"]
     verify = costs["t_verify"]
@@ -156,16 +171,19 @@ def summary_lines(result: dict, group: dict) -> list[str]:
     ]
     for r in group["rows"]:
         b = r.get("step_breakdown")
-        if r["method"] == "draft" and r.get("primary") and b and "measured_step_seconds" in b:
+        if not b or "measured_step_seconds" not in b:
+            continue
+        overhead = f"overhead {TOO_NOISY}" if _noisy(r, "overhead") else (
+            f"overhead {b['overhead_seconds'] * 1e3:.2f} ms")
+        if r["method"] == "draft" and r.get("primary"):
             lines.append(
                 f"draft k={b['k']} step: {b['measured_step_seconds'] * 1e3:.2f} ms measured = draft "
-                f"{b['draft_seconds'] * 1e3:.2f} + verify {b['verify_seconds'] * 1e3:.2f} + overhead "
-                f"{b['overhead_seconds'] * 1e3:.2f} ms"
+                f"{b['draft_seconds'] * 1e3:.2f} + verify {b['verify_seconds'] * 1e3:.2f} ms + {overhead}"
             )
-        if r["method"] == "ar" and b and "measured_step_seconds" in b:
+        if r["method"] == "ar":
             lines.append(
                 f"ar step: {b['measured_step_seconds'] * 1e3:.2f} ms measured = target "
-                f"{b['verify_seconds'] * 1e3:.2f} + overhead {b['overhead_seconds'] * 1e3:.2f} ms"
+                f"{b['verify_seconds'] * 1e3:.2f} ms + {overhead}"
             )
     return lines
 
@@ -193,11 +211,11 @@ def _step_table(group: dict) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in steps:
         b = r["step_breakdown"]
+        overhead = "too noisy" if _noisy(r, "overhead") else f"{b['overhead_seconds'] * 1e3:.2f}"
         lines.append(
             f"| {r['label']} | {b.get('draft_seconds', 0.0) * 1e3:.2f} | {b['verify_seconds'] * 1e3:.2f} | "
-            f"{b['overhead_seconds'] * 1e3:.2f} | {b['measured_step_seconds'] * 1e3:.2f} | "
-            f"{_fmt(r['mean_accepted_tokens'])} | {_fmt(r['speedup'], '.2f', 'x')} | "
-            f"{_fmt(r['predicted_speedup'], '.2f', 'x')} |")
+            f"{overhead} | {b['measured_step_seconds'] * 1e3:.2f} | "
+            f"{_fmt(r['mean_accepted_tokens'])} | {_fmt(r['speedup'], '.2f', 'x')} | {_predicted(r)} |")
     costs = group["step_costs"]
     lines += ["", "Target pass over n tokens (ms): " + ", ".join(
         f"{n}: {float(v) * 1e3:.2f}" for n, v in costs["t_verify"].items())]

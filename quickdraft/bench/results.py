@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from ..decoding.stats import GenerationStats
 from ..policy.cost_model import StepCosts, predicted_speedup, where_time_goes
+from ..policy.timing import noise_limit
 
 
 @dataclass
@@ -73,7 +74,19 @@ DEFINITIONS = {
                  "keeps its end (its last config.max_prompt_tokens tokens), as --truncate-prompt does",
     "spread": "min, quartiles (q1, q3), median and max of a figure over the runs (prompts x "
               "repeats; per-run tau for mean_accepted_tokens)",
+    "too_noisy": "figures of a row too noisy to trust, and why (printed as 'too noisy' instead of "
+                 "numbers; the JSON keeps them): a predicted speedup above its bound k + 1, an "
+                 "overhead below -25% of the measured step, or step-cost timings whose spread is "
+                 "over the noise limit",
 }
+
+#: What the report prints instead of a figure too noisy to trust.
+TOO_NOISY = "too noisy to trust (re-run on a quiet machine)"
+#: How far below zero an overhead may go before it is noise, as a share of the measured
+#: step: on a quiet machine the sampled model calls come out a few percent dearer than the
+#: same calls in the decode loop (ar overhead -0.4 ms of a 6.7 ms step), under load they
+#: can be off by anything (-440.88 ms).
+OVERHEAD_TOLERANCE = 0.25
 
 
 def median(values):
@@ -170,12 +183,36 @@ def _cost_model(row, costs: StepCosts | None, per_position, flat: list[RunOutput
     return None, None, step_costs
 
 
+def too_noisy(k: int | None, predicted: float | None, breakdown: dict | None,
+              costs_spread: float | None = None) -> dict[str, str]:
+    """The cost-model figures of a row that timing noise has made meaningless, and why:
+    a predicted speedup above k + 1 (a step emits at most k + 1 tokens and costs at least a
+    plain one), an overhead below -:data:`OVERHEAD_TOLERANCE` of the step (a step measured
+    much faster than the model calls it is made of), or step-cost timings spreading more
+    than the noise limit (``costs_spread``, :func:`~quickdraft.policy.timing.spread_of`)."""
+    out: dict[str, str] = {}
+    if costs_spread is not None and costs_spread > noise_limit():
+        why = f"step-cost timings spread {costs_spread:.0%}"
+        if predicted is not None and k:
+            out["predicted_speedup"] = why
+        if breakdown is not None and "overhead_seconds" in breakdown:
+            out["overhead"] = why
+    if predicted is not None and k and predicted > k + 1:
+        out["predicted_speedup"] = "above its bound k + 1"
+    if breakdown is not None and "overhead_seconds" in breakdown and (
+            breakdown["overhead_seconds"] < -OVERHEAD_TOLERANCE * breakdown["measured_step_seconds"]):
+        out["overhead"] = f"negative, over {OVERHEAD_TOLERANCE:.0%} of the step"
+    return out
+
+
 def summarise(rows, results: dict[str, list[list[RunOutput]]], prompt_ids: Sequence[str],
-              costs: StepCosts | None, k: int, greedy: bool) -> tuple[list[dict], list[str]]:
+              costs: StepCosts | None, k: int, greedy: bool,
+              costs_spread: float | None = None) -> tuple[list[dict], list[str]]:
     """One dict per row (see :data:`DEFINITIONS`) and the mismatch report lines.
 
     ``results[label][prompt][repeat]`` holds the runs; the first row is ``ar``, the reference.
-    Without ``costs`` (step costs measured for these prompts) there is no cost model.
+    Without ``costs`` (step costs measured for these prompts) there is no cost model;
+    ``costs_spread`` is how noisy their timings were (see :func:`too_noisy`).
     """
     reference = results[rows[0].label]
     mismatch_report: list[str] = []
@@ -231,6 +268,7 @@ def summarise(rows, results: dict[str, list[list[RunOutput]]], prompt_ids: Seque
             "predicted_speedup": pred,
             "efficiency": eff,
             "step_breakdown": breakdown,
+            "too_noisy": too_noisy(row.k, pred, breakdown, costs_spread),
             "new_tokens_median": median([o.new_tokens for o in flat]),
             "runs": len(flat),
             "per_prompt_speedup": {prompt_ids[pi]: s for pi, s in enumerate(per_prompt)},
@@ -263,4 +301,21 @@ def slower_than_plain(overall: Sequence[dict], groups: Sequence[dict] = ()) -> l
         else:
             lines.append(f"{r['label']} is slower than plain decoding (ar) on {where} "
                          f"({r['speedup']:.2f}x over all categories)")
+    return lines
+
+
+def noisy_figures(groups: Sequence[dict]) -> list[str]:
+    """One line for each category whose cost-model figures were too noisy to trust:
+    ``long: the predicted speedup of draft k=4 (above its bound k + 1); the overhead of ar,
+    draft k=4 (negative): too noisy to trust (re-run on a quiet machine)``."""
+    lines = []
+    for g in groups:
+        rows_by_reason: dict[tuple[str, str], list[str]] = {}
+        for r in g["rows"]:
+            for figure, why in (r.get("too_noisy") or {}).items():
+                rows_by_reason.setdefault((figure, why), []).append(r["label"])
+        if rows_by_reason:
+            parts = [f"the {figure.replace('_', ' ')} of {', '.join(labels)} ({why})"
+                     for (figure, why), labels in sorted(rows_by_reason.items())]
+            lines.append(f"{g['category']}: {'; '.join(parts)}: {TOO_NOISY}")
     return lines

@@ -23,7 +23,15 @@ from .config import BenchConfig, BenchError
 from .context import BenchContext, EncodedPrompt, encode_prompts
 from .prompts import BenchPrompt
 from .registry import make_rows
-from .results import DEFINITIONS, RunOutput, median, slower_than_plain, summarise
+from .results import (
+    DEFINITIONS,
+    TOO_NOISY,
+    RunOutput,
+    median,
+    noisy_figures,
+    slower_than_plain,
+    summarise,
+)
 
 DEFAULT_K = 4  # without a draft to calibrate with
 
@@ -37,7 +45,11 @@ def _choose_k(ctx: BenchContext, config: BenchConfig, prompt_ids, log) -> tuple[
     calibration = calibrate(ctx.target, ctx.draft, ctx.tokenizer, prompt_ids,
                             probe_k=8, max_k=8, calibration_tokens=min(64, config.max_new_tokens),
                             params=SamplingParams(temperature=config.temperature, seed=config.seed))
-    log(f"k = {calibration.k} (cost model, predicted {calibration.predicted_speedup:.2f}x)")
+    noisy = calibration.noise is not None and calibration.noise.noisy
+    if noisy or calibration.predicted_speedup > calibration.k + 1:
+        log(f"k = {calibration.k} (cost model; its predicted speedup is {TOO_NOISY})")
+    else:
+        log(f"k = {calibration.k} (cost model, predicted {calibration.predicted_speedup:.2f}x)")
     return calibration.k, calibration
 
 
@@ -127,15 +139,16 @@ def run_benchmark(
     greedy = config.temperature == 0
     groups = []
     for category, idx in categories.items():
-        costs = samplers[category].costs()
+        costs, costs_spread = samplers[category].costs(), samplers[category].spread()
         sub = {label: [runs[i] for i in idx] for label, runs in results.items()}
-        group_rows, _ = summarise(rows, sub, [prompts[i].id for i in idx], costs, k, greedy)
+        group_rows, _ = summarise(rows, sub, [prompts[i].id for i in idx], costs, k, greedy, costs_spread)
         groups.append({
             "category": category,
             "prompts": [prompts[i].id for i in idx],
             "prompt_tokens": [encoded[i].tokens for i in idx],
             "truncated_prompts": sum(encoded[i].truncated for i in idx),
             "step_costs": costs.to_dict(),
+            "step_costs_spread": costs_spread,
             "rows": group_rows,
         })
     overall_rows, mismatch_report = summarise(rows, results, [p.id for p in prompts], None, k, greedy)
@@ -165,5 +178,5 @@ def run_benchmark(
         "results": groups,
         "overall": {"category": "all", "rows": overall_rows},
         "mismatches": mismatch_report,
-        "warnings": slower_than_plain(overall_rows, groups),
+        "warnings": slower_than_plain(overall_rows, groups) + noisy_figures(groups),
     }
