@@ -91,6 +91,39 @@ def test_cost_policy_drafts_while_one_more_token_raises_the_rate():
     assert not stop.keep_going(1, top1(0.6))  # 0.36 / 0.3 = 1.2 < 1.6 / 1.3
 
 
+def test_the_cost_policy_takes_costs_as_data():
+    """Any object with t_drafting, t_verify and overhead will do: drafters do not depend on
+    the policy layer's StepCosts."""
+
+    class Table:
+        overhead = 0.0
+
+        def t_drafting(self, k):
+            return 0.1 * k
+
+        def t_verify(self, n):
+            return 1 + 0.2 * (n - 1)
+
+    stop = CostStop(Table())
+    stop.max_depth(16)
+    assert stop.keep_going(1, top1(0.9)) and not stop.keep_going(2, top1(0.3))  # as with StepCosts above
+
+
+def test_drafters_import_nothing_from_the_policy_layer():
+    import ast
+    from pathlib import Path
+
+    import quickdraft.drafters as drafters
+
+    for path in Path(drafters.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = ("." * node.level) + (node.module or "")
+                assert not module.startswith(("..policy", "quickdraft.policy")), (path.name, module)
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("quickdraft.policy") for a in node.names), path.name
+
+
 @pytest.mark.parametrize("spec,message", [
     ("sometimes", "is not a policy"),
     ("confidence", "threshold in (0, 1)"),

@@ -17,11 +17,22 @@ from typing import Protocol
 
 import torch
 
-from ..policy.cost_model import StepCosts
-
 #: The most tokens an adaptive policy drafts per step when no -k caps it (Draft & Verify's
 #: max of 12 drafts); the fixed policy's k is chosen by the cost model instead.
 ADAPTIVE_MAX_DEPTH = 12
+
+
+class StepCostTable(Protocol):
+    """Measured step costs, as the ``cost`` policy weighs them (the policy layer's
+    ``StepCosts`` is one; drafters sit below it and take the costs as data)."""
+
+    overhead: float  # seconds per step outside the model calls
+
+    def t_drafting(self, k: int) -> float:
+        """Seconds of k consecutive draft steps within one speculative step."""
+
+    def t_verify(self, n: int) -> float:
+        """Seconds of one target pass over n tokens."""
 
 
 class DraftStop(Protocol):
@@ -152,14 +163,14 @@ class CostStop:
     The draft's top-1 probabilities stand in for acceptance: P_i, the chance that the first
     i drafts are all accepted, is the product of their confidences, and a step drafting d
     tokens is expected to emit E_d = 1 + sum_{i<=d} P_i tokens in T_d = drafting(d) +
-    verify(d + 1) seconds (``StepCosts``). One more token adds about P_d * c_d tokens (c_d
+    verify(d + 1) seconds (a :class:`StepCostTable`). One more token adds about P_d * c_d tokens (c_d
     the last confidence) for T_{d+1} - T_d seconds; it is drafted when that raises the
     step's rate, i.e. when dE / dT > E_d / T_d.
     """
 
     name = "cost"
 
-    def __init__(self, costs: StepCosts | None = None, max_drafts: int = ADAPTIVE_MAX_DEPTH) -> None:
+    def __init__(self, costs: StepCostTable | None = None, max_drafts: int = ADAPTIVE_MAX_DEPTH) -> None:
         self.costs, self.max_drafts = costs, max_drafts
         self._reach = 1.0  # P_d
         self._expected = 1.0  # E_d
