@@ -102,30 +102,14 @@ def notice(message: str) -> None:
 
 
 def choose_k(args: argparse.Namespace, gen) -> tuple[int | None, str | None]:
-    """The k to decode with and where it came from: an explicit ``-k`` wins; otherwise the
-    cost model's choice for this pair on this machine (cached; measured once when missing
-    or with ``--remeasure``). None for methods without a drafter."""
-    from .drafters import DraftModelDrafter, NoDrafter
-
+    """The k to decode with and where it came from (:meth:`SpeculativeGenerator.resolve_k`
+    with the command line's ``-k`` and ``--remeasure``), saying on stderr what auto chose."""
     if gen.method_choice is not None and args.num_speculative_tokens is None:
         notice(gen.method_choice.summary())
-        return (None, None) if isinstance(gen.drafter, NoDrafter) else (gen.num_speculative_tokens, "auto")
-    if isinstance(gen.drafter, NoDrafter):
-        return None, None
-    if args.num_speculative_tokens is not None:
-        ignored = "; --auto-k ignored" if args.auto_k else ""
-        return args.num_speculative_tokens, f"from -k{ignored}"
-    if args.draft_stop != "fixed":
-        return gen.num_speculative_tokens, "the most an adaptive --draft-stop drafts"
-    if args.method == "layer-skip":
-        return gen.num_speculative_tokens, "skip profile"
-    if args.method != "draft" or not isinstance(gen.drafter, DraftModelDrafter):
-        return gen.num_speculative_tokens, "default"  # the cost model knows chains only
-    choice = gen.tune_num_speculative_tokens(remeasure=args.remeasure, log=notice)
-    notice(choice.summary())  # cached or measured now, and how to re-measure
-    if not choice.k:
-        return 0, "cost model: the draft is predicted slower, plain decoding"
-    return choice.k, "cost model, measured now" if choice.measured else "cost model, cached"
+    k, source = gen.resolve_k(args.num_speculative_tokens, remeasure=args.remeasure, log=notice)
+    if source == "given":
+        source = "from -k" + ("; --auto-k ignored" if args.auto_k else "")
+    return k, source
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

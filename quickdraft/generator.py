@@ -31,6 +31,7 @@ from .drafters import (
     make_drafter,
 )
 from .drafters.draft_stop import ADAPTIVE_MAX_DEPTH
+from .drafters.shapes import Shape
 from .models.lm import CausalLM, eos_token_ids
 from .text import Generation, TextAssembler, TextChunk, TextStream, stop_strings
 
@@ -124,12 +125,9 @@ class SpeculativeGenerator:
         if method != "auto":
             drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options, target=pair.target)
             gen = cls(pair.target, pair.tokenizer, drafter, acceptance=acceptance)
-            chain = chain_drafter(drafter)
-            policy = chain.stop if chain is not None else getattr(drafter, "stop_policy", None)
-            if policy is not None and policy.name != "fixed":
-                gen.num_speculative_tokens = ADAPTIVE_MAX_DEPTH  # k caps the chain; the policy stops sooner
-            elif chain is not None and hasattr(chain.model, "profile"):
-                gen.num_speculative_tokens = chain.model.profile.k  # layer skip: the k it was tuned at
+            fixed = gen._method_k()
+            if fixed is not None:
+                gen.num_speculative_tokens = fixed[0]
             return gen
         from .policy.method_choice import cached_method
 
@@ -321,6 +319,51 @@ class SpeculativeGenerator:
         tail = text.flush()
         if tail:
             yield tail
+
+    def resolve_k(self, requested: int | None = None, *, remeasure: bool = False,
+                  log: Callable[[str], None] | None = None) -> tuple[int | None, str | None]:
+        """THE place k is settled, for the CLI, the server and API users alike: the k to
+        decode with and where it came from, and ``num_speculative_tokens`` set to it.
+
+        In order: None for a method that drafts nothing; ``requested`` (an explicit k);
+        the choice of ``method="auto"``; for a chain with an adaptive draft-stop policy, the
+        most it drafts; for layer skip, the k its profile was tuned at; for a draft model's
+        plain chain, the cost model's k for this pair and machine (cached; measured when
+        missing or with ``remeasure``; 0 = plain decoding when the draft is predicted to
+        lose; ``log`` gets its summary line); otherwise the method's default."""
+        if isinstance(self.drafter, NoDrafter):
+            return None, None
+        if requested is not None:
+            k, source = requested, "given"
+        elif self.method_choice is not None:
+            k, source = self.num_speculative_tokens, "auto"
+        elif self._method_k() is not None:
+            k, source = self._method_k()
+        else:
+            chain = chain_drafter(self.drafter)
+            if chain is self.drafter and type(chain.shape) is Shape:  # the cost model knows plain chains
+                choice = self.tune_num_speculative_tokens(remeasure=remeasure, log=log)
+                if log is not None:
+                    log(choice.summary())  # cached or measured now, and how to re-measure
+                k = choice.k
+                source = ("cost model: the draft is predicted slower, plain decoding" if not k else
+                          "cost model, measured now" if choice.measured else "cost model, cached")
+            else:
+                k, source = self.num_speculative_tokens, "default"
+        self.num_speculative_tokens = k
+        return k, source
+
+    def _method_k(self) -> tuple[int, str] | None:
+        """The k the drafter's method itself sets, with no measurement: an adaptive
+        draft-stop policy's most (k caps the chain; the policy stops sooner), or the k a
+        layer-skip profile was tuned at. None for the others."""
+        chain = chain_drafter(self.drafter)
+        stop = chain.stop if chain is not None else getattr(self.drafter, "stop_policy", None)
+        if stop is not None and stop.name != "fixed":
+            return ADAPTIVE_MAX_DEPTH, "the most an adaptive --draft-stop drafts"
+        if chain is not None and hasattr(chain.model, "profile"):
+            return chain.model.profile.k, "skip profile"
+        return None
 
     def tune_num_speculative_tokens(self, remeasure: bool = False, log=None):
         """Set ``num_speculative_tokens`` to the cost model's best k for this target, draft

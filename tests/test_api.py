@@ -180,3 +180,28 @@ def test_every_name_the_readme_uses_comes_from_the_package():
     assert {"DraftOptions", "SamplingParams", "SpeculativeGenerator"} <= names
     missing = sorted(n for n in names if n not in quickdraft.__all__ or not hasattr(quickdraft, n))
     assert missing == []
+
+
+def test_resolve_k_is_the_one_place_k_is_settled():
+    """The CLI and the server both ask ``resolve_k``; a generator built directly (as the
+    server builds it) gets the same k for a method as ``from_pretrained`` gives."""
+    from quickdraft.drafters import DraftOptions, make_drafter
+    from quickdraft.drafters.draft_stop import ADAPTIVE_MAX_DEPTH
+    from quickdraft.drafters.layer_skip import load_profile
+
+    plain = SpeculativeGenerator.from_pretrained(method="ar")
+    assert plain.resolve_k(5) == (None, None)  # nothing drafts, so there is no k
+    ngram = SpeculativeGenerator.from_pretrained(method="ngram")
+    assert ngram.resolve_k(3) == (3, "given") and ngram.num_speculative_tokens == 3
+    assert ngram.resolve_k() == (3, "default")
+
+    skip = SpeculativeGenerator.from_pretrained(method="layer-skip")
+    profile_k = load_profile(skip.target, None).k
+    assert skip.num_speculative_tokens == profile_k
+    direct = SpeculativeGenerator(skip.target, skip.tokenizer,
+                                  make_drafter("layer-skip", None, skip.target.vocab_size, target=skip.target))
+    assert direct.resolve_k() == (profile_k, "skip profile")
+
+    adaptive = SpeculativeGenerator.from_pretrained(method="draft", options=DraftOptions(draft_stop="dv"))
+    assert adaptive.num_speculative_tokens == ADAPTIVE_MAX_DEPTH
+    assert adaptive.resolve_k() == (ADAPTIVE_MAX_DEPTH, "the most an adaptive --draft-stop drafts")
