@@ -17,7 +17,8 @@ TORCH_VERSION ?= $(shell sed -n 's/^torch==//p' requirements.lock)
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "torch==$(TORCH_VERSION)" --index-url $(TORCH_INDEX)
+	# --no-deps: torch's own requirements are pinned in the lock and come from PyPI with the rest.
+	$(PIP) install -q --no-deps "torch==$(TORCH_VERSION)" --index-url $(TORCH_INDEX)
 	@$(PY) -c "import torch; print(f'make: torch {torch.__version__} (CUDA {torch.version.cuda or \"none: CPU build\"}), asked of $(TORCH_INDEX)')"
 	$(PIP) install -q -r requirements.lock
 	$(PIP) install -q --no-deps -e .
