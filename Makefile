@@ -19,8 +19,8 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PIP) install -q --upgrade pip
 	# --no-deps: torch's own requirements are pinned in the lock and come from PyPI with the rest.
 	$(PIP) install -q --no-deps "torch==$(TORCH_VERSION)" --index-url $(TORCH_INDEX)
-	@$(PY) -c "import torch; print(f'make: torch {torch.__version__} (CUDA {torch.version.cuda or \"none: CPU build\"}), asked of $(TORCH_INDEX)')"
 	$(PIP) install -q -r requirements.lock
+	@$(PY) -c "import torch; print(f'make: torch {torch.__version__} (CUDA {torch.version.cuda or \"none: CPU build\"}), asked of $(TORCH_INDEX)')"
 	$(PIP) install -q --no-deps -e .
 	touch $(STAMP)
 
