@@ -51,7 +51,7 @@ lint: install
 test-latest: browser
 	test -x $(LATEST_VENV)/bin/python || python3 -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
-	$(LATEST_VENV)/bin/python -m pip install -q --upgrade torch --index-url $(TORCH_INDEX)
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --no-deps torch --index-url $(TORCH_INDEX)
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[dev]"
 	$(LATEST_VENV)/bin/python -m pip list --format=freeze | grep -iE '^(torch|transformers|tokenizers|huggingface.hub)=='
 	$(LATEST_VENV)/bin/python -m pytest -q tests
