@@ -47,12 +47,15 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 # The newest releases of everything pyproject.toml allows, in a venv of their own (not
-# CI): what `make lock` would move to. Nothing here touches .venv or the lock.
+# CI): what `make lock` would move to. torch stays at TORCH_VERSION there too (its build
+# from TORCH_INDEX, never PyPI's CUDA build): `make test-latest TORCH_VERSION=2.14.1` tries
+# another. Nothing here touches .venv or the lock.
 test-latest: browser
 	test -x $(LATEST_VENV)/bin/python || python3 -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
-	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --no-deps torch --index-url $(TORCH_INDEX)
-	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -e ".[dev]"
+	$(LATEST_VENV)/bin/python -m pip install -q --no-deps "torch==$(TORCH_VERSION)" --index-url $(TORCH_INDEX)
+	echo "torch==$(TORCH_VERSION)" > $(LATEST_VENV)/torch.txt
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -c $(LATEST_VENV)/torch.txt -e ".[dev]"
 	$(LATEST_VENV)/bin/python -m pip list --format=freeze | grep -iE '^(torch|transformers|tokenizers|huggingface.hub)=='
 	$(LATEST_VENV)/bin/python -m pytest -q tests
 
