@@ -337,8 +337,8 @@ class SpeculativeGenerator:
             k, source = requested, "given"
         elif self.method_choice is not None:
             k, source = self.num_speculative_tokens, "auto"
-        elif self._method_k() is not None:
-            k, source = self._method_k()
+        elif (fixed := self._method_k()) is not None:
+            k, source = fixed
         else:
             chain = chain_drafter(self.drafter)
             if chain is self.drafter and type(chain.shape) is Shape:  # the cost model knows plain chains
