@@ -155,7 +155,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                f"tokens (kept the last {stats.prompt_tokens})")
     draft_lm = draft_model_of(gen.drafter)
     settings = {
-        "method": args.method if gen.method_choice is None else f"auto: {auto_method(gen.method_choice)}",
+        "method": gen.plan.label,
         "model": str(gen.target.model_dir),
         "draft": str(draft_lm.model_dir) if draft_lm is not None else None,
         "backend": gen.target.backend,
@@ -224,11 +224,6 @@ def draft_model_of(drafter):
     while model is not None and not hasattr(model, "backend"):
         model = getattr(model, "model", None)
     return model
-
-
-def auto_method(choice) -> str:
-    """What ``--method auto`` chose, without its k (reported once, as k): "draft", "tree 2,2,1"."""
-    return choice.label if choice.method == "tree" else choice.method
 
 
 def settings_label(settings: dict) -> str:

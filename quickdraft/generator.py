@@ -28,11 +28,11 @@ from .drafters import (
     DraftModelDrafter,
     DraftOptions,
     NoDrafter,
-    make_drafter,
 )
 from .drafters.draft_stop import ADAPTIVE_MAX_DEPTH
 from .drafters.shapes import Shape
 from .models.lm import CausalLM, eos_token_ids
+from .resolve import MethodPlan, resolve_method
 from .text import Generation, TextAssembler, TextChunk, TextStream, stop_strings
 
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
@@ -84,6 +84,8 @@ class SpeculativeGenerator:
         self.eos_token_ids = eos_token_ids(target, tokenizer)
         self.num_speculative_tokens = num_speculative_tokens
         self.acceptance = acceptance  # the sampling rule: mss, or spectr for multi-draft
+        self.plan: MethodPlan | None = None  # the resolved method, when built by for_pair
+        self.draft: CausalLM | None = None  # the draft model given to for_pair, if any
         self.method_choice = None  # what method="auto" chose (policy.method_choice.MethodChoice)
 
     @classmethod
@@ -120,21 +122,32 @@ class SpeculativeGenerator:
             options, draft = dataclasses.replace(options, exit_head=str(draft)), None
         pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend, draft_vocab=draft_vocab,
                          method=method)
-        if method == "early-exit":
-            options = _exit_layer_by_cost_model(pair, options)
-        if method != "auto":
-            drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options, target=pair.target)
-            gen = cls(pair.target, pair.tokenizer, drafter, acceptance=acceptance)
-            fixed = gen._method_k()
-            if fixed is not None:
-                gen.num_speculative_tokens = fixed[0]
-            return gen
-        from .policy.method_choice import cached_method
+        return cls.for_pair(pair.target, pair.draft, pair.tokenizer, method, options, acceptance,
+                            remeasure=remeasure, log=log)
 
-        choice = cached_method(pair.target, pair.draft, pair.tokenizer, remeasure=remeasure, log=log)
-        gen = cls(pair.target, pair.tokenizer, choice.drafter(pair.draft, pair.target.vocab_size),
-                  num_speculative_tokens=max(choice.k, 1), acceptance=acceptance)
-        gen.method_choice = choice
+    @classmethod
+    def for_pair(
+        cls,
+        target: CausalLM,
+        draft: CausalLM | None,
+        tokenizer,
+        method: str = "draft",
+        options: DraftOptions = DraftOptions(),
+        acceptance: str = "mss",
+        *,
+        remeasure: bool = False,
+        log: Callable[[str], None] | None = None,
+    ) -> SpeculativeGenerator:
+        """The generator of ``method`` for models already loaded (what :meth:`from_pretrained`
+        returns once it has loaded them): the method resolved by
+        :func:`~quickdraft.resolve.resolve_method` (its result is :attr:`plan`), the
+        drafter built, and the k the method itself fixes, if any, set."""
+        plan = resolve_method(target, draft, tokenizer, method, options, remeasure=remeasure, log=log)
+        gen = cls(target, tokenizer, plan.drafter(draft, target), acceptance=acceptance)
+        gen.plan, gen.method_choice, gen.draft = plan, plan.choice, draft
+        fixed = (plan.k, "auto") if plan.k is not None else gen._method_k()
+        if fixed is not None:
+            gen.num_speculative_tokens = fixed[0]
         return gen
 
     def encode(self, prompt: str | Sequence[int], truncate: bool = False, room: int = 1) -> torch.Tensor:
@@ -201,12 +214,9 @@ class SpeculativeGenerator:
         params = sampling_params(temperature, top_k, top_p, seed, sampling)
         k = self.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
         conditions = StopConditions(max_new_tokens, self.eos_token_ids, stop_strings(stop), self.tokenizer)
-        drafter = self.drafter
-        if k == 0:  # plain decoding (the cost model predicts the draft to lose)
-            drafter, k = NoDrafter(), 1
-        else:
-            bind_step_costs(drafter, self.target, self.tokenizer, k)
-        return decode(self.target, ids, conditions, drafter=drafter, params=params,
+        if k > 0:  # (0: plain decoding, the cost model predicts the draft to lose)
+            bind_step_costs(self.drafter, self.target, self.tokenizer, k)
+        return decode(self.target, ids, conditions, drafter=self.drafter, params=params,
                       num_speculative_tokens=k, acceptance=self.acceptance, stats=stats)
 
     def generate(
@@ -405,20 +415,3 @@ def chain_drafter(drafter) -> DraftModelDrafter | None:
     """The draft-model drafter inside ``drafter`` (itself, or hybrid's), if any."""
     drafter = getattr(drafter, "model", drafter) if not isinstance(drafter, DraftModelDrafter) else drafter
     return drafter if isinstance(drafter, DraftModelDrafter) else None
-
-
-def _exit_layer_by_cost_model(pair, options: DraftOptions) -> DraftOptions:
-    """Early exit with no head shipped for the target and no --exit-layer: the shared head
-    at the layer the cost model predicts to be fastest (measured briefly on this machine)."""
-    from .drafters.early_exit import SHARED, shipped_head
-    from .models.lm import NativeLM
-
-    if options.exit_layer is not None or options.exit_head not in (None, SHARED) or not isinstance(
-            pair.target, NativeLM) or shipped_head(pair.target) is not None:
-        return options
-    from .policy.exit_layer import measure_exit_layer
-
-    choice = measure_exit_layer(pair.target, pair.tokenizer, max_k=4, calibration_tokens=32, repeats=3)
-    return dataclasses.replace(options, exit_layer=choice.layer)
-
-

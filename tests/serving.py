@@ -18,9 +18,9 @@ MODEL = "qd-stdlib-target"
 class ServerProcess:
     """`python -m quickdraft serve --port 0 ARGS`, its URL read from its banner line."""
 
-    def __init__(self, args: list[str], log: Path, timeout: float = 180.0) -> None:
+    def __init__(self, args: list[str], log: Path, timeout: float = 180.0, env: dict | None = None) -> None:
         self.log = log
-        env = {**os.environ, "OMP_NUM_THREADS": "2"}
+        env = {**os.environ, "OMP_NUM_THREADS": "2", **(env or {})}
         self._log_file = open(log, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "quickdraft", "serve", "--host", "127.0.0.1",
                                       "--port", "0", *args], stdout=self._log_file, stderr=subprocess.STDOUT,

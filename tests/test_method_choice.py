@@ -31,10 +31,12 @@ PROMPTS = ["def add(a, b):", "class Point:\n    def", "for i in range(10):\n    
 
 def engine_passes(candidate, target, draft, ids, n, eos):
     from quickdraft.policy.method_choice import MethodChoice
+    from quickdraft.resolve import MethodPlan
 
     choice = MethodChoice(candidate.method, candidate.k, candidate.tree, 1.0)
     stats = GenerationStats()
-    out = [t for s in decode(target, ids, StopConditions(n, eos), choice.drafter(draft, target.vocab_size),
+    drafter = MethodPlan(choice.method, choice.options(), choice).drafter(draft, target)
+    out = [t for s in decode(target, ids, StopConditions(n, eos), drafter,
                              num_speculative_tokens=candidate.k, stats=stats) for t in s.tokens]
     return out, stats.target_forward_passes
 
@@ -97,3 +99,49 @@ def test_cli_auto_is_lossless_and_says_what_it_chose(tiny_family, tmp_path, monk
     auto = json.loads(captured.out)
     assert auto["token_ids"] == plain["token_ids"]
     assert "auto chose" in captured.err and auto["settings"]["method"].startswith("auto: ")
+
+
+def test_auto_weighs_no_token_tree_on_the_transformers_backend(tiny_family, tmp_path, monkeypatch):
+    """The transformers backend verifies chains only: auto must not pick (or weigh) a tree there."""
+    from quickdraft.generator import SpeculativeGenerator
+    from quickdraft.models.lm import load_model
+    from quickdraft.pair import load_tokenizer
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    tok = load_tokenizer(tiny_family["target"])
+    target, draft = load_model(tiny_family["target"], "hf"), load_model(tiny_family["copy"], "hf")
+    choice = choose_method(target, draft, tok, prompts=PROMPTS[:1], new_tokens=16, max_k=4)
+    assert choice.table and not [label for label in choice.table if label.startswith("tree")]
+    assert {label.split()[0] for label in choice.table} >= {"draft", "hybrid", "ngram"}
+    gen = SpeculativeGenerator.for_pair(target, draft, tok, "auto")
+    assert gen.plan.method != "tree" and gen.plan.choice is not None
+
+
+def test_server_auto_resolves_as_generate_does(tiny_family, tmp_path):
+    """`serve --method auto` goes through the same resolution as `generate --method auto`
+    (one cache entry, the same choice and k), and its greedy output is plain decoding's."""
+    import os
+    import subprocess
+    import sys
+
+    from serving import ServerProcess
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    common = ["--model", str(tiny_family["target"]), "--draft", str(tiny_family["perturbed"])]
+    generate = [sys.executable, "-m", "quickdraft", "generate", *common, "--prompt", "def add(a, b):",
+                "--max-new-tokens", "16", "--json"]
+    plain = json.loads(subprocess.run([*generate, "--method", "ar"], env=env, capture_output=True, text=True,
+                                      check=True).stdout)
+    auto = json.loads(subprocess.run([*generate, "--method", "auto"], env=env, capture_output=True, text=True,
+                                     check=True).stdout)["settings"]
+    srv = ServerProcess([*common, "--method", "auto", "--max-batch-size", "2", "--served-model-name", "m"], tmp_path / "serve.log", env=env)
+    try:
+        health = srv.health()
+        assert health["method"] == auto["method"] and health["num_speculative_tokens"] == auto["num_speculative_tokens"]
+        assert "measuring which method" not in srv.log.read_text()  # the choice generate cached
+        status, body = srv.post("/v1/completions", {"model": "m", "prompt": "def add(a, b):", "max_tokens": 16,
+                                                    "temperature": 0})
+        assert status == 200 and body["choices"][0]["text"] == plain["text"]
+    finally:
+        srv.stop()
+    assert len(list((tmp_path / "cache").rglob("method-*.json"))) == 1

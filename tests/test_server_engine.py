@@ -115,3 +115,16 @@ def test_code_chat_template_and_a_checkpoint_template(models):
     finally:
         tok.chat_template = None
     assert "system" in CODE_CHAT_TEMPLATE
+
+
+def test_k_zero_decodes_plainly(models):
+    """k=0 (the cost model's "the draft loses") means plain decoding, as in `generate`, not
+    the default k: no draft token is proposed, and the output is plain greedy decoding's."""
+    tok, target, drafts = models
+    engine = SoloEngine(target, method="draft", draft=drafts["perturbed"], max_batch_size=1,
+                        num_speculative_tokens=0)
+    assert engine.num_speculative_tokens == 0
+    out, _ = run_rows(engine, tok, [(PROMPTS[0], SamplingParams(), 12)])
+    tokens, _, stats = out[0]
+    assert tokens == SpeculativeGenerator(target, tok).generate(PROMPTS[0], max_new_tokens=12).token_ids
+    assert stats.drafted_tokens == 0 and stats.target_forward_passes == len(tokens)

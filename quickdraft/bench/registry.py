@@ -147,11 +147,11 @@ register_method("early-exit", _early_exit_rows,
 def _auto_rows(ctx, config, k):
     """The method, k and tree the cost model picks for this pair and machine (cached, as
     ``--method auto`` uses it); k here is the chosen one, not the run's."""
-    from ..policy.method_choice import cached_method
+    from ..resolve import resolve_method
 
-    choice = cached_method(ctx.target, ctx.draft, ctx.tokenizer)
-    factory = (lambda c: choice.drafter(c.draft, c.target.vocab_size)) if choice.method != "ar" else None
-    return [EngineMethod("auto", factory, choice.k or None, settings={"chose": choice.label})]
+    plan = resolve_method(ctx.target, ctx.draft, ctx.tokenizer, "auto")
+    factory = (lambda c: plan.drafter(c.draft, c.target)) if plan.method != "ar" else None
+    return [EngineMethod("auto", factory, plan.k, settings={"chose": plan.choice.label})]
 
 
 register_method("auto", _auto_rows,

@@ -52,14 +52,16 @@ def decode(
     """Generate after ``prompt`` (``[T]`` token ids), yielding each step's tokens.
 
     ``num_speculative_tokens`` bounds the depth of each proposal (the drafter decides its
-    shape); ``acceptance`` is a rule, or the name of the lossless sampling rule ("mss",
+    shape; 0 decodes plainly, without the drafter: the k chosen when a draft is predicted to
+    lose); ``acceptance`` is a rule, or the name of the lossless sampling rule ("mss",
     "spectr"). ``stats`` (if given) is filled in as generation proceeds; it is complete
     when the iterator is exhausted.
     """
-    if num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be >= 1, got {num_speculative_tokens}")
+    if num_speculative_tokens < 0:
+        raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
     prompt = check_prompt(prompt, target.context_length)
-    drafter = drafter or NoDrafter()
+    if drafter is None or num_speculative_tokens == 0:
+        drafter, num_speculative_tokens = NoDrafter(), 1
     stats = stats if stats is not None else GenerationStats()
     generator = params.generator()
     if not callable(acceptance):

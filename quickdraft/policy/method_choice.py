@@ -33,7 +33,7 @@ import torch
 
 from ..decoding.engine import decode
 from ..decoding.stopping import StopConditions
-from ..drafters.factory import DraftOptions, make_drafter
+from ..drafters.factory import DraftOptions
 from ..drafters.ngram import NgramDrafter
 from ..models.lm import CausalLM, eos_token_ids
 from . import cache
@@ -45,7 +45,8 @@ from .timing import Noise
 TREE_SHAPES = ((2,), (2, 1), (2, 1, 1), (2, 2, 1), (3, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1),
                (2, 1, 1, 1, 1), (3, 2, 1), (2, 1, 1, 1, 1, 1))
 MAX_K = 12
-CACHE_VERSION = 3  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache
+CACHE_VERSION = 4  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
+#                   4: no token trees for a transformers-backend pair
 
 
 @dataclass(frozen=True)
@@ -150,12 +151,15 @@ def replay_speedup(candidate: Candidate, traces: Sequence[Trace], costs: StepCos
     return tokens * costs.t_ar / seconds, tokens / passes
 
 
-def candidates(max_k: int = MAX_K, with_draft: bool = True) -> list[Candidate]:
+def candidates(max_k: int = MAX_K, with_draft: bool = True, trees: bool = True) -> list[Candidate]:
+    """What auto weighs: n-gram, and with a draft the chain, hybrid and (``trees``: only the
+    native runtime verifies a tree) token trees, at each k up to ``max_k``."""
     out = [Candidate("ngram", k) for k in range(1, max_k + 1)]
     if with_draft:
         out += [Candidate("draft", k) for k in range(1, max_k + 1)]
         out += [Candidate("hybrid", k) for k in range(1, max_k + 1)]
-        out += [Candidate("tree", len(w), w) for w in TREE_SHAPES if len(w) <= max_k]
+        if trees:
+            out += [Candidate("tree", len(w), w) for w in TREE_SHAPES if len(w) <= max_k]
     return out
 
 
@@ -178,10 +182,9 @@ class MethodChoice:
     def label(self) -> str:
         return Candidate(self.method, self.k, self.tree).label
 
-    def drafter(self, draft: CausalLM | None, target_vocab_size: int):
-        """The chosen method's drafter (a tree's children: the draft's top-w, as replayed)."""
-        tree = ",".join(map(str, self.tree)) or "2,2,1"
-        return make_drafter(self.method, draft, target_vocab_size, DraftOptions(tree=tree, tree_children="top"))
+    def options(self) -> DraftOptions:
+        """The chosen method's options (a tree's children: the draft's top-w, as replayed)."""
+        return DraftOptions(tree=",".join(map(str, self.tree)) or "2,2,1", tree_children="top")
 
     def best_per_method(self) -> dict[str, tuple[str, float, float]]:
         """The best candidate of each method: method -> (label, speedup, tau)."""
@@ -231,12 +234,14 @@ def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer, prompts: 
             traces.append(record_trace(target, draft, ids, new_tokens, eos))
     longest = max(traces, key=lambda tr: len(tr.prompt) + len(tr.output))
     context = torch.tensor(longest.prompt + longest.output, dtype=torch.long)
-    widths = {c.nodes + 1 for c in candidates(max_k, draft is not None)}  # every full tree's pass
+    trees = all(lm.backend == "native" for lm in (target, draft) if lm is not None)
+    weighed = candidates(max_k, draft is not None, trees)
+    widths = {c.nodes + 1 for c in weighed}  # every full tree's pass
     costs, noise = measure_quiet_step_costs(target, draft, context, sorted({*range(1, max_k + 2), *widths}),
                                             repeats=5, log=log)
-    table = {c.label: replay_speedup(c, traces, costs, ngram) for c in candidates(max_k, draft is not None)}
+    table = {c.label: replay_speedup(c, traces, costs, ngram) for c in weighed}
     table["ar"] = (1.0, 1.0)
-    by_label = {c.label: c for c in candidates(max_k, draft is not None)}
+    by_label = {c.label: c for c in weighed}
     best = max(table, key=lambda label: table[label][0])
     chosen = by_label.get(best, Candidate("ar", 0))
     return MethodChoice(chosen.method, chosen.k, chosen.tree, table[best][0], table, costs, noise=noise)

@@ -93,15 +93,11 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    import dataclasses
-
     import torch
     import uvicorn
 
     from .. import __version__
-    from ..drafters import NEEDS_DRAFT, DraftOptions, make_drafter
     from ..generator import SpeculativeGenerator
-    from ..pair import load_pair
     from ..quiet import quiet_transformers
     from .app import ServerState, create_app
     from .metrics import ServerMetrics
@@ -111,38 +107,26 @@ def run_serve(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     options = draft_options(args)
     sock = listen(args.host, args.port)  # a taken port fails before the models load
-    draft = args.draft
-    if args.method == "early-exit" and draft is not None:  # the draft is an exit head directory
-        options, draft = dataclasses.replace(options, exit_head=draft), None
     with quiet_transformers():
-        pair = load_pair(args.model, draft, need_draft=args.method in NEEDS_DRAFT, backend=args.backend,
-                         draft_vocab=args.draft_vocab)
-    method = args.method
-    if method == "auto":  # the cost model's method, k and tree for this pair and machine
-        from ..policy.method_choice import cached_method
-
-        choice = cached_method(pair.target, pair.draft, pair.tokenizer, remeasure=args.remeasure, log=notice)
-        notice(choice.summary())
-        method = choice.method
-        options = DraftOptions(tree=",".join(map(str, choice.tree)) or "2,2,1", tree_children="top")
-        if args.num_speculative_tokens is None and method != "ar":
-            args.num_speculative_tokens = max(choice.k, 1)
-    drafter = make_drafter(method, pair.draft, pair.target.vocab_size, options, target=pair.target)
-    gen = SpeculativeGenerator(pair.target, pair.tokenizer, drafter, acceptance=args.multi_draft_rule)
+        gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend, options,
+                                                   args.multi_draft_rule, remeasure=args.remeasure, log=notice,
+                                                   draft_vocab=args.draft_vocab)
     k, k_source = choose_k(args, gen)
-    if args.method == "auto" and k is not None:
-        k_source = "auto"
-    engine = make_engine(args.engine, pair.target, method, pair.draft, args.max_batch_size, k,
-                         args.num_speculative_tokens is not None, options, args.multi_draft_rule)
-    name = args.served_model_name or args.model or pair.target_dir.name
-    settings = {"method": method if args.method != "auto" else f"auto: {method}",
+    plan = gen.plan
+    # -k and auto's k hold at every batch size; otherwise the batched engine's own policy
+    # picks k per batch size
+    fixed_k = args.num_speculative_tokens is not None or plan.choice is not None
+    engine = make_engine(args.engine, gen.target, plan.method, gen.draft, args.max_batch_size, k, fixed_k,
+                         plan.options, args.multi_draft_rule)
+    name = args.served_model_name or args.model or gen.target.model_dir.name
+    settings = {"method": plan.label,
                 "num_speculative_tokens": k, "num_speculative_tokens_source": k_source,
                 "engine": engine.name, "max_batch_size": args.max_batch_size, "max_queue": args.max_queue,
-                "backend": pair.target.backend, "fingerprint": f"quickdraft-{__version__}-{method}"}
+                "backend": gen.target.backend, "fingerprint": f"quickdraft-{__version__}-{plan.method}"}
     metrics = ServerMetrics(name, draft_positions=k or 0)
     scheduler = Scheduler(engine, metrics, args.max_queue)
-    state = ServerState(name, pair.tokenizer, gen.eos_token_ids, pair.target.context_length,
-                        pair.target.vocab_size, scheduler, metrics, settings, args.chat_max_tokens,
+    state = ServerState(name, gen.tokenizer, gen.eos_token_ids, gen.target.context_length,
+                        gen.target.vocab_size, scheduler, metrics, settings, args.chat_max_tokens,
                         args.max_body_bytes, int(time.time()))
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"

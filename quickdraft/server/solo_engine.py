@@ -92,7 +92,8 @@ class SoloEngine:
         self.target, self.draft, self.method, self.options = target, draft, method, options
         self.max_batch_size = max_batch_size
         self.max_len = min(max_len or target.context_length, target.context_length)
-        self.num_speculative_tokens = num_speculative_tokens or DEFAULT_NUM_SPECULATIVE_TOKENS
+        self.num_speculative_tokens = (DEFAULT_NUM_SPECULATIVE_TOKENS if num_speculative_tokens is None
+                                       else num_speculative_tokens)
         self.acceptance = acceptance
         self._rows: dict[int, _Row] = {}
         self._next_row = 0
