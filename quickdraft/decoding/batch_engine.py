@@ -27,7 +27,7 @@ from .drafter import Drafter, NoDrafter
 from .proposal import EMPTY, Proposal
 from .sampling import SamplingParams
 from .stats import GenerationStats, RecentAcceptance
-from .step import check_prompt, draft_budget, emit
+from .step import accepted_states, check_prompt, draft_budget, emit
 from .stopping import StopConditions
 from .verify import AcceptanceRule, acceptance_for
 
@@ -73,6 +73,7 @@ class _Row:
     cached: int = 0  # tokens in the target's cache row
     first_token: float | None = None
     proposal: Proposal = field(default_factory=lambda: EMPTY)
+    states: dict[int, torch.Tensor] = field(default_factory=dict)  # this pass's, for a drafter that reads them
 
 
 class BatchEngine:
@@ -118,6 +119,7 @@ class BatchEngine:
         self.cache = self.model.new_cache(max_batch_size, cache_length(target, max_len))
         self.drafter = drafter or NoDrafter()
         self.method = self.drafter.name
+        self.reads = tuple(getattr(self.drafter, "reads_hidden", ()))  # the target's states the drafter reads
         self.num_speculative_tokens = num_speculative_tokens
         self.policy = policy
         self.acceptance = acceptance
@@ -237,19 +239,20 @@ class BatchEngine:
             started = time.perf_counter()
             group_feeds = [feeds[i] for i in group]
             adopt = group is joining and any(rows[i].slot in adopting for i in group)
-            if adopt:
-                group_logits, kept = ragged_forward_keeping(self.model, self.cache, group_feeds,
-                                                            self.drafter.adopts_layer)
+            keep = set(self.reads) | ({self.drafter.adopts_layer} if adopt else set())
+            if keep:
+                group_logits, kept = ragged_forward_keeping(self.model, self.cache, group_feeds, sorted(keep))
             else:
-                group_logits = ragged_forward(self.model, self.cache, group_feeds)
-            for i, row_logits in zip(group, group_logits):
+                group_logits, kept = ragged_forward(self.model, self.cache, group_feeds), [{}] * len(group)
+            for i, row_logits, states in zip(group, group_logits, kept):
                 out[i] = row_logits
+                rows[i].states = states
             if group is joining:
                 self.prefill_seconds += time.perf_counter() - started  # the drafter's share is not prefill
             if adopt:
-                for i, hidden in zip(group, kept):
+                for i, states in zip(group, kept):
                     if rows[i].slot in adopting:
-                        self.drafter.adopt(rows[i].slot, hidden, self.cache)
+                        self.drafter.adopt(rows[i].slot, states[self.drafter.adopts_layer], self.cache)
         return out
 
     def _advance(self, r: _Row, logits: torch.Tensor, now: float) -> RowUpdate:
@@ -258,6 +261,9 @@ class BatchEngine:
         first = r.stats.target_forward_passes == 0
         self.pooled.record_step(r.proposal.size, accepted)  # what the policy learns from: every accepted draft
         self.drafter.verified(r.slot, r.length, verdict.path)
+        if self.reads:
+            self.drafter.observe(r.slot, r.cached, accepted_states(r.states, r.length - r.cached, verdict.path))
+        r.states = {}
         r.cached = r.length + accepted  # the chain's accepted tokens stay in place
         emitted, finish = emit(r.proposal.tokens[:accepted].tolist() + [verdict.next_token], r.proposal.size,
                                accepted, r.stop, r.sequence, r.length, self.context, r.stats)

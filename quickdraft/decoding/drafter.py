@@ -34,6 +34,16 @@ class Drafter(Protocol):
     Optionally (the batched engine looks for it) a drafter that runs the target's first
     layers names ``adopts_layer`` and has ``adopt(slot, hidden, target_cache)``: it then
     takes a joining row's prefill from the target's prefill pass.
+
+    Optionally (both loops look for it) a drafter that reads the target (heads: Medusa,
+    EAGLE, a prophet transformer) names the hidden states it reads in ``reads_hidden``
+    (layer numbers as in ``Transformer.forward``'s ``output_hidden_states``; the target's
+    ``n_layers`` is its final state before the norm) and has ``observe(slot, start,
+    states)``: after each ``verified`` it gets ``{layer: [m, H]}``, the states of the
+    sequence's tokens at positions ``start .. start + m - 1`` that the target has now seen
+    and accepted (its prefill first, then each pass's accepted tokens), taken from the
+    verify pass itself: no extra target pass. The step's new token, not yet fed to the
+    target, comes in the next call. Native runtime only.
     """
 
     name: str

@@ -19,7 +19,7 @@ from .drafter import Drafter, NoDrafter
 from .proposal import EMPTY, Proposal, tree_attention
 from .sampling import SamplingParams
 from .stats import GenerationStats
-from .step import check_prompt, draft_budget, emit
+from .step import accepted_states, check_prompt, draft_budget, emit
 from .stopping import StopConditions
 from .verify import AcceptanceRule, acceptance_for
 
@@ -66,6 +66,7 @@ def decode(
     generator = params.generator()
     if not callable(acceptance):
         acceptance = acceptance_for(params, generator, acceptance or "mss")
+    reads = tuple(getattr(drafter, "reads_hidden", ()))  # a drafter that reads the target's states
     width = drafter.verify_width(num_speculative_tokens)
     max_len = min(target.context_length, prompt.numel() + stop.max_new_tokens) + width
     stats.prompt_tokens = prompt.numel()
@@ -86,13 +87,16 @@ def decode(
         while True:
             k = draft_budget(num_speculative_tokens, stop, length, target.context_length)
             proposal = drafter.propose([SLOT], [sequence[:length]], [k])[0] if k > 0 else EMPTY
-            target_logits = _verify_pass(target, sequence, length, proposal)
+            seen = target.length
+            target_logits = _verify_pass(target, sequence, length, proposal, reads)
             verdict = acceptance(proposal, target_logits)
             path = verdict.path
             # Keep what the target has now seen and accepted (the accepted nodes' KV moved into
             # place after the prefix); drop the rest, in the drafter's cache too.
             target.compact(length, path)
             drafter.verified(SLOT, length, path)
+            if reads:
+                drafter.observe(SLOT, seen, accepted_states(target.hidden_states, length - seen, path))
             if decode_started is None:
                 decode_started = time.perf_counter()
                 stats.prefill_seconds = stats.time_to_first_token = decode_started - started
@@ -110,14 +114,18 @@ def decode(
         drafter.leave(SLOT)  # also when the caller stops early
 
 
-def _verify_pass(target: CausalLM, sequence: torch.Tensor, length: int, proposal: Proposal) -> torch.Tensor:
-    """One target pass over what its cache lacks plus the proposal: logits ``[n + 1, V]``."""
+def _verify_pass(target: CausalLM, sequence: torch.Tensor, length: int, proposal: Proposal,
+                 reads: tuple[int, ...] = ()) -> torch.Tensor:
+    """One target pass over what its cache lacks plus the proposal: logits ``[n + 1, V]``
+    (and the hidden states ``reads`` of everything fed, in ``target.hidden_states``)."""
     n = proposal.size
     fed = torch.cat([sequence[target.length : length], proposal.tokens]) if n else sequence[target.length : length]
     # Early exit with a shared cache: only the layers from ``start_layer`` run, resuming
     # from the drafter's hidden states of everything fed.
-    resume = {} if proposal.hidden is None else {"hidden": proposal.hidden, "start_layer": proposal.start_layer}
+    extra = {} if proposal.hidden is None else {"hidden": proposal.hidden, "start_layer": proposal.start_layer}
+    if reads:
+        extra["output_hidden_states"] = reads
     if proposal.is_chain:
-        return target.extend(fed, logits=n + 1, **resume)
+        return target.extend(fed, logits=n + 1, **extra)
     positions, mask = tree_attention(proposal, target.length, length)
-    return target.extend(fed, logits=n + 1, positions=positions, mask=mask, **resume)
+    return target.extend(fed, logits=n + 1, positions=positions, mask=mask, **extra)

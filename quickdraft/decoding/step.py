@@ -66,3 +66,13 @@ def emit(tokens: list[int], drafted: int, accepted: int, stop: StopConditions, s
     if finish:
         stats.finish_reason, stats.stopped_by = finish, stopped_by
     return emitted, finish
+
+
+def accepted_states(states: dict[int, torch.Tensor], fed_before: int, path: list[int]) -> dict[int, torch.Tensor]:
+    """The target's hidden states (``{layer: [fed, H]}`` of one verify pass) of the tokens it
+    has now seen and kept: the ``fed_before`` tokens fed ahead of the proposal, then the
+    accepted ``path`` nodes, in sequence order. A chain's are a prefix (a view, no copy)."""
+    if path == list(range(len(path))):
+        return {layer: state[: fed_before + len(path)] for layer, state in states.items()}
+    rows = torch.tensor(list(range(fed_before)) + [fed_before + node for node in path], dtype=torch.long)
+    return {layer: state[rows] for layer, state in states.items()}

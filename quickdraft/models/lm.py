@@ -7,6 +7,7 @@ causal LM (chains only).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -33,6 +34,9 @@ class CausalLM(Protocol):
     context_length: int
     length: int  # tokens currently in the cache
     eos_token_ids: list[int]
+    #: The hidden states the last ``extend`` was asked for (``output_hidden_states``):
+    #: ``{layer: [T, hidden_size]}`` over the tokens it fed; empty when none were asked for.
+    hidden_states: dict[int, torch.Tensor]
 
     def reset(self, max_len: int | None = None) -> None:
         """Start a new sequence with room for ``max_len`` tokens."""
@@ -45,6 +49,7 @@ class CausalLM(Protocol):
         mask: torch.Tensor | None = None,
         hidden: torch.Tensor | None = None,
         start_layer: int = 0,
+        output_hidden_states: Sequence[int] = (),
     ) -> torch.Tensor:
         """Append ``tokens`` (``[T]``) to the cache and return their logits: ``[T, V]`` for
         ``"all"``, ``[n, V]`` for an int ``n`` (the last n tokens), ``[1, V]`` for ``"last"``,
@@ -56,7 +61,12 @@ class CausalLM(Protocol):
 
         ``hidden`` (``[T, hidden_size]``) resumes the pass at layer ``start_layer`` from
         these residual-stream states (early exit with a shared KV cache): the keys and
-        values of the layers below it are already in the cache at these slots."""
+        values of the layers below it are already in the cache at these slots.
+
+        ``output_hidden_states`` (layer numbers as in ``Transformer.forward``: ``i`` is the
+        stream entering layer ``i``, ``n_layers`` the last layer's output before the final
+        norm) keeps those states of the fed tokens in :attr:`hidden_states`, at no extra
+        cost: what drafters that read the target (heads) consume."""
 
     def crop(self, length: int) -> None:
         """Roll the cache back to its first ``length`` tokens."""
@@ -68,6 +78,11 @@ class CausalLM(Protocol):
 
 TREES_NEED_NATIVE = (
     "the transformers backend verifies chains only; token trees need the native runtime (--backend native)"
+)
+
+HIDDEN_STATES_NEED_NATIVE = (
+    "drafters that read the target's hidden states need the native runtime (--backend native); "
+    "this model runs on transformers"
 )
 
 EARLY_EXIT_NEEDS_NATIVE = (
@@ -105,6 +120,7 @@ class NativeLM:
         self.eos_token_ids = list(self.config.eos_token_ids)
         self.length = 0
         self.cache = None
+        self.hidden_states: dict[int, torch.Tensor] = {}
 
     def reset(self, max_len: int | None = None) -> None:
         # Slots may run a tree's width past the context (positions never do).
@@ -122,6 +138,7 @@ class NativeLM:
         mask: torch.Tensor | None = None,
         hidden: torch.Tensor | None = None,
         start_layer: int = 0,
+        output_hidden_states: Sequence[int] = (),
     ) -> torch.Tensor:
         if self.cache is None:
             self.reset()
@@ -133,10 +150,13 @@ class NativeLM:
         if mask is not None:
             mask = mask[None]
         if hidden is None:
-            out = self.model(tokens.view(1, -1), positions, self.cache, slots=slots, mask=mask, logits=logits)
+            out = self.model(tokens.view(1, -1), positions, self.cache, slots=slots, mask=mask, logits=logits,
+                             output_hidden_states=output_hidden_states)
         else:  # early exit: layers below start_layer are already in the cache
             out = self.model(None, positions, self.cache, slots=slots, mask=mask, logits=logits,
-                             hidden=hidden[None], layers=(start_layer, self.config.n_layers))
+                             hidden=hidden[None], layers=(start_layer, self.config.n_layers),
+                             output_hidden_states=output_hidden_states)
+        self.hidden_states = {i: state[0] for i, state in out.hidden_states.items()}
         self.length = end
         return None if out.logits is None else out.logits[0]
 
@@ -164,6 +184,7 @@ class HFCausalLM:
         self.eos_token_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         self.length = 0
         self.past = None
+        self.hidden_states: dict[int, torch.Tensor] = {}
 
     def reset(self, max_len: int | None = None) -> None:
         from transformers import DynamicCache
@@ -180,9 +201,12 @@ class HFCausalLM:
         mask: torch.Tensor | None = None,
         hidden: torch.Tensor | None = None,
         start_layer: int = 0,
+        output_hidden_states: Sequence[int] = (),
     ) -> torch.Tensor:
         if hidden is not None:
             raise ValueError(EARLY_EXIT_NEEDS_NATIVE)
+        if output_hidden_states:
+            raise ValueError(HIDDEN_STATES_NEED_NATIVE)
         if mask is not None or positions is not None:
             raise ValueError(TREES_NEED_NATIVE)
         if self.past is None:

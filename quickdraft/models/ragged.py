@@ -60,15 +60,18 @@ def ragged_forward(model: Transformer, cache: KVCache, feeds: Sequence[Feed],
 
 @torch.inference_mode()
 def ragged_forward_keeping(model: Transformer, cache: KVCache, feeds: Sequence[Feed],
-                           layer: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """:func:`ragged_forward` of the whole target that also keeps, per feed, the residual
-    stream entering ``layer`` at each of its tokens (``[n, H]``): what an early-exit
-    drafter reads instead of running the first layers over a prompt again."""
-    return _ragged(model, cache, feeds, keep=layer)
+                           layers: Sequence[int]) -> tuple[list[torch.Tensor], list[dict[int, torch.Tensor]]]:
+    """:func:`ragged_forward` of the whole target that also keeps, per feed, the hidden
+    states ``layers`` (numbered as ``Transformer.forward``'s ``output_hidden_states``: the
+    stream entering layer ``i``; ``n_layers`` is the final one, before the norm) at each of
+    its tokens, ``{layer: [n, H]}`` (views of the pass's activations, nothing copied): what
+    an early-exit drafter reads instead of running the first layers over a prompt again,
+    and what a head drafter reads of the target."""
+    return _ragged(model, cache, feeds, keep=tuple(layers))
 
 
 def _ragged(model: Transformer, cache: KVCache, feeds: Sequence[Feed], layers: tuple[int, int] | None = None,
-            head: ExitHead | None = None, head_cache: KVCache | None = None, keep: int | None = None):
+            head: ExitHead | None = None, head_cache: KVCache | None = None, keep: tuple[int, ...] = ()):
     invariant = invariant_rows(model)
     ragged, total = [], 0
     for f in feeds:
@@ -85,10 +88,9 @@ def _ragged(model: Transformer, cache: KVCache, feeds: Sequence[Feed], layers: t
         tokens = torch.cat([tokens, tokens.new_zeros(width - total)])
         positions = torch.cat([positions, positions.new_zeros(width - total)])
     tokens, positions = tokens.view(1, width), positions.view(1, width)
-    out = model(tokens, positions, cache, layers=layers, logits="none", ragged=ragged,
-                output_hidden_states=() if keep is None else (keep,))
+    out = model(tokens, positions, cache, layers=layers, logits="none", ragged=ragged, output_hidden_states=keep)
     hidden = out.hidden
-    kept = [] if keep is None else [out.hidden_states[keep][0, r.offset : r.offset + r.tokens] for r in ragged]
+    kept = [{i: out.hidden_states[i][0, r.offset : r.offset + r.tokens] for i in keep} for r in ragged]
     if head is not None:
         hidden = head.transform(hidden, model, positions, head_cache, None, ragged)
     picks = [r.offset + r.tokens - f.logits + i for r, f in zip(ragged, feeds) for i in range(f.logits)]
