@@ -268,7 +268,7 @@ def draft_options(args: argparse.Namespace):
     try:
         return DraftOptions(args.tree, args.tree_children, args.num_drafts, args.ngram_max, args.ngram_min,
                             args.draft_stop, args.skip_profile, exit_layer=args.exit_layer,
-                            share_kv=not args.no_share_kv)
+                            share_kv=not args.no_share_kv, heads=args.heads)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
@@ -300,6 +300,9 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
                         help="the draft model scores only its N most frequent tokens (its draft_vocab.json "
                         "from `quickdraft train draft`; default: the size recorded there; 0 = the whole "
                         "vocabulary). A cheaper draft step; output is the same")
+    parser.add_argument("--heads", metavar="DIR",
+                        help="medusa: the heads directory (from `quickdraft train heads`; default: the heads "
+                        "shipped for the target)")
     parser.add_argument("--no-share-kv", action="store_true",
                         help="early-exit: the draft keeps its own KV cache and verification recomputes every "
                         "layer (slower; for comparison)")

@@ -19,8 +19,10 @@ if TYPE_CHECKING:
 class MethodSpec:
     """One decoding method: what it does, what it needs, and where it runs.
 
-    ``needs``: "draft" (a draft model), "target" (drafts with the target itself), "nothing"
-    or "measured" (auto: a draft, and the cost model's measurement). ``chain``: it drafts a
+    ``needs``: "draft" (a draft model), "target" (drafts with the target itself), "heads"
+    (heads trained on the target that read its hidden states, ``reads_hidden`` in
+    :mod:`quickdraft.decoding.drafter`; native runtime), "nothing" or "measured" (auto: a
+    draft, and the cost model's measurement). ``chain``: it drafts a
     chain, so ``--draft-stop`` applies. ``batched``: the batched engine runs it
     (:func:`~quickdraft.drafters.batched.make_batch_drafter`); every method runs at batch 1
     (:func:`make_drafter`). ``lossless``: output identical in distribution to the target's
@@ -56,6 +58,9 @@ METHODS: dict[str, MethodSpec] = {
                              needs="target", chain=True, default_k="the k its skip profile was tuned at"),
     "early-exit": MethodSpec("self-speculation: the target's first --exit-layer layers + an exit head draft, "
                              "sharing its KV cache", needs="target", chain=True, batched=True),
+    "medusa": MethodSpec("Medusa heads on the target's last hidden state propose a token tree (--heads DIR, "
+                         "default: heads shipped for the target; --tree shapes it, one level per head)",
+                         needs="heads", default_k="4 (one tree level per head, at most the number of heads)"),
     "auto": MethodSpec("the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
                        needs="measured", default_k="the cost model's choice with the method"),
 }
@@ -78,6 +83,7 @@ class DraftOptions:
     exit_layer: int | None = None  # early exit: None = the head's layer (shipped head) or the default
     exit_head: str | ExitHead | None = None  # early exit: a head directory, "shared", a loaded head or None (shipped)
     share_kv: bool = True  # early exit: drafting writes the target's cache, verification resumes at L
+    heads: str | None = None  # medusa: a heads directory (None: the heads shipped for the target)
 
     def __post_init__(self) -> None:
         """One-line errors for bad settings, before any model is loaded."""
@@ -135,6 +141,14 @@ def make_drafter(
         return early_exit_drafter(target, options, stop)
     if method == "ngram":
         return NgramDrafter(options.ngram_max, options.ngram_min)
+    if method == "medusa":
+        from .medusa import medusa_drafter
+
+        shape = parse_tree(options.tree)
+        if not isinstance(shape, StaticTree):
+            raise ValueError(f"--method medusa expands a static tree (children per level, e.g. 2,2,1), "
+                             f"not --tree {options.tree}")
+        return medusa_drafter(target, options.heads, shape.widths)
     shape = draft_shape(method, options)
     if method == "layer-skip":
         from .layer_skip import LayerSkipLM, load_profile

@@ -472,7 +472,7 @@ def write_distill_card(out: Path, r: dict) -> None:
 
 def write_exit_head_card(out: Path, r: dict) -> None:
     """README.md of an exit head trained by ``quickdraft train exit-head`` (see ``exit_head.py``)."""
-    tr, data, hw, st = r["train"], r["data"], r["hardware"], r["stage"]
+    tr, st = r["train"], r["stage"]
     ev, base = r.get("heldout"), r.get("heldout_shared_head")
     parts = ("one extra transformer block (initialised from the target's layer "
              f"{r['exit_layer']}), then " if r["extra_block"] else "")
@@ -508,7 +508,15 @@ def write_exit_head_card(out: Path, r: dict) -> None:
         ]
     else:
         lines += ["(not measured: training was stopped)", ""]
-    lines += [
+    lines += training_and_data_sections(r)
+    (out / "README.md").write_text("\n".join(lines))
+
+
+def training_and_data_sections(r: dict) -> list[str]:
+    """The "Training" and "Data" sections of a card for a part trained on a frozen target
+    (an exit head, heads): steps, optimizer, time, hardware, command, data."""
+    tr, data, hw, st = r["train"], r["data"], r["hardware"], r["stage"]
+    return [
         "## Training",
         "",
         f"- {tr['steps_done']} steps of batch {st['batch_size']} x {r['seq_len']} tokens ({tr['tokens']:,} tokens), "
@@ -531,4 +539,36 @@ def write_exit_head_card(out: Path, r: dict) -> None:
         "Every file: `data_manifest.json`.",
         "",
     ]
+
+
+def write_heads_card(out: Path, r: dict) -> None:
+    """README.md of heads trained by ``quickdraft train heads`` (see ``heads.py``)."""
+    tr, st = r["train"], r["stage"]
+    status = (f"**Stopped by Ctrl-C at step {tr['steps_done']} of {st['steps']}** (resume with the same "
+              "command and `--resume`)." if tr["interrupted"] else f"{tr['steps_done']} of {st['steps']} steps done.")
+    lines = [
+        f"# {out.name}",
+        "",
+        f"{r['num_heads']} Medusa heads for the target `{r['target']}` ({r['target_params']:,} parameters): each "
+        "is one residual block (x + SiLU(W x)) on the target's final hidden state, read by the target's own final "
+        "norm and LM head (shared, not stored here); head i predicts the token i + 2 places ahead. "
+        f"**{r['params']:,} parameters**, fp32 safetensors; distilled from the frozen target with loss = sum over "
+        f"heads of 0.8^i x ({r['kl_weight']} x KL(target || head) + {r['ce_weight']} x CE). {status}",
+        "",
+        "`config.json` records the target's name and fingerprint; `quickdraft generate --method medusa --heads "
+        "THIS_DIR` uses them (verified as a token tree: output identical to the target's) and refuses them for "
+        "another target.",
+        "",
+        "## Held-out results",
+        "",
+    ]
+    agreement = r.get("heldout_agreement")
+    if agreement:
+        lines += ["Teacher-forced top-1 agreement of each head with the target's own greedy token at its depth:",
+                  "", "| head | predicts | top-1 agreement |", "|---:|---|---:|"]
+        lines += [f"| {i} | token t + {i + 2} | {a:.2%} |" for i, a in enumerate(agreement)]
+        lines.append("")
+    else:
+        lines += ["(not measured: training was stopped)", ""]
+    lines += training_and_data_sections(r)
     (out / "README.md").write_text("\n".join(lines))

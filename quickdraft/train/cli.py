@@ -131,6 +131,17 @@ def _configure_exit_head(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    _configure_distill(p, steps=300, lr=1e-3)
+    p.add_argument("--kind", choices=["medusa"], default="medusa",
+                   help="medusa: K residual heads on the target's final state, head i predicting the token "
+                        "i + 2 places ahead (default)")
+    p.add_argument("--num-heads", type=positive_int, default=4, help="heads, i.e. tree levels (default 4)")
+    p.add_argument("--device", default="cpu",
+                   help="where the target and heads run while training, e.g. 'cuda' (default cpu)")
+    return p
+
+
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``train`` sub-command (and ``train draft``) to an argparse ``subparsers``."""
     p = subparsers.add_parser(
@@ -138,7 +149,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0])
     _configure(p)
     p.set_defaults(func=run_train)
-    sub = p.add_subparsers(dest="train_command", metavar="{draft,exit-head}")
+    sub = p.add_subparsers(dest="train_command", metavar="{draft,exit-head,heads}")
     d = sub.add_parser("draft", help="distil a draft model for any target",
                        description="Distil a draft for a target: KL(target || draft) + CE on "
                                    "your text, with the target's tokenizer.")
@@ -149,6 +160,12 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                                    "your text, read from the target's residual stream after --exit-layer.")
     _configure_exit_head(e)
     e.set_defaults(func=run_train_exit_head)
+    h = sub.add_parser("heads", help="distil heads that read a target's hidden states (Medusa)",
+                       description="Distil Medusa heads on a frozen target that the native runtime loads: head i "
+                                   "learns the target's own distribution i + 2 tokens ahead (KL + CE on your text); "
+                                   "use them with `quickdraft generate --method medusa --heads OUT`.")
+    _configure_heads(h)
+    h.set_defaults(func=run_train_heads)
     return p
 
 
@@ -185,6 +202,13 @@ def run_train_draft(args) -> int:
 
 def run_train_exit_head(args) -> int:
     from .exit_head import run_train_exit_head as run
+
+    check_out(args.out, args.force)
+    return run(args, _command(args), log=lambda m: print(m, file=sys.stderr, flush=True))
+
+
+def run_train_heads(args) -> int:
+    from .heads import run_train_heads as run
 
     check_out(args.out, args.force)
     return run(args, _command(args), log=lambda m: print(m, file=sys.stderr, flush=True))

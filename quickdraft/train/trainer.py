@@ -346,9 +346,10 @@ def train_loop(
             for g in opt.param_groups:
                 g["lr"] = lr
             batch = sample_batch(stream, stage.batch_size, seq_len, seed, step).to(device)
-            loss, extra = loss_fn(model, batch)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss, extra = loss_fn(model, batch)
+            if loss.requires_grad:  # (a detached loss: the loss_fn ran its own backward)
+                loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), stage.grad_clip).item()
             opt.step()
             dt = time.perf_counter() - t0

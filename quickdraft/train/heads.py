@@ -1,0 +1,192 @@
+"""``quickdraft train heads``: heads that read a frozen target (Medusa today).
+
+Head ``i`` at position ``t`` learns the target's own distribution for the token ``i + 2``
+places after ``t`` (KL to the target's logits at ``t + i + 1``, plus a little CE on the
+text), self-distillation as in Medusa-2, so what the heads learn is what verification
+accepts. Losses are weighted ``0.8 ** i`` (Medusa's choice: later heads are less sure).
+
+Memory: K heads over the vocabulary would hold K ``[B, T, V]`` logits (and their
+gradients) at once if their losses were summed before one backward. The loss instead runs
+in the order of Gloeckle et al. 2024 (:func:`multi_head_backward`): the trunk once, then
+per head forward, loss, backward into the detached trunk output, logits freed; the trunk's
+backward once at the end. Peak memory is one head's logits, whatever K.
+
+Everything else is the draft trainer's: data, checkpoints, ``--resume``, Ctrl-C, progress
+bar (:func:`.distill.train`).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..machine import machine_info
+from ..models.medusa import MedusaHeads, is_medusa_dir, load_medusa, save_medusa
+from ..models.registry import read_meta
+from . import card
+from .distill import DistillTask, check_settings, tokenize, train
+from .draft import default_work_dir
+from .exit_head import load_native_teacher, resolve_device
+from .presets import Stage
+from .textdata import TrainInputError, read_text_data
+from .trainer import count_params
+
+HEAD_DECAY = 0.8  # loss weight of head i: HEAD_DECAY ** i
+
+
+def multi_head_backward(trunk: torch.Tensor, head_losses: Sequence[Callable[[torch.Tensor], torch.Tensor]]
+                        ) -> list[float]:
+    """Backpropagate the sum of ``head_losses`` (each a function of the trunk's output)
+    holding one head's activations at a time: per head forward, loss, backward into a
+    detached copy of ``trunk``'s output (its gradient accumulates there), then the trunk's
+    own backward once (skipped for a frozen trunk). Gradients equal those of
+    ``sum(loss(trunk)).backward()``. Returns each head's loss."""
+    detached = trunk.detach().requires_grad_(trunk.requires_grad)
+    values = []
+    for loss_of in head_losses:
+        loss = loss_of(detached)
+        loss.backward()
+        values.append(loss.item())
+        del loss  # its graph, and the head's logits, go now
+    if trunk.requires_grad:
+        trunk.backward(detached.grad)
+    return values
+
+
+class TargetStates:
+    """One pass of the frozen target over windows ``[B, T]``: its logits and final hidden
+    states (before the norm), the KV cache kept between same-shape calls."""
+
+    def __init__(self, target) -> None:
+        self.target, self.cache = target, None
+
+    @torch.no_grad()
+    def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        bsz, length = tokens.shape
+        if self.cache is None or self.cache.k.shape[1] != bsz or self.cache.max_len < length:
+            self.cache = self.target.new_cache(bsz, length)
+        positions = torch.arange(length, device=tokens.device)[None].expand(bsz, -1)
+        out = self.target(tokens, positions, self.cache)
+        return out.logits, out.hidden
+
+
+def head_loss(heads: MedusaHeads, target, i: int, t_logits: torch.Tensor, labels: torch.Tensor,
+              kl_weight: float, ce_weight: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Head ``i``'s weighted loss as a function of the final states ``[B, T, H]``."""
+    shift = i + 1
+    teacher = F.log_softmax(t_logits[:, shift:].float(), dim=-1)
+
+    def loss_of(hidden: torch.Tensor) -> torch.Tensor:
+        logp = F.log_softmax(heads.head_logits(i, hidden[:, :-shift], target), dim=-1)
+        kl = (teacher.exp() * (teacher - logp)).sum(-1).mean()
+        ce = F.nll_loss(logp.flatten(0, 1), labels[:, shift:].flatten())
+        return HEAD_DECAY ** i * (kl_weight * kl + ce_weight * ce)
+
+    return loss_of
+
+
+def make_medusa_loss(states: TargetStates, kl_weight: float, ce_weight: float):
+    """The trainer's ``loss_fn``: backpropagates itself (memory-efficient order) and
+    returns the total loss detached, which tells the loop not to call backward again."""
+    def loss_fn(heads: MedusaHeads, batch: torch.Tensor):
+        inp, labels = batch[:, :-1], batch[:, 1:]
+        t_logits, hidden = states(inp)
+        losses = multi_head_backward(hidden, [head_loss(heads, states.target, i, t_logits, labels, kl_weight,
+                                                        ce_weight) for i in range(heads.num_heads)])
+        return torch.tensor(sum(losses)), {f"head{i}": value for i, value in enumerate(losses)}
+
+    return loss_fn
+
+
+@torch.no_grad()
+def head_agreement(heads: MedusaHeads, states: TargetStates, stream: np.ndarray, seq_len: int,
+                   max_tokens: int) -> list[float]:
+    """Teacher-forced top-1 agreement of each head with the target's own greedy choice for
+    the token it predicts, on held-out windows: the chance a head's first candidate is
+    what greedy verification accepts at that depth (given the earlier ones were)."""
+    hits = torch.zeros(heads.num_heads)
+    counts = torch.zeros(heads.num_heads)
+    for start in range(0, min(stream.size - 1, max_tokens), seq_len):
+        window = torch.as_tensor(stream[start : start + seq_len], dtype=torch.long)[None]
+        if window.shape[1] < heads.num_heads + 2:
+            break
+        t_logits, hidden = states(window)
+        greedy = t_logits.argmax(-1)
+        for i in range(heads.num_heads):
+            guess = heads.head_logits(i, hidden[:, : -(i + 1)], states.target).argmax(-1)
+            hits[i] += (guess == greedy[:, i + 1 :]).sum()
+            counts[i] += guess.numel()
+    return (hits / counts.clamp(min=1)).tolist()
+
+
+def check_out_dir(out: Path, force: bool) -> None:
+    if out.is_file():
+        raise TrainInputError(f"--out {out} is a file; pass a directory")
+    if out.is_dir() and any(out.iterdir()) and not is_medusa_dir(out) and not force:
+        raise TrainInputError(f"--out {out} is not empty and holds no heads; pass a new directory, "
+                              "or --force to write into it")
+
+
+def run_train_heads(args, command: str, log=print) -> int:
+    """Run ``quickdraft train heads``; returns the exit code (130 when Ctrl-C stopped it)."""
+    out = Path(args.out)
+    check_out_dir(out, args.force)
+    target, target_dir, tok = load_native_teacher(args.target)
+    device = resolve_device(args.device)
+    target.to(device)
+    if args.seq_len > target.config.max_position_embeddings:
+        raise TrainInputError(f"--seq-len {args.seq_len} is longer than the target's context "
+                              f"({target.config.max_position_embeddings}); pass at most that")
+    tokens = tokenize(read_text_data(args.data), tok, args.seq_len)
+    torch.manual_seed(args.seed)
+    heads = MedusaHeads(args.num_heads, target.config.hidden_size).to(device)
+    stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
+                  ckpt_every=args.ckpt_every, log_every=args.log_every)
+    work = Path(args.work_dir) if args.work_dir else default_work_dir(out)
+    check_settings(work, {
+        "kind": args.kind, "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
+        "num_heads": args.num_heads, "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr,
+        "warmup": args.warmup, "seed": args.seed, "kl_weight": args.kl_weight, "ce_weight": args.ce_weight},
+        args.resume)
+    split = tokens.manifest["split"]
+    target_name = read_meta(target_dir).get("name") or target_dir.name
+    log(f"[train heads] target {target_dir} ({count_params(target):,} params); {args.num_heads} Medusa heads, "
+        f"{count_params(heads):,} params; {split['train_tokens']:,} train / {split['heldout_tokens']:,} held-out "
+        f"tokens; {args.steps} steps of {args.batch_size} x {args.seq_len}")
+    states = TargetStates(target)
+    task = DistillTask("medusa", target, heads, make_medusa_loss(states, args.kl_weight, args.ce_weight),
+                       lambda d: save_medusa(heads, target, target_name, d))
+    summary = train(task, tokens, stage, args.seq_len, args.seed, work, resume=args.resume,
+                    progress=not args.no_progress, threads=args.threads)
+    out.mkdir(parents=True, exist_ok=True)
+    task.save(out)
+    shutil.copyfile(work / "train_log.jsonl", out / "train_log.jsonl")
+    (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
+    report = {"kind": args.kind, "command": command, "target": target_name, "target_dir": str(target_dir),
+              "target_params": count_params(target), "params": count_params(heads), "num_heads": args.num_heads,
+              "seq_len": args.seq_len, "seed": args.seed, "stage": asdict(stage), "kl_weight": args.kl_weight,
+              "ce_weight": args.ce_weight, "train": summary,
+              "data": {k: v for k, v in tokens.manifest.items() if k != "file_list"},
+              "hardware": {**machine_info(),
+                           "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}}
+    if not summary["interrupted"]:
+        saved = load_medusa(out, target)
+        report["heldout_agreement"] = head_agreement(saved, states, tokens.heldout, args.seq_len, args.eval_tokens)
+    (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
+    card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")
+    card.write_heads_card(out, report)
+    if summary["interrupted"]:
+        log(f"[train heads] stopped at step {summary['steps_done']}/{args.steps}; usable heads are in {out}; "
+            "continue with the same command and --resume")
+        return 130
+    agreement = ", ".join(f"{a:.1%}" for a in report["heldout_agreement"])
+    log(f"[train heads] held-out top-1 agreement with the target per head: {agreement}; heads saved to {out} "
+        f"(use them with --method medusa --heads {out})")
+    return 0
