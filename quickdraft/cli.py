@@ -96,6 +96,26 @@ def read_prompt(args: argparse.Namespace) -> str:
         raise CliError(f"cannot read prompt file {path}: {exc.strerror or exc}") from None
 
 
+def read_messages(args: argparse.Namespace) -> list[dict] | None:
+    """The conversation of ``--chat`` or ``--messages``, after ``--system`` if given; None
+    for a plain prompt."""
+    from .chat import read_messages_file
+
+    if args.chat is not None:
+        messages = [{"role": "user", "content": args.chat}]
+    elif args.messages is not None:
+        messages = read_messages_file(args.messages)
+    elif args.system is not None:
+        raise CliError("--system goes with --chat or --messages (a plain prompt has no system message)")
+    else:
+        return None
+    if args.system is not None:
+        if messages[0]["role"] == "system":
+            raise CliError(f"{args.messages} already starts with a system message; drop --system")
+        messages = [{"role": "system", "content": args.system}, *messages]
+    return messages
+
+
 def notice(message: str) -> None:
     """One line on stderr about what quickdraft did (not an error)."""
     print(f"quickdraft: {message}", file=sys.stderr, flush=True)
@@ -117,8 +137,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .quiet import quiet_transformers
 
     if args.prompts_file is not None:
+        if args.system is not None:
+            raise CliError("--system goes with --chat or --messages, not --prompts-file")
         return cmd_generate_batch(args)
-    prompt = read_prompt(args)
+    messages = read_messages(args)  # a bad messages file fails before loading
+    prompt = read_prompt(args) if messages is None else None
     if args.multi_draft_rule == "spectr" and args.temperature == 0:
         raise CliError("--multi-draft-rule spectr needs sampling (--temperature > 0); greedy multi-draft "
                        "already follows the target's argmax through the tree")
@@ -128,7 +151,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                                    method_options, args.multi_draft_rule,
                                                    remeasure=args.remeasure, log=notice,
                                                    draft_vocab=args.draft_vocab)
-    gen.encode_prompt(prompt, args.truncate_prompt, room=args.max_new_tokens)  # a bad prompt fails first
+    # a bad prompt, or a chat with a model without a chat template, fails first
+    gen.encode_prompt(prompt if messages is None else gen.chat_ids(messages), args.truncate_prompt,
+                      room=args.max_new_tokens)
     k, k_source = choose_k(args, gen)
     if args.show_tree:
         from .show_tree import TreeRecorder
@@ -139,6 +164,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         seed = random.SystemRandom().randrange(2**31)  # reported, so a sampled run can be repeated
     stream = gen.stream(
         prompt,
+        messages=messages,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
@@ -168,6 +194,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "top_p": args.top_p,
         "seed": seed,
         "stop": args.stop or [],
+        "chat": messages is not None,
         "prompt_tokens": stats.prompt_tokens,
         "truncated": stats.truncated_prompt_tokens > 0,
         "truncated_prompt_tokens": stats.truncated_prompt_tokens,
@@ -339,10 +366,17 @@ def build_parser() -> argparse.ArgumentParser:
     source = gen.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", help="prompt text")
     source.add_argument("--prompt-file", help="read the prompt from a UTF-8 file")
+    source.add_argument("--chat", metavar="MESSAGE",
+                        help="chat: a user message, prompted through the model's chat template; the "
+                        "reply ends at the template's end-of-turn token")
+    source.add_argument("--messages", metavar="FILE.json",
+                        help='chat: a conversation, a JSON list of {"role": "system|user|assistant", '
+                        '"content": "..."} objects, through the model\'s chat template')
     source.add_argument("--prompts-file", metavar="FILE.jsonl",
                         help="batch: one JSON object per line with \"prompt\" and optionally max_new_tokens, "
                         "temperature, top_k, top_p, seed, stop, id (the flags give the defaults); prints one "
                         "JSON line per prompt, in order (docs/batching.md)")
+    gen.add_argument("--system", metavar="TEXT", help="--chat/--messages: a system message to start with")
     gen.add_argument("--batch-size", type=positive_int, default=8,
                      help="--prompts-file: prompts decoded at once (default 8; the rest join as rows finish)")
     gen.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most (default 128)")

@@ -6,6 +6,7 @@
 >>> for chunk in stream:
 ...     print(chunk.text, end="")
 >>> stream.stats.mean_accepted_tokens       # complete once the stream is exhausted
+>>> gen.generate(messages=[{"role": "user", "content": "def f(x):"}])  # the model's chat template
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from .chat import Message, chat_prompt_ids, check_messages, end_of_turn_ids
 from .decoding.engine import Step, decode
 from .decoding.sampling import SamplingParams
 from .decoding.stats import GenerationStats
@@ -87,6 +89,7 @@ class SpeculativeGenerator:
         self.plan: MethodPlan | None = None  # the resolved method, when built by for_pair
         self.draft: CausalLM | None = None  # the draft model given to for_pair, if any
         self.method_choice = None  # what method="auto" chose (policy.method_choice.MethodChoice)
+        self._end_of_turn: list[int] | None = None  # found once, on the first chat
 
     @classmethod
     def from_pretrained(
@@ -150,6 +153,30 @@ class SpeculativeGenerator:
             gen.num_speculative_tokens = fixed[0]
         return gen
 
+    def chat_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The prompt ids of a conversation: ``messages`` (``[{"role": "user", "content":
+        "..."}, ...]``) through the model's own chat template, with the generation prompt.
+        A model without a template raises :class:`~quickdraft.chat.NoChatTemplateError`."""
+        name = Path(self.target.model_dir).name if self.target.model_dir else "this model"
+        return chat_prompt_ids(self.tokenizer, check_messages(list(messages)), name)
+
+    @property
+    def end_of_turn_ids(self) -> list[int]:
+        """The tokens that end the assistant's turn in a chat (see :func:`~quickdraft.chat.end_of_turn_ids`)."""
+        if self._end_of_turn is None:
+            self._end_of_turn = end_of_turn_ids(self.tokenizer)
+        return self._end_of_turn
+
+    def _prompt(self, prompt, messages) -> tuple[str | Sequence[int], list[int]]:
+        """What to decode and the extra tokens that end it: a conversation's rendered ids end
+        at the end of the assistant's turn; a prompt ends at EOS alone."""
+        if (prompt is None) == (messages is None):
+            raise ValueError("give either a prompt or messages (a chat), not both" if messages is not None
+                             else "give a prompt or messages=[...] (a chat)")
+        if messages is None:
+            return prompt, []
+        return self.chat_ids(messages), self.end_of_turn_ids
+
     def encode(self, prompt: str | Sequence[int], truncate: bool = False, room: int = 1) -> torch.Tensor:
         """Token ids of ``prompt`` (tokenised as ``AutoTokenizer`` does with default arguments).
 
@@ -183,8 +210,9 @@ class SpeculativeGenerator:
 
     def steps(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | None = None,
         *,
+        messages: Sequence[Message] | None = None,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -199,9 +227,10 @@ class SpeculativeGenerator:
         """The engine's token-level steps for this prompt (parameters as in :meth:`generate`;
         ``stats``, if given, is filled in as the steps come)."""
         stats = stats if stats is not None else GenerationStats()
+        prompt, stop_ids = self._prompt(prompt, messages)
         ids = self._start(prompt, max_new_tokens, truncate_prompt, stats)
         return self._decode(ids, max_new_tokens, temperature, top_k, top_p, seed,
-                            num_speculative_tokens, stop, sampling, stats)
+                            num_speculative_tokens, stop, sampling, stats, stop_ids)
 
     def _start(self, prompt, max_new_tokens: int, truncate_prompt: bool, stats: GenerationStats) -> torch.Tensor:
         ids, dropped = self.encode_prompt(prompt, truncate_prompt, room=max_new_tokens)
@@ -210,10 +239,12 @@ class SpeculativeGenerator:
         return ids
 
     def _decode(self, ids, max_new_tokens, temperature, top_k, top_p, seed, num_speculative_tokens,
-                stop, sampling, stats) -> Iterator[Step]:
+                stop, sampling, stats, stop_ids: Sequence[int] = ()) -> Iterator[Step]:
         params = sampling_params(temperature, top_k, top_p, seed, sampling)
         k = self.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
-        conditions = StopConditions(max_new_tokens, self.eos_token_ids, stop_strings(stop), self.tokenizer)
+        # stop_ids end it as EOS does: not part of the output
+        conditions = StopConditions(max_new_tokens, [*self.eos_token_ids, *stop_ids], stop_strings(stop),
+                                    self.tokenizer)
         if k > 0:  # (0: plain decoding, the cost model predicts the draft to lose)
             bind_step_costs(self.drafter, self.target, self.tokenizer, k)
         return decode(self.target, ids, conditions, drafter=self.drafter, params=params,
@@ -221,8 +252,9 @@ class SpeculativeGenerator:
 
     def generate(
         self,
-        prompt: str | Sequence[int] | list[str | Sequence[int]],
+        prompt: str | Sequence[int] | list[str | Sequence[int]] | None = None,
         *,
+        messages: Sequence[Message] | None = None,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -239,6 +271,11 @@ class SpeculativeGenerator:
         order, decoded together by the batched engine (docs/batching.md).
 
         Args:
+            messages: a conversation instead of a prompt, ``[{"role": "system" | "user" |
+                "assistant" | "developer", "content": "..."}, ...]``: rendered with the
+                model's chat template (:class:`~quickdraft.chat.NoChatTemplateError`, a
+                ``ValueError``, for a model without one); generation ends at the
+                template's end-of-turn token, which is not part of the output.
             max_new_tokens: tokens to generate at most (EOS and stop strings end it sooner).
             temperature: 0 = greedy (the default); > 0 samples from the target's
                 distribution at this temperature.
@@ -266,25 +303,27 @@ class SpeculativeGenerator:
             :class:`Generation`: ``text`` and ``token_ids`` (prompt excluded) and ``stats``
             (a list of them for a list of prompts).
         """
-        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if messages is None and isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
             from .batch_generate import Request, generate_many
 
             params = sampling_params(temperature, top_k, top_p, seed, sampling)
             requests = [Request(p, max_new_tokens, params, stop_strings(stop), truncate_prompt) for p in prompt]
             return generate_many(self, requests, batch_size, num_speculative_tokens)
         stats = GenerationStats()
+        prompt, stop_ids = self._prompt(prompt, messages)
         ids = self._start(prompt, max_new_tokens, truncate_prompt, stats)
         out: list[int] = []
         for step in self._decode(ids, max_new_tokens, temperature, top_k, top_p, seed,
-                                 num_speculative_tokens, stop, sampling, stats):
+                                 num_speculative_tokens, stop, sampling, stats, stop_ids):
             out.extend(step.tokens)
         text = self.tokenizer.decode(out, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         return Generation(cut_at_stop(text, stop_strings(stop)), out, stats)
 
     def stream(
         self,
-        prompt: str | Sequence[int],
+        prompt: str | Sequence[int] | None = None,
         *,
+        messages: Sequence[Message] | None = None,
         max_new_tokens: int = 128,
         temperature: float = 0.0,
         top_k: int = 0,
@@ -306,9 +345,10 @@ class SpeculativeGenerator:
         whole and text that might begin a stop string is held back until it is decided.
         """
         stats = GenerationStats()
+        prompt, stop_ids = self._prompt(prompt, messages)
         ids = self._start(prompt, max_new_tokens, truncate_prompt, stats)
         steps = self._decode(ids, max_new_tokens, temperature, top_k, top_p, seed,
-                             num_speculative_tokens, stop, sampling, stats)
+                             num_speculative_tokens, stop, sampling, stats, stop_ids)
         token_ids: list[int] = []
         return TextStream(self._chunks(steps, stop_strings(stop), token_ids), steps, stats, token_ids)
 

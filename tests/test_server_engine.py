@@ -1,5 +1,5 @@
-"""The server's solo engine (rows stepped in turn through the one decode loop) and its chat
-template, without a server: each row's output is its lone generation's, whatever else runs."""
+"""The server's solo engine (rows stepped in turn through the one decode loop), without a
+server: each row's output is its lone generation's, whatever else runs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftOptions
 from quickdraft.generator import SpeculativeGenerator
 from quickdraft.models.lm import load_model
-from quickdraft.server.chat import CODE_CHAT_TEMPLATE, render_chat
 from quickdraft.server.solo_engine import BatchFullError, SoloEngine
 
 PROMPTS = ["def add(a, b):", "for i in range(10):\n    print(i", "class Point:\n    def __init__(self, x, y):", "x"]
@@ -98,23 +97,6 @@ def test_limits_cancel_and_a_generation_that_ends_at_once(models):
     row = engine.add(ids, SamplingParams(), StopConditions(5, [first]))
     assert [(u.tokens, u.finish) for u in engine.step().values()] == [([], "stop")]
     assert engine.active == 0 and row not in engine.step()
-
-
-def test_code_chat_template_and_a_checkpoint_template(models):
-    tok = models[0]
-    assert getattr(tok, "chat_template", None) is None
-    msgs = [{"role": "system", "content": "Python only.\nNo prose."}, {"role": "user", "content": "def f(x):"},
-            {"role": "assistant", "content": "    return x"}, {"role": "user", "content": ""},
-            {"role": "user", "content": "def g():\n"}]
-    assert render_chat(tok, msgs) == "# Python only.\n# No prose.\ndef f(x):\n    return x\ndef g():\n"
-    assert render_chat(tok, [{"role": "user", "content": "import os"}]) == "import os"
-    tok.chat_template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}" \
-                        "{% if add_generation_prompt %}<assistant>{% endif %}"
-    try:
-        assert render_chat(tok, msgs[1:2]) == "<user>def f(x):<assistant>"
-    finally:
-        tok.chat_template = None
-    assert "system" in CODE_CHAT_TEMPLATE
 
 
 def test_k_zero_decodes_plainly(models):

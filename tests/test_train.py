@@ -15,7 +15,11 @@ from quickdraft.models.registry import ASSETS_DIR  # noqa: E402
 from quickdraft.train import cli as train_cli  # noqa: E402
 from quickdraft.train.corpus import is_validation, list_source_files, load_corpus  # noqa: E402
 from quickdraft.train.presets import DRAFT_NAME, TARGET_NAME, get_preset  # noqa: E402
-from quickdraft.train.tokenizer import token_byte_lengths, train_tokenizer  # noqa: E402
+from quickdraft.train.tokenizer import (  # noqa: E402
+    CODE_CHAT_TEMPLATE_FILE,
+    token_byte_lengths,
+    train_tokenizer,
+)
 
 ROUNDTRIP = [
     "def f(x):\n    return x  \t\n\n\n",
@@ -117,6 +121,7 @@ def test_tokenizer_roundtrip_exact(tmp_path):
             assert t.decode(ids) == s, repr(s)
         ids = t.encode("def x")
         assert ids and ids[0] != 0, "no bos must be added by default"
+        assert t.chat_template == CODE_CHAT_TEMPLATE_FILE.read_text()  # what the embedded models ship
     lengths = token_byte_lengths(loaded)
     for s in ROUNDTRIP:
         assert sum(lengths[i] for i in loaded.encode(s) if i != 0) == len(

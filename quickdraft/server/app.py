@@ -23,12 +23,12 @@ from fastapi.staticfiles import StaticFiles
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..chat import ChatTemplateError, NoChatTemplateError, chat_prompt_ids, end_of_turn_ids
 from ..decoding.engine import Step
 from ..decoding.sampling import SamplingParams
 from ..decoding.stats import GenerationStats
 from ..decoding.stopping import StopConditions
 from ..text import TextAssembler, stop_strings
-from .chat import ChatTemplateError, render_chat
 from .metrics import ServerMetrics
 from .openai_schema import (
     APIResponse,
@@ -127,6 +127,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.state.quickdraft = state
     scheduler, metrics, tokenizer = state.scheduler, state.metrics, state.tokenizer
+    end_of_turn = end_of_turn_ids(tokenizer)  # a chat's reply ends there (e.g. <|im_end|>)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
@@ -196,10 +197,11 @@ def create_app(state: ServerState) -> FastAPI:
         check_request(state, body)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
-            text = render_chat(tokenizer, messages)
+            ids = chat_prompt_ids(tokenizer, messages, state.model_name)
+        except NoChatTemplateError as exc:
+            raise APIError(400, str(exc), param="messages", code="no_chat_template") from None
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), param="messages") from None
-        ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
         return await generate(request, body, [ids], chat=True)
 
     async def generate(request: Request, body: SamplingRequest, prompts: list[list[int]], chat: bool):
@@ -213,6 +215,7 @@ def create_app(state: ServerState) -> FastAPI:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         stops = stop_strings(body.stop)
+        stop_ids = [*state.eos_token_ids, *end_of_turn] if chat else state.eos_token_ids
         temperature = 1.0 if body.temperature is None else body.temperature
         jobs = []
         for p, ids in enumerate(prompts):
@@ -221,7 +224,7 @@ def create_app(state: ServerState) -> FastAPI:
                 seed = body.seed + j if body.seed is not None else (
                     random.SystemRandom().randrange(2**31) if temperature > 0 else None)
                 params = SamplingParams(temperature, body.top_k or 0, 1.0 if body.top_p is None else body.top_p, seed)
-                stop = StopConditions(budget, state.eos_token_ids, stops, tokenizer)
+                stop = StopConditions(budget, stop_ids, stops, tokenizer)
                 jobs.append(Job(p * body.n + j, _tensor(ids), params, stop, events, loop))
         if len(jobs) > scheduler.max_queue:
             raise APIError(400, f"this request asks for {len(jobs)} generations but the server queues at most "

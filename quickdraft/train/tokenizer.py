@@ -3,6 +3,8 @@
 Vocabulary 8192 with a single special token ``<|endoftext|>`` that is eos, bos and pad and
 separates documents in the packed stream.  Byte-level pre-tokenization (no prefix space),
 byte-level decoder and no normalizer make ``decode(encode(s)) == s`` exact for any text.
+Its chat template is the code template (``code_chat_template.jinja``): the models trained
+here complete code, so a conversation stays a source file they continue.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 
 EOT = "<|endoftext|>"
 DEFAULT_VOCAB_SIZE = 8192
+CODE_CHAT_TEMPLATE_FILE = Path(__file__).with_name("code_chat_template.jinja")
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = DEFAULT_VOCAB_SIZE):
@@ -48,6 +51,8 @@ def wrap(tok):
         add_eos_token=False,
         model_max_length=512,
     )
+    # save_pretrained writes it as chat_template.jinja beside the model (the embedded ones ship it)
+    fast.chat_template = CODE_CHAT_TEMPLATE_FILE.read_text(encoding="utf-8")
     return fast
 
 
