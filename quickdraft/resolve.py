@@ -3,7 +3,8 @@ resolved, for the Python API, the CLI, the server and the bench alike.
 
 ``auto`` becomes the method, k and tree the cost model picks (measured once, cached);
 ``early-exit`` without a head shipped for the target gets the exit layer the cost model
-predicts fastest; every other method is taken as given. The k a request decodes with is
+predicts fastest; ``medusa`` gets its heads loaded (once, shared by every drafter of the
+plan); every other method is taken as given. The k a request decodes with is
 settled afterwards, once, by :meth:`~quickdraft.generator.SpeculativeGenerator.resolve_k`.
 """
 
@@ -61,6 +62,10 @@ def resolve_method(
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
     if method == "early-exit":
         return MethodPlan(method, exit_layer_by_cost_model(target, tokenizer, options))
+    if method == "medusa":  # loaded once: every drafter of the plan (a server's rows) shares them
+        from .drafters.medusa import load_heads
+
+        return MethodPlan(method, dataclasses.replace(options, heads=load_heads(target, options.heads)))
     if method != "auto":
         return MethodPlan(method, options)
     from .policy.method_choice import cached_method

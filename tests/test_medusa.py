@@ -182,3 +182,22 @@ def test_train_heads_end_to_end_resume_and_lossless(tmp_path, capsys):
     out_medusa = medusa.generate(prompt, max_new_tokens=32)
     assert out_medusa.token_ids == plain.generate(prompt, max_new_tokens=32).token_ids
     assert medusa.drafter.name == "medusa(2,2)"
+
+
+def test_the_server_serves_medusa_losslessly(tiny_family, tiny_heads, tmp_path, capsys):
+    from serving import ServerProcess
+
+    prompt = "def add(a, b):"
+    assert main(["generate", "--model", str(tiny_family["target"]), "--method", "ar", "--prompt", prompt,
+                 "--max-new-tokens", "24", "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)["text"]
+    srv = ServerProcess(["--model", str(tiny_family["target"]), "--method", "medusa", "--heads", str(tiny_heads),
+                         "--max-batch-size", "2", "--served-model-name", "m"], tmp_path / "serve.log")
+    try:
+        assert srv.health()["method"] == "medusa" and srv.health()["engine"] == "solo"
+        bodies = [{"model": "m", "prompt": prompt, "max_tokens": 24, "temperature": 0}] * 2
+        for body in bodies:
+            status, reply = srv.post("/v1/completions", body)
+            assert status == 200 and reply["choices"][0]["text"] == plain
+    finally:
+        srv.stop()

@@ -114,6 +114,21 @@ register_method("hybrid", _drafter_rows("hybrid", [{"ngram_max": 3}]),
                 help="n-gram continuation when one matches, else the draft model")
 
 
+
+def _medusa_rows(ctx, config, k):
+    """Medusa with the heads shipped for the target: a chain (one candidate per head) and
+    two trees, each as deep as the heads go."""
+    from ..drafters.medusa import shipped_medusa
+
+    if shipped_medusa(ctx.target) is None:
+        raise BenchError("--methods medusa needs Medusa heads shipped for this target (the embedded target has "
+                         "them); train some with `quickdraft train heads --kind medusa --target ...`")
+    return _drafter_rows("medusa", [{"tree": "1,1,1,1", "k": 4}, {"tree": "2,2,1,1", "k": 4},
+                                    {"tree": "3,2,2,1", "k": 4}])(ctx, config, k)
+
+
+register_method("medusa", _medusa_rows, help="Medusa heads on the target's final state propose a token tree")
+
 ADAPTIVE_STOPS = ["confidence:0.7", "dv", "heuristic", "cost"]
 
 

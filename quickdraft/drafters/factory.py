@@ -14,6 +14,7 @@ from .shapes import MultiDraft, Shape, StaticTree, parse_tree
 
 if TYPE_CHECKING:
     from ..models.exit_head import ExitHead
+    from ..models.medusa import MedusaHeads
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -83,7 +84,7 @@ class DraftOptions:
     exit_layer: int | None = None  # early exit: None = the head's layer (shipped head) or the default
     exit_head: str | ExitHead | None = None  # early exit: a head directory, "shared", a loaded head or None (shipped)
     share_kv: bool = True  # early exit: drafting writes the target's cache, verification resumes at L
-    heads: str | None = None  # medusa: a heads directory (None: the heads shipped for the target)
+    heads: str | MedusaHeads | None = None  # medusa: a directory, loaded heads or None (shipped for the target)
 
     def __post_init__(self) -> None:
         """One-line errors for bad settings, before any model is loaded."""

@@ -94,13 +94,20 @@ def shipped_medusa(target: CausalLM) -> Path | None:
                  if is_medusa_dir(path) and read_medusa_config(path).target_fingerprint == fingerprint), None)
 
 
-def medusa_drafter(target: CausalLM | None, heads: str | None, widths: Sequence[int]) -> MedusaDrafter:
-    """The drafter of ``--method medusa``: heads from ``heads`` (a directory) or shipped for
-    the target; a one-line error when there are none."""
+def medusa_drafter(target: CausalLM | None, heads: str | MedusaHeads | None, widths: Sequence[int]) -> MedusaDrafter:
+    """The drafter of ``--method medusa``: ``heads`` loaded already, from a directory, or
+    (None) the heads shipped for the target; a one-line error when there are none."""
+    return MedusaDrafter(target, load_heads(target, heads), widths)
+
+
+def load_heads(target: CausalLM | None, heads: str | MedusaHeads | None) -> MedusaHeads:
+    """``heads`` as loaded heads for ``target`` (see :func:`medusa_drafter`)."""
     if not isinstance(target, NativeLM):
         raise ValueError(HIDDEN_STATES_NEED_NATIVE)
+    if isinstance(heads, MedusaHeads):
+        return heads
     path = heads or shipped_medusa(target)
     if path is None:
         raise ValueError("--method medusa needs Medusa heads for this target: pass --heads DIR (train them with "
                          "`quickdraft train heads --kind medusa --target ...`)")
-    return MedusaDrafter(target, load_medusa(path, target.model), widths)
+    return load_medusa(path, target.model)
