@@ -105,11 +105,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
-def check_out_dir(out: Path, force: bool) -> None:
+def check_out_dir(out: Path, force: bool, holds_ours=is_exit_head_dir, what: str = "exit head") -> None:
+    """Refuse an ``--out`` that is a file, or a non-empty directory that does not hold what
+    this command writes (``holds_ours``), unless ``force``."""
     if out.is_file():
         raise TrainInputError(f"--out {out} is a file; pass a directory")
-    if out.is_dir() and any(out.iterdir()) and not is_exit_head_dir(out) and not force:
-        raise TrainInputError(f"--out {out} is not empty and holds no exit head; pass a new directory, "
+    if out.is_dir() and any(out.iterdir()) and not holds_ours(out) and not force:
+        raise TrainInputError(f"--out {out} is not empty and holds no {what}; pass a new directory, "
                               "or --force to write into it")
 
 

@@ -33,7 +33,7 @@ from ..models.registry import read_meta
 from . import card
 from .distill import DistillTask, check_settings, tokenize, train
 from .draft import default_work_dir
-from .exit_head import load_native_teacher, resolve_device
+from .exit_head import check_out_dir, load_native_teacher, resolve_device
 from .presets import Stage
 from .textdata import TrainInputError, read_text_data
 from .trainer import count_params
@@ -126,18 +126,10 @@ def head_agreement(heads: MedusaHeads, states: TargetStates, stream: np.ndarray,
     return (hits / counts.clamp(min=1)).tolist()
 
 
-def check_out_dir(out: Path, force: bool) -> None:
-    if out.is_file():
-        raise TrainInputError(f"--out {out} is a file; pass a directory")
-    if out.is_dir() and any(out.iterdir()) and not is_medusa_dir(out) and not force:
-        raise TrainInputError(f"--out {out} is not empty and holds no heads; pass a new directory, "
-                              "or --force to write into it")
-
-
 def run_train_heads(args, command: str, log=print) -> int:
     """Run ``quickdraft train heads``; returns the exit code (130 when Ctrl-C stopped it)."""
     out = Path(args.out)
-    check_out_dir(out, args.force)
+    check_out_dir(out, args.force, is_medusa_dir, "heads")
     target, target_dir, tok = load_native_teacher(args.target)
     device = resolve_device(args.device)
     target.to(device)
