@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from quickdraft.decoding.sampling import SamplingError, SamplingParams, choose, probabilities, sample
+from quickdraft.decoding.sampling import (
+    SamplingError,
+    SamplingParams,
+    choose,
+    probabilities,
+    sample,
+)
 
 LOGITS = torch.tensor([1.0, 3.0, -2.0, 2.5, 0.0]) * 10
 
