@@ -315,6 +315,10 @@ def validation_error(exc: RequestValidationError) -> APIError:
     """The first validation error as a 400, naming the parameter."""
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
+    # A union (prompt: text, ids or lists of either) fails once per member: the member that
+    # got deepest into the value says best what is wrong ([[false]]: an id must be an integer).
+    same_field = [e for e in errors if tuple(e.get("loc", ()))[:2] == tuple(first.get("loc", ()))[:2]]
+    first = max(same_field, key=lambda e: len(e.get("loc", ())), default=first)
     # Union members name themselves in loc (``function-after[...]``, ``list[int]``): not a field.
     loc = [str(part) for part in first.get("loc", ()) if part != "body" and "[" not in str(part)]
     if first.get("type") == "json_invalid":
