@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from .decoding.batch_engine import MAX_BATCH_K, BatchEngine, cache_length
-from .decoding.sampling import SamplingParams
+from .decoding.sampling import SamplingError, SamplingParams
 from .decoding.stats import GenerationStats
 from .decoding.stopping import StopConditions, cut_at_stop
 from .decoding.verify import acceptance_for
@@ -103,6 +103,8 @@ def generate_many(gen, requests: Sequence[Request], batch_size: int = 8,
             stop = StopConditions(req.max_new_tokens, gen.eos_token_ids, req.stop, gen.tokenizer)
             running[engine.add(encoded[i][0], req.sampling, stop)] = i
         for row, update in engine.step().items():
+            if update.error:  # offline, a failed row fails the run (the server fails that request alone)
+                raise SamplingError(f"request {running[row]}: {update.error}")
             i = running[row]
             tokens[i].extend(update.tokens)
             if update.finish:

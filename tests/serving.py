@@ -15,38 +15,10 @@ from urllib.parse import urlsplit
 MODEL = "qd-stdlib-target"
 
 
-class ServerProcess:
-    """`python -m quickdraft serve --port 0 ARGS`, its URL read from its banner line."""
+class HTTPMixin:
+    """Raw HTTP to ``self.port`` on loopback."""
 
-    def __init__(self, args: list[str], log: Path, timeout: float = 180.0, env: dict | None = None) -> None:
-        self.log = log
-        env = {**os.environ, "OMP_NUM_THREADS": "2", **(env or {})}
-        self._log_file = open(log, "w")
-        self.proc = subprocess.Popen([sys.executable, "-m", "quickdraft", "serve", "--host", "127.0.0.1",
-                                      "--port", "0", *args], stdout=self._log_file, stderr=subprocess.STDOUT,
-                                     env=env)
-        deadline = time.monotonic() + timeout
-        self.url = None
-        while time.monotonic() < deadline and self.proc.poll() is None:
-            found = re.search(r" at (http://127\.0\.0\.1:\d+)", log.read_text())
-            if found:
-                self.url = found.group(1)
-                break
-            time.sleep(0.2)
-        if self.url is None:
-            self.stop()
-            raise RuntimeError(f"quickdraft serve did not start:\n{log.read_text()}")
-        while time.monotonic() < deadline:  # the banner comes just before uvicorn accepts
-            try:
-                if self.get("/health")[0] == 200:
-                    return
-            except OSError:
-                time.sleep(0.1)
-        raise RuntimeError("quickdraft serve never became healthy")
-
-    @property
-    def port(self) -> int:
-        return urlsplit(self.url).port
+    port: int
 
     def connection(self, timeout: float = 60.0) -> http.client.HTTPConnection:
         return http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -85,6 +57,40 @@ class ServerProcess:
                 return health
             time.sleep(0.1)
 
+
+class ServerProcess(HTTPMixin):
+    """`python -m quickdraft serve --port 0 ARGS`, its URL read from its banner line."""
+
+    def __init__(self, args: list[str], log: Path, timeout: float = 180.0, env: dict | None = None) -> None:
+        self.log = log
+        env = {**os.environ, "OMP_NUM_THREADS": "2", **(env or {})}
+        self._log_file = open(log, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "quickdraft", "serve", "--host", "127.0.0.1",
+                                      "--port", "0", *args], stdout=self._log_file, stderr=subprocess.STDOUT,
+                                     env=env)
+        deadline = time.monotonic() + timeout
+        self.url = None
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            found = re.search(r" at (http://127\.0\.0\.1:\d+)", log.read_text())
+            if found:
+                self.url = found.group(1)
+                break
+            time.sleep(0.2)
+        if self.url is None:
+            self.stop()
+            raise RuntimeError(f"quickdraft serve did not start:\n{log.read_text()}")
+        while time.monotonic() < deadline:  # the banner comes just before uvicorn accepts
+            try:
+                if self.get("/health")[0] == 200:
+                    return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("quickdraft serve never became healthy")
+
+    @property
+    def port(self) -> int:
+        return urlsplit(self.url).port
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -109,3 +115,42 @@ def metric(text: str, name: str, **labels) -> float:
         if all(have.get(k) == str(v) for k, v in labels.items()):
             total += float(m.group(3))
     return total
+
+
+class InProcessServer(HTTPMixin):
+    """The app over ``engine`` in this process (uvicorn in a thread, the scheduler's loop in
+    another), so a test can patch the engine's methods to raise (fault injection) and read
+    the scheduler. ``state`` sets ServerState fields (limits, api_key, allowed_hosts...)."""
+
+    def __init__(self, pair, engine, max_queue: int = 6, settings: dict | None = None, **state) -> None:
+        import threading
+
+        import uvicorn
+
+        from quickdraft.server.app import ServerState, create_app
+        from quickdraft.server.cli import listen
+        from quickdraft.server.metrics import ServerMetrics
+        from quickdraft.server.scheduler import Scheduler
+
+        self.engine = engine
+        metrics = ServerMetrics(MODEL)
+        self.scheduler = Scheduler(engine, metrics, max_queue)
+        self.state = ServerState(MODEL, pair.tokenizer, pair.target.eos_token_ids, pair.target.context_length,
+                                 pair.target.vocab_size, self.scheduler, metrics,
+                                 settings or {"method": "draft", "engine": "batch"}, **state)
+        sock = listen("127.0.0.1", 0)
+        self.port = sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(create_app(self.state), log_level="critical", lifespan="on"))
+        self._threads = [threading.Thread(target=self.scheduler.run, daemon=True),
+                         threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)]
+        for thread in self._threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.scheduler.stop()
+        for thread in self._threads:
+            thread.join(10)

@@ -25,7 +25,7 @@ from ..models.lm import NativeLM
 from ..models.ragged import Feed, ragged_forward, ragged_forward_keeping
 from .drafter import Drafter, NoDrafter
 from .proposal import EMPTY, Proposal
-from .sampling import SamplingParams
+from .sampling import SamplingError, SamplingParams
 from .stats import GenerationStats, RecentAcceptance
 from .step import accepted_states, check_prompt, draft_budget, emit
 from .stopping import StopConditions
@@ -49,13 +49,15 @@ class BatchFullError(RuntimeError):
 class RowUpdate:
     """What one step did for one row: ``tokens`` emitted (may be empty), of which the first
     ``drafted`` were drafted and accepted (the rest: the target's own token); ``finish`` is
-    "stop" (EOS or a stop string), "length" (token budget or context) or None while running;
+    "stop" (EOS or a stop string), "length" (token budget or context), "error" (``error``
+    says why: this row alone failed, e.g. its distribution was NaN) or None while running;
     ``stats`` are the row's running stats."""
 
     tokens: list[int]
     drafted: int
     finish: str | None
     stats: GenerationStats
+    error: str | None = None
 
 
 @dataclass
@@ -125,6 +127,7 @@ class BatchEngine:
         self.acceptance = acceptance
         self.pooled = RecentAcceptance()  # acceptance of recent proposals, for the policy
         self.prefill_seconds = 0.0  # time in the joining rows' prefill passes (target and drafter), all rows
+        self.last_k: int | None = None  # draft tokens per row at the last step (None before the first)
         self._rows: dict[int, _Row] = {}
         self._free = list(range(max_batch_size))
         self._next_id = 0
@@ -138,6 +141,12 @@ class BatchEngine:
     def free_slots(self) -> int:
         """Rows that can still be added."""
         return len(self._free)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        """The target's KV cache held by the rows in use (allocated once for every row: a
+        free row's share is free); what the server reports, so a leaked row shows."""
+        return (self.cache.k.nbytes + self.cache.v.nbytes) // self.max_batch_size * len(self._rows)
 
     def add(self, prompt: torch.Tensor, params: SamplingParams = SamplingParams(),
             stop: StopConditions | None = None) -> int:
@@ -189,6 +198,7 @@ class BatchEngine:
         if not rows:
             return {}
         k = self.k_for(len(rows), sum(r.length for r in rows) // len(rows))
+        self.last_k = k
         if k == 0 and self.num_speculative_tokens is None:
             self.pooled.record_plain_step()
         ks = [draft_budget(k, r.stop, r.length, self.context) for r in rows]
@@ -215,7 +225,10 @@ class BatchEngine:
         updates = {}
         now = time.perf_counter()
         for r, row_logits in zip(rows, logits):
-            updates[r.id] = self._advance(r, row_logits, now)
+            try:
+                updates[r.id] = self._advance(r, row_logits, now)
+            except SamplingError as exc:  # this row's numbers, not the batch's: it fails alone
+                updates[r.id] = RowUpdate([], 0, "error", r.stats, error=str(exc))
         for row_id, update in updates.items():
             if update.finish:
                 self.cancel(row_id)

@@ -10,10 +10,19 @@ from dataclasses import dataclass
 
 import torch
 
+#: Temperatures below this are greedy: dividing logits by a smaller one overflows float32
+#: to inf (then NaN), and the distribution is an argmax already (vLLM's threshold too).
+GREEDY_BELOW = 1e-5
+
+
+class SamplingError(ValueError):
+    """A row's distribution is not a distribution (NaN, inf or no mass): that row fails."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How tokens are chosen. ``temperature == 0`` means greedy (argmax)."""
+    """How tokens are chosen. ``temperature`` below :data:`GREEDY_BELOW` (0 included) means
+    greedy (argmax)."""
 
     temperature: float = 0.0
     top_k: int = 0
@@ -30,7 +39,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
     def generator(self) -> torch.Generator:
         """A CPU generator seeded from ``seed`` (random seed when None)."""
@@ -45,7 +54,7 @@ class SamplingParams:
 def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Temperature, then top-k, then top-p (the order transformers uses); last dim is vocab."""
     logits = logits.float()
-    if params.temperature not in (0.0, 1.0):
+    if not params.greedy and params.temperature != 1.0:
         logits = logits / params.temperature
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
@@ -55,6 +64,7 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         # Drop a token when the tokens before it already cover top_p (always keeps the first).
         drop_sorted = (cumulative - sorted_logits.softmax(dim=-1)) >= params.top_p
+        drop_sorted[..., 0] = False  # a top_p that rounds to 0 in float32 would drop every token
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -66,7 +76,11 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Draw one token id from a 1-D probability vector."""
+    """Draw one token id from a 1-D probability vector; :class:`SamplingError` when it has
+    NaN, inf or no mass (checked here, per row, so one bad row fails alone)."""
+    if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:
+        raise SamplingError("the sampling distribution has NaN, infinite or no probability mass; "
+                            "try another temperature or top_p")
     return int(torch.multinomial(probs, 1, generator=generator))
 
 

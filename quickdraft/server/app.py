@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import sys
 import time
+import traceback
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,8 +31,11 @@ from ..decoding.sampling import SamplingParams
 from ..decoding.stats import GenerationStats
 from ..decoding.stopping import StopConditions
 from ..text import TextAssembler, stop_strings
+from .auth import Guard
+from .limits import LimitError, Limits
 from .metrics import ServerMetrics
 from .openai_schema import (
+    SEED_RANGE,
     APIResponse,
     AssistantMessage,
     ChatChoice,
@@ -44,6 +49,7 @@ from .openai_schema import (
     Timings,
     Usage,
 )
+from .openapi import truthful_openapi
 from .scheduler import Event, Job, QueueFullError, Scheduler, ShuttingDownError
 
 STATIC = Path(__file__).parent / "static"
@@ -65,6 +71,9 @@ class ServerState:
     chat_max_tokens: int = 256
     max_body_bytes: int = 1 << 20
     created: int = 0
+    limits: Limits = Limits()
+    api_key: str | None = None  # None: no key asked for
+    allowed_hosts: list[str] | None = None  # Host header names answered (None: any)
 
 
 class APIError(Exception):
@@ -124,6 +133,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     app = FastAPI(title="quickdraft", lifespan=lifespan, docs_url="/docs", redoc_url=None)
     app.add_middleware(BodyLimit, max_bytes=state.max_body_bytes)
+    app.add_middleware(Guard, api_key=state.api_key, allowed_hosts=state.allowed_hosts)  # outermost: first
+    app.openapi = lambda: truthful_openapi(app)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.state.quickdraft = state
     scheduler, metrics, tokenizer = state.scheduler, state.metrics, state.tokenizer
@@ -145,7 +156,7 @@ def create_app(state: ServerState) -> FastAPI:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}; see /docs"
-        return error_response(APIError(exc.status_code, message, code=code))
+        return error_response(APIError(exc.status_code, message, code=code, headers=exc.headers))  # 405: Allow
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception):
@@ -157,12 +168,11 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        alive = scheduler.alive
-        body = {"status": "ok" if alive else "engine stopped", "model": state.model_name, **state.settings,
-                **scheduler.state()}
-        return JSONResponse(body, status_code=200 if alive else 503)
+        problem = scheduler.problem()
+        body = {"status": problem or "ok", "model": state.model_name, **state.settings, **scheduler.state()}
+        return JSONResponse(body, status_code=503 if problem else 200)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response)
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -185,6 +195,7 @@ def create_app(state: ServerState) -> FastAPI:
         check_request(state, body)
         prompts = body.prompt if isinstance(body.prompt, list) and body.prompt and not isinstance(
             body.prompt[0], int) else [body.prompt]
+        check_shape(state, body.n, len(prompts))  # before tokenizing them
         ids = [tokenizer(p, verbose=False)["input_ids"] if isinstance(p, str) else list(p) for p in prompts]
         if any(not 0 <= t < state.vocab_size for p in ids for t in p):
             raise APIError(400, f"token ids in the prompt must be in [0, {state.vocab_size})", param="prompt",
@@ -195,6 +206,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         metrics.label(metrics.requests, "chat").inc()
         check_request(state, body)
+        check_shape(state, body.n, 1)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
             ids = chat_prompt_ids(tokenizer, messages, state.model_name)
@@ -212,23 +224,24 @@ def create_app(state: ServerState) -> FastAPI:
         for ids in prompts:
             check_context(state, ids, max_tokens, param)
         default = state.chat_max_tokens if chat else COMPLETIONS_DEFAULT_MAX_TOKENS
+        budgets = [max_tokens or min(default, state.context_length - len(ids)) for ids in prompts]
+        try:
+            state.limits.check_tokens([len(ids) for ids in prompts], budgets, body.n, param)
+        except LimitError as exc:
+            raise APIError(400, str(exc), param=exc.param, code="request_too_large") from None
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         stops = stop_strings(body.stop)
         stop_ids = [*state.eos_token_ids, *end_of_turn] if chat else state.eos_token_ids
         temperature = 1.0 if body.temperature is None else body.temperature
         jobs = []
-        for p, ids in enumerate(prompts):
-            budget = max_tokens or min(default, state.context_length - len(ids))
+        for p, (ids, budget) in enumerate(zip(prompts, budgets)):
             for j in range(body.n):
-                seed = body.seed + j if body.seed is not None else (
+                seed = wrapped_seed(body.seed + j) if body.seed is not None else (
                     random.SystemRandom().randrange(2**31) if temperature > 0 else None)
                 params = SamplingParams(temperature, body.top_k or 0, 1.0 if body.top_p is None else body.top_p, seed)
                 stop = StopConditions(budget, stop_ids, stops, tokenizer)
                 jobs.append(Job(p * body.n + j, _tensor(ids), params, stop, events, loop))
-        if len(jobs) > scheduler.max_queue:
-            raise APIError(400, f"this request asks for {len(jobs)} generations but the server queues at most "
-                           f"{scheduler.max_queue} (--max-queue); lower n or send fewer prompts", param="n")
         try:
             scheduler.submit(jobs)
         except QueueFullError as exc:
@@ -236,11 +249,15 @@ def create_app(state: ServerState) -> FastAPI:
                            headers={"Retry-After": "1"}) from None
         except ShuttingDownError as exc:
             raise APIError(503, str(exc), code="server_shutdown", type="server_error") from None
-        reply = Reply(state, chat, body, jobs, [len(ids) for ids in prompts], stops)
-        if body.stream:
-            return StreamingResponse(reply.stream(events), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-                                     background=BackgroundTask(scheduler.cancel, jobs))
+        try:
+            reply = Reply(state, chat, body, jobs, [len(ids) for ids in prompts], stops)
+            if body.stream:
+                return StreamingResponse(reply.stream(events), media_type="text/event-stream",
+                                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                                         background=BackgroundTask(scheduler.cancel, jobs))
+        except BaseException:  # the jobs are queued: whatever fails here must give their places back
+            scheduler.cancel(jobs)
+            raise
         try:
             return await reply.whole(events, request)
         except ClientGone:
@@ -271,6 +288,19 @@ def check_request(state: ServerState, body: SamplingRequest) -> None:
                        code="unsupported_parameter")
 
 
+def check_shape(state: ServerState, n: int, prompts: int) -> None:
+    """The request's size, before any work for it (:mod:`.limits`)."""
+    try:
+        state.limits.check_shape(n, prompts, state.scheduler.max_queue)
+    except LimitError as exc:
+        raise APIError(400, str(exc), param=exc.param, code="request_too_large") from None
+
+
+def wrapped_seed(seed: int) -> int:
+    """``seed`` + i kept in a torch generator's signed 64-bit range (wraps around)."""
+    return (seed + SEED_RANGE) % (2 * SEED_RANGE) - SEED_RANGE
+
+
 def check_context(state: ServerState, ids: list[int], max_tokens: int | None, param: str) -> None:
     """OpenAI's rule: prompt + max_tokens must fit the context (without max_tokens, the
     prompt must leave room for one token)."""
@@ -288,7 +318,12 @@ def validation_error(exc: RequestValidationError) -> APIError:
     """The first validation error as a 400, naming the parameter."""
     errors = exc.errors()
     first = errors[0] if errors else {"loc": (), "msg": "invalid request", "type": ""}
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    # A union (prompt: text, ids or lists of either) fails once per member: the member that
+    # got deepest into the value says best what is wrong ([[false]]: an id must be an integer).
+    same_field = [e for e in errors if tuple(e.get("loc", ()))[:2] == tuple(first.get("loc", ()))[:2]]
+    first = max(same_field, key=lambda e: len(e.get("loc", ())), default=first)
+    # Union members name themselves in loc (``function-after[...]``, ``list[int]``): not a field.
+    loc = [str(part) for part in first.get("loc", ()) if part != "body" and "[" not in str(part)]
     if first.get("type") == "json_invalid":
         detail = (first.get("ctx") or {}).get("error", "")
         return APIError(400, f"the request body is not valid JSON ({detail}); send a JSON object",
@@ -386,37 +421,44 @@ class Reply:
 
     async def stream(self, events: asyncio.Queue) -> AsyncIterator[str]:
         try:
-            if self.chat:
-                for job in self.jobs:
-                    yield self._chunk(job.index, "", role=True)
-            pending = len(self.jobs)
-            while pending:
-                event = await events.get()
-                if event.error:
-                    err = event_error(event)
-                    yield sse(ErrorResponse(error=ErrorDetail(message=err.message, type=err.type,
-                                                              code=err.code)).model_dump())
-                    break
-                segments = self._segments(event)
-                step = StepInfo(tokens=len(event.tokens), drafted=event.drafted, segments=segments)
-                yield self._chunk(event.index, "".join(t for t, _ in segments), step=step)
-                if event.finish:
-                    pending -= 1
-                    self.stats[event.index] = event.stats
-                    yield self._chunk(event.index, None, finish=event.finish, timings=Timings.of(event.stats))
-            else:
-                if self.body.include_usage:
-                    body = self._response([], usage=self._usage(),
-                                          timings=Timings.of(merged(list(self.stats.values())))).model_dump()
-                    yield sse(body)
+            async for chunk in self._stream(events):
+                yield chunk
+        except Exception:  # a bug on our side: this stream ends with an error event, not a cut connection
+            traceback.print_exc(file=sys.stderr)
+            yield sse(ErrorResponse(error=ErrorDetail(message="internal error", type="server_error",
+                                                      code="server_error")).model_dump())
             yield "data: [DONE]\n\n"
-        finally:
-            self.state.scheduler.cancel(self.jobs)
+
+    async def _stream(self, events: asyncio.Queue) -> AsyncIterator[str]:
+        if self.chat:
+            for job in self.jobs:
+                yield self._chunk(job.index, "", role=True)
+        pending = len(self.jobs)
+        while pending:
+            event = await events.get()
+            if event.error:
+                err = event_error(event)
+                yield sse(ErrorResponse(error=ErrorDetail(message=err.message, type=err.type,
+                                                          code=err.code)).model_dump())
+                break
+            segments = self._segments(event)
+            step = StepInfo(tokens=len(event.tokens), drafted=event.drafted, segments=segments)
+            yield self._chunk(event.index, "".join(t for t, _ in segments), step=step)
+            if event.finish:
+                pending -= 1
+                self.stats[event.index] = event.stats
+                yield self._chunk(event.index, None, finish=event.finish, timings=Timings.of(event.stats))
+        else:
+            if self.body.include_usage:
+                body = self._response([], usage=self._usage(),
+                                      timings=Timings.of(merged(list(self.stats.values())))).model_dump()
+                yield sse(body)
+        yield "data: [DONE]\n\n"
 
 
 def event_error(event: Event) -> APIError:
-    if event.error_code == "server_error":
-        return APIError(500, event.error, type="server_error", code="server_error")
+    if event.error_code in ("server_error", "sampling_error"):
+        return APIError(500, event.error, type="server_error", code=event.error_code)
     if event.error_code == "server_shutdown":
         return APIError(503, event.error, type="server_error", code="server_shutdown")
     return APIError(400, event.error, code=event.error_code)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import sys
@@ -48,6 +49,16 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="max_tokens of a chat request that gives none (default 256)")
     p.add_argument("--max-body-bytes", type=positive_int, default=1 << 20,
                    help="largest request body accepted; larger ones get 413 (default 1 MiB)")
+    p.add_argument("--max-n", type=positive_int, default=16, help="most choices (n) per prompt (default 16)")
+    p.add_argument("--max-prompts", type=positive_int, default=32,
+                   help="most prompts in one /v1/completions request (default 32)")
+    p.add_argument("--max-request-tokens", type=positive_int, default=65536,
+                   help="most tokens one request may take: prompts + max_tokens, times n (default 65536)")
+    p.add_argument("--api-key", default=os.environ.get("QUICKDRAFT_API_KEY") or None,
+                   help="ask /v1/ clients for `Authorization: Bearer KEY` (default: $QUICKDRAFT_API_KEY; none)")
+    p.add_argument("--allowed-hosts", type=lambda v: [h for h in v.split(",") if h], default=[],
+                   help="Host header names to answer besides localhost, 127.0.0.1 and ::1 (comma-separated; "
+                   "a non-loopback --host answers any Host unless this names some)")
     p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
                    help="uvicorn's log level (default warning)")
@@ -100,6 +111,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ..generator import SpeculativeGenerator
     from ..quiet import quiet_transformers
     from .app import ServerState, create_app
+    from .auth import guard_settings
     from .metrics import ServerMetrics
     from .scheduler import Scheduler
 
@@ -127,7 +139,7 @@ def run_serve(args: argparse.Namespace) -> int:
     scheduler = Scheduler(engine, metrics, args.max_queue)
     state = ServerState(name, gen.tokenizer, gen.eos_token_ids, gen.target.context_length,
                         gen.target.vocab_size, scheduler, metrics, settings, args.chat_max_tokens,
-                        args.max_body_bytes, int(time.time()))
+                        args.max_body_bytes, int(time.time()), **guard_settings(args))
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     k_text = f", k={k} ({k_source})" if k is not None else ""

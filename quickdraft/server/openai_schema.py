@@ -9,16 +9,34 @@ step's token counts and its text split into accepted-draft and target segments).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from ..decoding.stats import GenerationStats
 
 MAX_STOP_STRINGS = 4  # as the OpenAI API
+SEED_RANGE = 2**63  # a torch generator takes a signed 64-bit seed; seed + i (choice i) must stay in it
+#: Requests are strict: ``"stream": "yes"`` or ``[[false]]`` as token ids are 400s, never
+#: coerced (an int is still a valid float).
+STRICT = ConfigDict(extra="ignore", strict=True)
+
+
+def _encodable(text: str) -> str:
+    """A lone surrogate (``"\\ud800"`` in JSON) cannot be tokenized or echoed as UTF-8."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("the text has a lone UTF-16 surrogate (like \\ud800); send valid Unicode") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
@@ -27,23 +45,23 @@ class SamplingRequest(BaseModel):
     OpenAI-compatible servers do); fields that would change the output in ways this
     server does not implement are refused instead of silently ignored."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
-    model: str
+    model: Text
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0)  # None: 1, as the OpenAI API
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)  # an extension (vLLM has it too): 0 = off
     n: int = Field(1, ge=1)
-    seed: int | None = None
-    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=-SEED_RANGE, lt=SEED_RANGE)
+    stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool | int | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict | None = None
-    user: str | None = None
+    user: Text | None = None
 
     @field_validator("stop")
     @classmethod
@@ -72,7 +90,7 @@ class CompletionRequest(SamplingRequest):
     """``POST /v1/completions``: ``prompt`` is a string, a list of strings, token ids or a
     list of token id lists (one choice set per prompt)."""
 
-    prompt: str | list[int] | list[list[int]] | list[str]
+    prompt: Text | list[int] | list[list[int]] | list[Text]
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
@@ -88,16 +106,18 @@ class CompletionRequest(SamplingRequest):
 
 
 class TextPart(BaseModel):
+    model_config = STRICT
+
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -131,7 +151,9 @@ class Timings(BaseModel):
     """Speculative-decoding figures of a response, named as llama.cpp's server does
     (``prompt_*``: the prefill pass, ``predicted_*``: the passes after it, ``draft_n``:
     draft tokens proposed, ``draft_n_accepted``: those the target accepted) plus
-    ``mean_accepted_tokens`` (new tokens / target passes) and ``target_passes``."""
+    ``mean_accepted_tokens`` (new tokens / target passes), ``target_passes`` and
+    ``draft_k``: the most draft tokens one step proposed, i.e. the k this response was
+    decoded with (0: nothing was drafted, e.g. the batch policy chose plain decoding)."""
 
     prompt_n: int
     prompt_ms: float
@@ -143,6 +165,7 @@ class Timings(BaseModel):
     acceptance_rate: float | None
     mean_accepted_tokens: float
     target_passes: int
+    draft_k: int
 
     @classmethod
     def of(cls, stats: GenerationStats) -> Timings:
@@ -158,6 +181,7 @@ class Timings(BaseModel):
             acceptance_rate=d["acceptance_rate"],
             mean_accepted_tokens=stats.mean_accepted_tokens,
             target_passes=stats.target_forward_passes,
+            draft_k=len(stats.drafted_per_position),
         )
 
 

@@ -82,10 +82,12 @@ class Job:
 class Scheduler:
     """Owns the engine; ``submit`` and ``cancel`` are safe to call from any thread."""
 
-    def __init__(self, engine, metrics: ServerMetrics, max_queue: int) -> None:
+    def __init__(self, engine, metrics: ServerMetrics, max_queue: int, stall_seconds: float = 120.0) -> None:
         self.engine = engine
         self.metrics = metrics
         self.max_queue = max_queue
+        self.stall_seconds = stall_seconds  # a step (or a wait with work to do) longer than this is a stall
+        self._busy_since: float | None = None  # when the loop last began work it has not finished
         self._waiting: deque[Job] = deque()
         self._cancelled: list[Job] = []
         self._rows: dict[int, Job] = {}
@@ -134,6 +136,21 @@ class Scheduler:
                 except RuntimeError:  # the event loop is closed already: nobody is listening
                     pass
 
+    def problem(self) -> str | None:
+        """Why the engine cannot make progress, or None when it can: the loop has ended,
+        rows are held by no generation (a leak: they would never free), or one round of
+        admission and a step has run for more than ``stall_seconds``."""
+        if self._ended:
+            return "engine stopped"
+        with self._wake:
+            state, busy_since = self._state, self._busy_since
+        lost = self.engine.max_batch_size - state["free_slots"] - state["active"]
+        if lost > 0:
+            return f"engine stuck: {lost} rows are held by no generation"
+        if busy_since is not None and time.monotonic() - busy_since > self.stall_seconds:
+            return f"engine stuck: one step has run for more than {self.stall_seconds:g} s"
+        return None
+
     def state(self) -> dict:
         """Occupancy as of the last step: active rows, free rows, KV bytes, waiting jobs."""
         with self._wake:
@@ -173,6 +190,7 @@ class Scheduler:
                     self._wake.wait()
                 if self._stopping:
                     return
+                self._busy_since = time.monotonic()
                 cancelled, self._cancelled = self._cancelled, []
                 for job in cancelled:
                     if job in self._waiting:
@@ -247,6 +265,11 @@ class Scheduler:
             if update.tokens and job.first_token_at is None:
                 job.first_token_at = now
                 self.metrics.label(self.metrics.ttft).observe(now - job.arrived)
+            if update.error:  # this row alone failed (the engine has dropped it); the others go on
+                del self._rows[row]
+                self._finish(job)
+                job.send(Event(job.index, error=update.error, error_code="sampling_error"))
+                continue
             if update.finish:
                 del self._rows[row]
                 self._finish(job)
@@ -257,5 +280,9 @@ class Scheduler:
     def _publish(self) -> None:
         state = {"active": self.engine.active, "free_slots": self.engine.free_slots,
                  "kv_cache_bytes": int(getattr(self.engine, "kv_cache_bytes", 0))}
+        k = getattr(self.engine, "last_k", None)
+        if k is not None:  # what the engine drafted at its last step (the batch policy's choice)
+            state["num_speculative_tokens_used"] = k
         with self._wake:
             self._state = state
+            self._busy_since = None
