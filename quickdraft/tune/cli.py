@@ -71,7 +71,7 @@ def cmd_tune_layer_skip(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(model_dir)
     if not isinstance(target, NativeLM):
         raise CliError("layer skip needs the native runtime")
-    name = model_dir.name
+    name = model_dir.name if model_dir.is_dir() else model_dir.stem  # a GGUF file: no suffix
     out = Path(args.out or f"layer-skip-{name}.json")
     study_path = Path(args.study or out.with_suffix(".db"))
     prompts = calibration_prompts(args, tokenizer)
