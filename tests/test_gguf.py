@@ -77,6 +77,12 @@ def test_gguf_pair_uses_the_files_tokenizer_offline(tmp_path, monkeypatch):
     assert pair.target_dir == path and isinstance(pair.target, NativeLM)
     assert pair.tokenizer.decode(pair.tokenizer("the cat in the hat").input_ids) == "the cat in the hat"
     assert pair.target.eos_token_ids == [0]
+    # The second load reads the tokenizer saved in the (test-private) cache: the same one.
+    cached = gguf.load_tokenizer(path)
+    assert cached.get_vocab() == pair.tokenizer.get_vocab()
+    text = "the cat in the hat<|endoftext|> in"
+    assert cached(text).input_ids == pair.tokenizer(text).input_ids
+    assert any(gguf.tokenizer_cache_dir().iterdir())
 
 
 def test_generate_cli_runs_a_gguf_file(tmp_path, capsys):

@@ -11,6 +11,10 @@ which reads GGUF itself.
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -213,15 +217,49 @@ def load_state_dict(path: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
 
 
 def load_tokenizer(path: Path):
-    """The tokenizer transformers builds from the file's metadata (no network)."""
+    """The tokenizer transformers builds from the file's metadata (no network). Building it
+    takes seconds for a real vocabulary, so it is saved once in the user's cache, keyed by
+    the file (path, size, mtime) and the transformers version, and loaded from there."""
+    import transformers
     from transformers import AutoTokenizer
 
     check_gguf(path)
+    stat = path.stat()
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
+    cached = tokenizer_cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:24]
+    if (cached / "tokenizer_config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(str(cached))
+        except (OSError, ValueError):
+            pass  # a damaged cache entry: build it again
     try:
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except (OSError, ValueError, KeyError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
         raise CheckpointError(f"the tokenizer in {path} could not be built: {first}") from None
+    save_tokenizer(tok, cached)
+    return tok
+
+
+def tokenizer_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/quickdraft/gguf-tokenizers`` (``~/.cache`` without it)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "quickdraft" / "gguf-tokenizers"
+
+
+def save_tokenizer(tok, target: Path) -> None:
+    """Save into a fresh directory renamed into place: a reader never sees half a save.
+    A cache that cannot be written only costs time."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    except OSError:
+        return
+    try:
+        tok.save_pretrained(str(tmp))
+        os.replace(tmp, target)  # fails if another process saved it first: theirs stays
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_hf_model(path: Path, dtype: torch.dtype):
