@@ -108,9 +108,8 @@ def find_packaged(name: str) -> PackagedModel | None:
 def packaged_file(model: PackagedModel) -> Path | None:
     """The GGUF file inside the model's installed package, or None when it is not installed
     (or the installed version ships none)."""
-    try:
-        dist = importlib.metadata.distribution(model.package)
-    except importlib.metadata.PackageNotFoundError:
+    dist = installed_distribution(model.package)
+    if dist is None:
         return None
     for file in sorted(dist.files or [], key=str):
         if str(file).endswith(".gguf"):
@@ -118,6 +117,14 @@ def packaged_file(model: PackagedModel) -> Path | None:
             if path.is_file():
                 return path
     return None
+
+
+def installed_distribution(package: str):
+    """The installed distribution of ``package`` (``importlib.metadata``), or None."""
+    try:
+        return importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def install_packaged(model: PackagedModel) -> Path:
