@@ -123,10 +123,15 @@ def test_other_architectures_fall_back_or_fail_in_one_line(tmp_path, capsys):
     write_tiny_gguf(path, "F32", arch="falcon")
     with pytest.raises(Exception, match="not supported by the native runtime"):
         load_model(path, "native")
-    # auto falls back to transformers, which reads the file with its own mapping (or says no).
+    # A native-only method says so before loading anything.
     assert main(["generate", "--model", str(path), "--prompt", "x", "--method", "tree"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "falcon" in err
+    # auto falls back to transformers, which maps falcon tensors its own way: here they do
+    # not fit (llama names), and that is one line too.
+    assert main(["generate", "--model", str(path), "--prompt", "x", "--method", "ar"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("quickdraft: error: transformers could not load")
 
 
 def test_bad_gguf_files_are_one_line_errors(tmp_path, capsys):

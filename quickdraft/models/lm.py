@@ -247,5 +247,7 @@ def load_model(
     read_hf_config(model_dir)  # refuses remote-code models with a clear message
     try:
         return HFCausalLM(load_hf_model(model_dir, dtype), model_dir)
-    except (OSError, ValueError, KeyError) as exc:
+    # RuntimeError: transformers' verdict on weights that do not fit the model it built
+    # (a GGUF architecture whose tensors it maps differently, say).
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise CheckpointError(f"transformers could not load {model_dir}: {str(exc).splitlines()[0]}") from None
