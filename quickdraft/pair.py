@@ -11,14 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .models.config import ModelConfig, UnsupportedModelError
+from .models import gguf
+from .models.config import UnsupportedModelError
 from .models.draft_vocab import read_draft_vocab
 from .models.lm import CausalLM, load_model
 from .models.loading import (
     CheckpointError,
     check_tokenizer_files,
     first_line,
-    read_hf_config,
+    read_model_config,
     resolve_draft,
     resolve_target,
 )
@@ -49,7 +50,7 @@ def check_method_backend(method: str, backend: str, target_dir: Path | None = No
                          f"{HF_METHODS} with it")
     if target_dir is not None:
         try:
-            ModelConfig.from_hf(read_hf_config(target_dir))
+            read_model_config(target_dir)
         except UnsupportedModelError as exc:
             raise ValueError(f"--method {method} needs the native runtime ({why}), which cannot run "
                              f"{target_dir}: {first_line(exc)}; use --method {HF_METHODS}") from None
@@ -57,9 +58,12 @@ def check_method_backend(method: str, backend: str, target_dir: Path | None = No
 
 def load_tokenizer(model_dir: str | Path):
     """The checkpoint's tokenizer, loaded exactly as ``AutoTokenizer.from_pretrained`` does;
-    a directory without tokenizer files is a :class:`CheckpointError` naming them."""
+    a directory without tokenizer files is a :class:`CheckpointError` naming them. A GGUF
+    file's tokenizer is built from its metadata."""
     from transformers import AutoTokenizer
 
+    if gguf.is_gguf(model_dir):
+        return gguf.load_tokenizer(Path(model_dir))
     check_tokenizer_files(Path(model_dir))
     try:
         return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)

@@ -36,7 +36,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
             "model's prediction."
         ),
     )
-    p.add_argument("--model", help="target: embedded name or directory (default: the embedded default)")
+    p.add_argument("--model", help="target: model name, directory or .gguf file (default: the embedded default)")
     p.add_argument("--draft", help="draft model (default: the target's paired embedded draft)")
     p.add_argument("--backend", choices=BACKENDS,
                    help="model runtime, as for generate: native, hf (transformers) or auto = native "

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from ..models.gguf import is_gguf
 from ..models.lm import NativeLM
 
 PROFILE_VERSION = 1
@@ -50,8 +51,12 @@ def model_fingerprint(model_dir: Path) -> str:
     changes them)."""
     digest = hashlib.sha256()
     model_dir = Path(model_dir)
-    digest.update((model_dir / "config.json").read_bytes())
-    for path in sorted(model_dir.glob("*.safetensors")):
+    if is_gguf(model_dir):  # one file: its header holds the configuration
+        files = [model_dir]
+    else:
+        digest.update((model_dir / "config.json").read_bytes())
+        files = sorted(model_dir.glob("*.safetensors"))
+    for path in files:
         size = path.stat().st_size
         digest.update(f"{path.name}:{size}".encode())
         with path.open("rb") as f:

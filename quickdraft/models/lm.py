@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from . import gguf
 from .config import ModelConfig, UnsupportedModelError
 from .decode_linear import use_decode_linears
 from .hf_cache import forward_with_cache
@@ -229,9 +230,11 @@ class HFCausalLM:
 
 
 def load_hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
-    """Load a checkpoint with ``transformers`` (safetensors only, never remote code)."""
+    """Load a checkpoint with ``transformers`` (safetensors or GGUF only, never remote code)."""
     from transformers import AutoModelForCausalLM
 
+    if gguf.is_gguf(model_dir):
+        return gguf.load_hf_model(model_dir, dtype)
     safetensors_files(model_dir)  # refuses pickle-only checkpoints before transformers sees them
     return AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=dtype, use_safetensors=True, trust_remote_code=False
@@ -245,7 +248,8 @@ def load_model(
     """Load a model for decoding.
 
     Args:
-        name_or_path: an embedded model name, a local Hugging Face directory or a hub id.
+        name_or_path: an embedded or packaged model name, a local Hugging Face directory,
+            a GGUF file or a hub id.
         backend: ``"native"``, ``"hf"`` or ``"auto"`` (native whenever it supports the
             checkpoint, transformers otherwise).
         dtype: compute dtype; keep float32 on CPU.
@@ -267,5 +271,7 @@ def load_model(
     read_hf_config(model_dir)  # refuses remote-code models with a clear message
     try:
         return HFCausalLM(load_hf_model(model_dir, dtype), model_dir)
-    except (OSError, ValueError, KeyError) as exc:
+    # RuntimeError: transformers' verdict on weights that do not fit the model it built
+    # (a GGUF architecture whose tensors it maps differently, say).
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise CheckpointError(f"transformers could not load {model_dir}: {str(exc).splitlines()[0]}") from None

@@ -1,4 +1,8 @@
-"""Find a checkpoint (embedded name, local directory or hub id) and load it, safetensors only."""
+"""Find a checkpoint (embedded or packaged name, local directory, GGUF file or hub id) and
+load it: safetensors or GGUF only, never pickles.
+
+A GGUF file is passed around where a checkpoint directory would be (the ``model_dir``
+arguments below); :mod:`.gguf` reads it."""
 
 from __future__ import annotations
 
@@ -9,13 +13,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
+from . import gguf
 from .config import ModelConfig
-from .registry import default_target, find_draft_dir, find_embedded
+from .errors import CheckpointError
+from .registry import default_target, find_draft_dir, find_embedded, find_packaged, packaged_file
 from .transformer import Transformer, rope_inv_freq
 
-
-class CheckpointError(ValueError):
-    """A checkpoint cannot be used; the message says what is wrong and what to do."""
+__all__ = ["CheckpointError"]  # re-exported: callers import it from here
 
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
@@ -30,7 +34,11 @@ TOKENIZER_FILE_SETS = (
 
 
 def check_tokenizer_files(model_dir: Path) -> None:
-    """Refuse, naming the files and the fix, a directory without any tokenizer files."""
+    """Refuse, naming the files and the fix, a directory without any tokenizer files (a
+    GGUF file: without a tokenizer in its metadata)."""
+    if gguf.is_gguf(model_dir):
+        gguf.check_gguf(model_dir)
+        return
     if any(all((model_dir / name).is_file() for name in names) for names in TOKENIZER_FILE_SETS):
         return
     wanted = " or ".join(" + ".join(names) for names in TOKENIZER_FILE_SETS[:3])
@@ -49,20 +57,29 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
 
 
 def resolve_model_dir(name_or_path: str | Path) -> Path:
-    """Turn an embedded model name, a local directory or a hub id into a local directory."""
+    """Turn an embedded or packaged model name, a local directory, a GGUF file or a hub id
+    into a local directory (or, for GGUF, the file)."""
     path = Path(name_or_path).expanduser()
-    if path.is_dir():
+    if path.is_dir() or gguf.is_gguf(path):
         return path
     embedded = find_embedded(str(name_or_path))
     if embedded is not None:
         return embedded.path
     text = str(name_or_path)
+    packaged = find_packaged(text)
+    if packaged is not None:
+        file = packaged_file(packaged)
+        if file is None:
+            raise CheckpointError(f"model {text} is not installed; install it with "
+                                  f"`{packaged.install_command}` (pip package {packaged.requirement})")
+        return file
     if path.exists():
-        raise CheckpointError(f"{text} is a file; pass the model directory that holds config.json")
-    if text.count("/") != 1 or text.startswith((".", "/", "~")):
+        raise CheckpointError(f"{text} is a file; pass the model directory that holds config.json, "
+                              "or a .gguf file")
+    if text.count("/") != 1 or text.startswith((".", "/", "~")) or text.endswith(gguf.GGUF_SUFFIX):
         raise CheckpointError(
-            f"model {text!r} not found: pass an embedded model name (see `quickdraft models`), "
-            "a local directory with config.json, or a Hugging Face hub id"
+            f"model {text!r} not found: pass a model name (see `quickdraft models`), a local "
+            "directory with config.json, a .gguf file, or a Hugging Face hub id"
         )
     try:
         from huggingface_hub import snapshot_download
@@ -120,8 +137,11 @@ def resolve_draft(target_dir: Path, model: str | Path | None, draft: str | Path 
 
 
 def check_checkpoint(model_dir: Path) -> None:
-    """Refuse, cheaply (config.json, the safetensors headers and the tokenizer file names;
-    no weights are read), a checkpoint directory that loading would refuse."""
+    """Refuse, cheaply (config.json, the safetensors headers and the tokenizer file names,
+    or a GGUF file's header; no weights are read), a checkpoint that loading would refuse."""
+    if gguf.is_gguf(model_dir):
+        gguf.check_gguf(model_dir)
+        return
     read_hf_config(model_dir)
     for file in safetensors_files(model_dir):
         try:
@@ -140,7 +160,10 @@ def unreadable_weights(file: Path, exc: BaseException) -> CheckpointError:
 
 
 def read_hf_config(model_dir: Path) -> dict:
-    """The checkpoint's ``config.json``, refusing models that need remote code."""
+    """The checkpoint's ``config.json`` (a GGUF file's: from its metadata), refusing
+    models that need remote code."""
+    if gguf.is_gguf(model_dir):
+        return gguf.hf_config(model_dir)
     config_path = model_dir / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{model_dir} has no config.json; pass a Hugging Face model directory")
@@ -259,10 +282,20 @@ def build_native(
     return model.to(dtype).eval().requires_grad_(False)
 
 
-def load_native(model_dir: Path, dtype: torch.dtype = torch.float32) -> Transformer:
-    """Load a Hugging Face checkpoint directory into the native runtime."""
+def read_model_config(model_dir: Path) -> ModelConfig:
+    """The native runtime's configuration of a checkpoint (directory or GGUF file);
+    :class:`UnsupportedModelError` when only transformers can run it."""
+    if gguf.is_gguf(model_dir):
+        return gguf.native_config(model_dir)
     try:
-        config = ModelConfig.from_hf(read_hf_config(model_dir))
+        return ModelConfig.from_hf(read_hf_config(model_dir))
     except KeyError as exc:
         raise CheckpointError(f"{model_dir}/config.json lacks {exc.args[0]!r}; is it a complete HF config?") from None
+
+
+def load_native(model_dir: Path, dtype: torch.dtype = torch.float32) -> Transformer:
+    """Load a Hugging Face checkpoint directory or a llama GGUF file into the native runtime."""
+    config = read_model_config(model_dir)
+    if gguf.is_gguf(model_dir):
+        return build_native(config, gguf.load_state_dict(model_dir, config), dtype)
     return build_native(config, load_state_dict(model_dir), dtype)

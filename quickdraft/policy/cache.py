@@ -113,6 +113,7 @@ def model_fingerprint(lm) -> dict | None:
     is installed: the content of its weight files and config, its backend, dtype, whether
     the native decode kernels run it, its EOS ids and a draft's restricted head
     (draft_vocab.json). None when it has no directory or its files cannot be read."""
+    from ..models.gguf import is_gguf
     from ..models.loading import CheckpointError, safetensors_files
 
     model_dir = getattr(lm, "model_dir", None)
@@ -120,8 +121,11 @@ def model_fingerprint(lm) -> dict | None:
         return None
     model_dir = Path(model_dir)
     try:
-        weights = [[p.name, file_digest(p)] for p in safetensors_files(model_dir)]
-        config = _config_digest(model_dir / "config.json")
+        if is_gguf(model_dir):  # one file holds the weights and the configuration
+            weights, config = [[model_dir.name, file_digest(model_dir)]], None
+        else:
+            weights = [[p.name, file_digest(p)] for p in safetensors_files(model_dir)]
+            config = _config_digest(model_dir / "config.json")
     except (OSError, ValueError, CheckpointError):
         return None
     module = getattr(lm, "model", None)

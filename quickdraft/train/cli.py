@@ -70,7 +70,7 @@ def _threads(text: str) -> int | str:
 def _configure_distill(p: argparse.ArgumentParser, steps: int = 1000, lr: float = 2e-3) -> argparse.ArgumentParser:
     """The flags every student trained on a frozen target shares (draft, exit head)."""
     p.add_argument("--target", required=True,
-                   help="the target: embedded name, HF directory or hub id (Llama, Qwen2, "
+                   help="the target: model name, HF directory, .gguf file or hub id (Llama, Qwen2, "
                         "Mistral, GPT-2, or any causal LM transformers loads)")
     p.add_argument("--out", type=Path, required=True, help="the directory to write")
     p.add_argument("--data", nargs="+", required=True, metavar="PATH",

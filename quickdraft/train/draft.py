@@ -23,6 +23,7 @@ import torch
 
 from ..machine import machine_info
 from ..models.draft_vocab import VOCAB_FILE, default_vocab_size, read_draft_vocab, write_draft_vocab
+from ..models.gguf import is_gguf
 from ..models.loading import resolve_model_dir
 from ..models.registry import META_FILE, PACKAGE_DIR, read_meta, register_draft
 from ..pair import check_same_tokenizer
@@ -118,8 +119,12 @@ def default_work_dir(out: Path) -> Path:
     return out.parent / f"{out.name}-work"
 
 
-def copy_tokenizer(target_dir: Path, out: Path) -> None:
-    """The target's tokenizer files, verbatim: the draft's vocabulary is the target's."""
+def copy_tokenizer(target_dir: Path, out: Path, tok) -> None:
+    """The target's tokenizer files, verbatim: the draft's vocabulary is the target's. A
+    GGUF target has none: its tokenizer (``tok``, built from the file) is saved instead."""
+    if is_gguf(target_dir):
+        tok.save_pretrained(out)
+        return
     for name in TOKENIZER_FILES:
         if (target_dir / name).is_file():
             shutil.copyfile(target_dir / name, out / name)
@@ -185,7 +190,7 @@ def run_train_draft(args, command: str, log=print) -> int:
 
     def save(d: Path) -> None:
         save_model_bf16(student, d)
-        copy_tokenizer(target_dir, d)
+        copy_tokenizer(target_dir, d, tok)
         write_meta(d, args.target, target_dir, count_params(student))
         write_draft_vocab(d, counts, vocab_keep)
 

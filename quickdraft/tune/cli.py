@@ -19,7 +19,7 @@ def add_tune_parser(sub) -> None:
         "maximising the cost model's predicted speedup from measured acceptance on calibration prompts "
         "and measured step costs. The study is kept in an SQLite file and resumes; the result is a JSON "
         "skip profile for `generate --method layer-skip --skip-profile FILE`, with PNG plots beside it.")
-    ls.add_argument("--model", required=True, help="target: embedded name, HF directory or hub id")
+    ls.add_argument("--model", required=True, help="target: model name, HF directory, .gguf file or hub id")
     ls.add_argument("--trials", type=positive_int, default=60,
                     help="finished trials the study should hold (a resumed study runs the rest; default 60)")
     ls.add_argument("--prompts", metavar="FILE",
@@ -71,7 +71,7 @@ def cmd_tune_layer_skip(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(model_dir)
     if not isinstance(target, NativeLM):
         raise CliError("layer skip needs the native runtime")
-    name = model_dir.name
+    name = model_dir.name if model_dir.is_dir() else model_dir.stem  # a GGUF file: no suffix
     out = Path(args.out or f"layer-skip-{name}.json")
     study_path = Path(args.study or out.with_suffix(".db"))
     prompts = calibration_prompts(args, tokenizer)

@@ -1,0 +1,270 @@
+"""GGUF checkpoints (llama.cpp's single-file format): configuration, weights, tokenizer.
+
+A ``.gguf`` file stands wherever a checkpoint directory does: its metadata gives the
+configuration (``llama.*`` keys, read into the Hugging Face ``config.json`` shape that
+:meth:`ModelConfig.from_hf` takes), its tensors are dequantized to fp32 by the ``gguf``
+package and renamed to Hugging Face names, and transformers builds its tokenizer from the
+metadata. Llama-architecture files run on the native runtime; others go to transformers,
+which reads GGUF itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import ModelConfig, UnsupportedModelError
+from .errors import CheckpointError
+
+GGUF_SUFFIX = ".gguf"
+#: Architectures (``general.architecture``) the native runtime runs from a GGUF file.
+NATIVE_ARCHITECTURES = ("llama",)
+#: Tensor types we dequantize (``gguf.quants.dequantize``), each covered by a parity test.
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+# GGUF tensor names -> Hugging Face Llama names; "{i}" is the layer.
+TOP_LEVEL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether ``path`` names a GGUF file (by its suffix; the header is checked on opening)."""
+    path = Path(path)
+    return path.suffix.lower() == GGUF_SUFFIX and path.is_file()
+
+
+def open_gguf(path: Path):
+    """A ``GGUFReader`` over ``path`` (memory-mapped; cached while the file is unchanged)."""
+    stat = path.stat()
+    return _open_gguf(path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _open_gguf(path: Path, mtime_ns: int, size: int):
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(path)
+    except Exception as exc:  # the reader raises ValueError, IndexError, struct errors, ...
+        raise CheckpointError(
+            f"{path} is not a readable GGUF file ({type(exc).__name__}: {str(exc)[:80]}); "
+            "re-download it or pass a checkpoint directory"
+        ) from None
+
+
+def metadata(reader, key: str, default: Any = None) -> Any:
+    """The value of metadata ``key`` (a string, a number or a list), or ``default``."""
+    field = reader.get_field(key)
+    return default if field is None else field.contents()
+
+
+def architecture(reader) -> str:
+    return str(metadata(reader, "general.architecture", "unknown"))
+
+
+def type_name(tensor) -> str:
+    from gguf import GGMLQuantizationType
+
+    return GGMLQuantizationType(tensor.tensor_type).name
+
+
+def check_gguf(path: Path) -> None:
+    """Refuse, from the header alone, a GGUF file loading would refuse: unreadable, a
+    tensor type we cannot dequantize, or no tokenizer in its metadata."""
+    reader = open_gguf(path)
+    for tensor in reader.tensors:
+        name = type_name(tensor)
+        if name not in SUPPORTED_TYPES:
+            raise CheckpointError(
+                f"{path.name}: tensor {tensor.name} is {name}, a quantization quickdraft cannot load "
+                f"(supported: {', '.join(SUPPORTED_TYPES)}); use a GGUF quantized to one of these"
+            )
+    if metadata(reader, "tokenizer.ggml.tokens") is None:
+        raise CheckpointError(f"{path.name} has no tokenizer in its metadata (tokenizer.ggml.*); "
+                              "quickdraft needs the tokenizer inside the GGUF file")
+
+
+def hf_config(path: Path) -> dict[str, Any]:
+    """The file's configuration in ``config.json`` form. Only the Llama keys are mapped;
+    for other architectures just ``model_type`` (transformers reads those files itself)."""
+    reader = open_gguf(path)
+    arch = architecture(reader)
+    if arch not in NATIVE_ARCHITECTURES:
+        return {"model_type": arch}
+
+    def key(name: str, default: Any = None) -> Any:
+        value = metadata(reader, f"{arch}.{name}", default)
+        if value is None:
+            raise CheckpointError(f"{path.name} lacks metadata {arch}.{name}; is the file complete?")
+        return value
+
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors:
+        raise CheckpointError(f"{path.name} has no token_embd.weight tensor; is the file complete?")
+    hidden = int(key("embedding_length"))
+    n_heads = int(key("attention.head_count"))
+    cfg: dict[str, Any] = {
+        "model_type": arch,
+        "architectures": ["LlamaForCausalLM"],
+        # The embedding's row count, not llama.vocab_size: that key is optional.
+        "vocab_size": int(tensors["token_embd.weight"].shape[1]),
+        "hidden_size": hidden,
+        "num_hidden_layers": int(key("block_count")),
+        "num_attention_heads": n_heads,
+        "num_key_value_heads": int(key("attention.head_count_kv", n_heads)),
+        "head_dim": int(key("attention.key_length", hidden // n_heads)),
+        "intermediate_size": int(key("feed_forward_length")),
+        "max_position_embeddings": int(key("context_length", 2048)),
+        "rms_norm_eps": float(key("attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": float(key("rope.freq_base", 10000.0)),
+        "tie_word_embeddings": "output.weight" not in tensors,
+        "bos_token_id": metadata(reader, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": metadata(reader, "tokenizer.ggml.eos_token_id"),
+    }
+    return cfg
+
+
+def native_config(path: Path) -> ModelConfig:
+    """The native runtime's configuration of the file; :class:`UnsupportedModelError` when
+    only transformers can run it (another architecture, RoPE variants we lack)."""
+    reader = open_gguf(path)
+    arch = architecture(reader)
+    if arch not in NATIVE_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"GGUF architecture {arch!r} is not supported by the native runtime (supported: "
+            f"{', '.join(NATIVE_ARCHITECTURES)}); use --backend hf to run it through transformers"
+        )
+    cfg = hf_config(path)
+    scaling = metadata(reader, f"{arch}.rope.scaling.type", "none")
+    rope_dim = metadata(reader, f"{arch}.rope.dimension_count", cfg["head_dim"])
+    if scaling != "none" or rope_dim != cfg["head_dim"] or any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise UnsupportedModelError(
+            f"{path.name} uses RoPE scaling or partial rotary dimensions, which the native runtime "
+            "does not read from GGUF files; use --backend hf"
+        )
+    return ModelConfig.from_hf(cfg)
+
+
+def unpermute_rope_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k row order. Its converter interleaves each head's two rotary
+    halves row by row (the layout of its pairwise RoPE); our RoPE, like Hugging Face's,
+    rotates the first half of a head against the second, so the halves go back together."""
+    rows = weight.shape[0]
+    per_head = weight.reshape(n_heads, rows // n_heads // 2, 2, *weight.shape[1:])
+    return per_head.transpose(1, 2).reshape(weight.shape)
+
+
+def dequantize(tensor) -> torch.Tensor:
+    """One GGUF tensor as an fp32 torch tensor of its logical shape (rows first)."""
+    from gguf.quants import dequantize as gguf_dequantize
+
+    values = gguf_dequantize(tensor.data, tensor.tensor_type)
+    # GGUF lists dimensions innermost first; copy out of the memory map.
+    shape = [int(d) for d in reversed(tensor.shape.tolist())]
+    return torch.from_numpy(np.array(values, dtype=np.float32).reshape(shape))
+
+
+def hf_tensor_name(name: str) -> str | None:
+    """The Hugging Face name of a llama GGUF tensor, or None when we do not know it."""
+    if name in TOP_LEVEL_NAMES:
+        return TOP_LEVEL_NAMES[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def load_state_dict(path: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """Every tensor of a llama GGUF file, fp32, under its Hugging Face name, with the q/k
+    rows back in Hugging Face order."""
+    check_gguf(path)
+    state: dict[str, torch.Tensor] = {}
+    for tensor in open_gguf(path).tensors:
+        name = hf_tensor_name(tensor.name)
+        if name is None:
+            raise UnsupportedModelError(f"{path.name} holds tensor {tensor.name!r}, which the native "
+                                        "runtime does not know; use --backend hf")
+        weight = dequantize(tensor)
+        if ".q_proj." in name:
+            weight = unpermute_rope_rows(weight, config.n_heads)
+        elif ".k_proj." in name:
+            weight = unpermute_rope_rows(weight, config.n_kv_heads)
+        state[name] = weight
+    return state
+
+
+def load_tokenizer(path: Path):
+    """The tokenizer transformers builds from the file's metadata (no network). Building it
+    takes seconds for a real vocabulary, so it is saved once in the user's cache, keyed by
+    the file (path, size, mtime) and the transformers version, and loaded from there."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    check_gguf(path)
+    stat = path.stat()
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
+    cached = tokenizer_cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:24]
+    if (cached / "tokenizer_config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(str(cached))
+        except (OSError, ValueError):
+            pass  # a damaged cache entry: build it again
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (OSError, ValueError, KeyError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        raise CheckpointError(f"the tokenizer in {path} could not be built: {first}") from None
+    save_tokenizer(tok, cached)
+    return tok
+
+
+def tokenizer_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/quickdraft/gguf-tokenizers`` (``~/.cache`` without it)."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "quickdraft" / "gguf-tokenizers"
+
+
+def save_tokenizer(tok, target: Path) -> None:
+    """Save into a fresh directory renamed into place: a reader never sees half a save.
+    A cache that cannot be written only costs time."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    except OSError:
+        return
+    try:
+        tok.save_pretrained(str(tmp))
+        os.replace(tmp, target)  # fails if another process saved it first: theirs stays
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_hf_model(path: Path, dtype: torch.dtype):
+    """The file as a transformers model (transformers dequantizes it; needs accelerate)."""
+    from transformers import AutoModelForCausalLM
+
+    check_gguf(path)
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
