@@ -20,6 +20,7 @@ from quickdraft.drafters import DraftOptions, make_drafter
 from quickdraft.drafters.medusa import MedusaDrafter
 from quickdraft.models.loading import CheckpointError
 from quickdraft.models.medusa import MedusaHeads, load_medusa, save_medusa
+from quickdraft.train.card import read_curves
 from quickdraft.train.heads import multi_head_backward
 
 TARGET = tiny_lm(0, 3.0)
@@ -188,18 +189,24 @@ def test_train_heads_end_to_end_resume_and_lossless(tmp_path, capsys):
         return main(["train", "heads", "--kind", "medusa", "--num-heads", "2", "--target", str(tmp_path / "target"),
                      "--data", str(tmp_path / "data"), "--out", str(out), "--steps", "8", "--seq-len", "32",
                      "--batch-size", "2", "--lr", "1e-2", "--ckpt-every", "4", "--eval-tokens", "256",
-                     "--threads", "1", "--no-progress", *extra])
+                     "--threads", "1", "--no-progress", "--probe-every", "4", *extra])
 
     assert train() == 0
     assert {"config.json", "model.safetensors", "README.md", "train_log.jsonl", "loss_curve.png",
-            "train_report.json"} <= {p.name for p in out.iterdir()}
+            "acceptance_curve.png", "train_report.json", "tensorboard"} <= {p.name for p in out.iterdir()}
     report = json.loads((out / "train_report.json").read_text())
     assert len(report["heldout_agreement"]) == 2 and all(0 <= a <= 1 for a in report["heldout_agreement"])
-    assert "Medusa heads" in (out / "README.md").read_text()
-    assert {"head0", "head1"} <= set(json.loads((out / "train_log.jsonl").read_text().splitlines()[-1]))
+    card = (out / "README.md").read_text()
+    assert "Medusa heads" in card and "tensorboard --logdir" in card and "acceptance_curve.png" in card
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert {"head0", "head1"} <= set([r for r in records if r["event"] == "train"][-1])
     assert train("--resume", "--steps", "10") == 0
     steps = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()]
     assert steps[-1] == 10 and steps == sorted(steps)
+    curves = read_curves(out)  # TensorBoard's reader on the event files
+    assert [s for s, _ in curves["train/loss"]] == [8, 10]  # --log-every 10: the last step of each run
+    assert [s for s, _ in curves["probe/mean_accepted_tokens"]] == [0, 4, 8, 10]
+    assert {"probe/accept_rate/pos1", "probe/accept_rate/pos2", "train/head0"} <= set(curves)
     assert train("--resume", "--num-heads", "3") == 2 and "other settings" in capsys.readouterr().err
     plain = SpeculativeGenerator.from_pretrained(str(tmp_path / "target"), method="ar")
     medusa = SpeculativeGenerator.from_pretrained(str(tmp_path / "target"), method="medusa",

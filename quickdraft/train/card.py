@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from .presets import DRAFT_NAME, TARGET_NAME
+from .tracker import TB_DIR, log_scalars, read_scalars
 
 DESCRIPTIONS = {
     "target": "Llama-architecture target trained by quickdraft on the Python standard library "
@@ -56,22 +58,96 @@ def _save(fig, ax, png_path: Path, title: str, xlabel: str, ylabel: str) -> None
     plt.close(fig)
 
 
-def plot_loss(log_path: Path, png_path: Path, title: str) -> None:
-    recs = [json.loads(ln) for ln in Path(log_path).read_text().splitlines() if ln.strip()]
-    train = [r for r in recs if r.get("event", "train") == "train"]
-    evals = [r for r in recs if r.get("event") == "eval"]
+LOG_FILE = "train_log.jsonl"
+
+
+def read_curves(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """A run's curves as ``{"train/loss": [(step, value), ...], ...}``: from its TensorBoard
+    event files (``run_dir/tensorboard``), or from ``train_log.jsonl`` for runs logged
+    before the tracker (the shipped embedded models')."""
+    run_dir = Path(run_dir)
+    if (run_dir / TB_DIR).is_dir():
+        return read_scalars(run_dir / TB_DIR)
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for line in (run_dir / LOG_FILE).read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            group = rec.pop("event", "train")
+            step = rec.pop("step", 0)
+            for name, value in rec.items():
+                if isinstance(value, (int, float)):
+                    curves.setdefault(f"{group}/{name}", []).append((step, float(value)))
+    return curves
+
+
+def copy_run_log(work: Path, out: Path) -> None:
+    """Put a run's log (JSON lines and TensorBoard event files) beside what it trained."""
+    shutil.copyfile(Path(work) / LOG_FILE, Path(out) / LOG_FILE)
+    if (Path(work) / TB_DIR).is_dir():
+        shutil.copytree(Path(work) / TB_DIR, Path(out) / TB_DIR, dirs_exist_ok=True)
+
+
+def log_eval(run_dir: Path, step: int, values: dict[str, float]) -> None:
+    """Held-out figures after training, as ``eval/<name>`` at ``step`` in both logs."""
+    with (Path(run_dir) / LOG_FILE).open("a") as f:
+        f.write(json.dumps({"event": "eval", "step": step, **values}) + "\n")
+    log_scalars(Path(run_dir) / TB_DIR, step, "eval", values)
+
+
+def plot_loss(run_dir: Path, png_path: Path, title: str) -> None:
+    """Training loss (cross-entropy, or its KL and CE parts when distilling) and the held-out
+    loss, read from the run's logs in ``run_dir``."""
+    curves = read_curves(run_dir)
     fig, ax = _axes()
-    distill = "kl" in (train[0] if train else {})
-    steps = [r["step"] for r in train]
-    if distill:
-        ax.plot(steps, [r["ce"] for r in train], lw=1, label="train cross-entropy")
-        ax.plot(steps, [r["kl"] for r in train], lw=1, label="train KL(target||draft)")
-    else:
-        ax.plot(steps, [r["loss"] for r in train], lw=1, label="train cross-entropy")
-    for r in evals:
-        ax.axhline(r["loss"], color="C3", ls="--", lw=1,
-                   label=f"val cross-entropy {r['loss']:.3f}")
+    parts = [("train/ce", "train cross-entropy"), ("train/kl", "train KL(target||draft)")]
+    for tag, label in parts if "train/kl" in curves else [("train/loss", "train cross-entropy")]:
+        steps, values = zip(*curves[tag]) if curves.get(tag) else ((), ())
+        ax.plot(steps, values, lw=1, label=label)
+    for _, value in curves.get("eval/loss", []):
+        ax.axhline(value, color="C3", ls="--", lw=1, label=f"val cross-entropy {value:.3f}")
     _save(fig, ax, png_path, title, "step", "nats / token")
+
+
+def plot_charts(out: Path, title: str) -> None:
+    """``loss_curve.png``, and ``acceptance_curve.png`` when the run probed its drafter."""
+    plot_loss(out, out / "loss_curve.png", title)
+    plot_acceptance(out, out / "acceptance_curve.png", title)
+
+
+def log_lines(out: Path, report_json: bool = True) -> list[str]:
+    """The card's lines that point at the run's logs and charts."""
+    tb = f"; TensorBoard event files: `{TB_DIR}/` (`tensorboard --logdir {TB_DIR}`)" if (out / TB_DIR).is_dir() else ""
+    report = "; every figure: `train_report.json`" if report_json else ""
+    lines = [f"- log: `{LOG_FILE}`{tb}; loss curve: `loss_curve.png`{report}", "", "![loss curve](loss_curve.png)"]
+    if (out / "acceptance_curve.png").exists():
+        lines += ["", "Acceptance while training (greedy decoding of held-out prompts with the drafter "
+                  "as it was at each step):", "", "![acceptance while training](acceptance_curve.png)"]
+    return lines
+
+
+def plot_acceptance(run_dir: Path, png_path: Path, title: str) -> bool:
+    """Acceptance while training (``probe/*``): mean accepted tokens per target pass, and
+    how often each draft position is accepted. False (no chart) when the run did not probe."""
+    curves = read_curves(run_dir)
+    if not curves.get("probe/mean_accepted_tokens"):
+        return False
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=100)
+    left.plot(*zip(*curves["probe/mean_accepted_tokens"]), marker="o", ms=3)
+    left.set(xlabel="step", ylabel="tokens per target pass", title="mean accepted tokens")
+    positions = sorted((t for t in curves if t.startswith("probe/accept_rate/pos")), key=lambda t: int(t[21:]))
+    for tag in positions:
+        right.plot(*zip(*curves[tag]), lw=1, label=f"position {tag[21:]}")
+    right.set(xlabel="step", ylabel="accepted when drafted", title="acceptance per draft position", ylim=(0, 1))
+    right.legend(fontsize=8)
+    for ax in (left, right):
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(png_path)
+    plt.close(fig)
+    return True
 
 
 def position_table(buckets: list[dict], before: list[dict] | None = None,
@@ -447,9 +523,7 @@ def write_distill_card(out: Path, r: dict) -> None:
         f"- hardware: {hw['platform']}, {hw['cpu_count']} CPUs, torch {hw['torch']}, "
         f"transformers {hw['transformers']}, Python {hw['python']}",
         f"- command: `{r['command']}`",
-        "- log: `train_log.jsonl`; loss curve: `loss_curve.png`",
-        "",
-        "![loss curve](loss_curve.png)",
+        *log_lines(out, report_json=False),
         "",
         "## Data",
         "",
@@ -508,13 +582,13 @@ def write_exit_head_card(out: Path, r: dict) -> None:
         ]
     else:
         lines += ["(not measured: training was stopped)", ""]
-    lines += training_and_data_sections(r)
+    lines += training_and_data_sections(r, out)
     (out / "README.md").write_text("\n".join(lines))
 
 
-def training_and_data_sections(r: dict) -> list[str]:
-    """The "Training" and "Data" sections of a card for a part trained on a frozen target
-    (an exit head, heads): steps, optimizer, time, hardware, command, data."""
+def training_and_data_sections(r: dict, out: Path) -> list[str]:
+    """The "Training" and "Data" sections of a card in ``out`` for a part trained on a frozen
+    target (an exit head, heads): steps, optimizer, time, hardware, command, logs, data."""
     tr, data, hw, st = r["train"], r["data"], r["hardware"], r["stage"]
     return [
         "## Training",
@@ -527,9 +601,7 @@ def training_and_data_sections(r: dict) -> list[str]:
         f"- hardware: {hw['platform']}, {hw['cpu_count']} CPUs{', ' + hw['gpu'] if hw.get('gpu') else ''}, "
         f"torch {hw['torch']}, Python {hw['python']}",
         f"- command: `{r['command']}`",
-        "- log: `train_log.jsonl`; loss curve: `loss_curve.png`; every figure: `train_report.json`",
-        "",
-        "![loss curve](loss_curve.png)",
+        *log_lines(out),
         "",
         "## Data",
         "",
@@ -570,5 +642,5 @@ def write_heads_card(out: Path, r: dict) -> None:
         lines.append("")
     else:
         lines += ["(not measured: training was stopped)", ""]
-    lines += training_and_data_sections(r)
+    lines += training_and_data_sections(r, out)
     (out / "README.md").write_text("\n".join(lines))

@@ -86,6 +86,9 @@ def _configure_distill(p: argparse.ArgumentParser, steps: int = 1000, lr: float 
     p.add_argument("--ce-weight", type=float, default=0.1)
     p.add_argument("--ckpt-every", type=positive_int, default=50, help="checkpoint interval (steps)")
     p.add_argument("--log-every", type=positive_int, default=10, help="log interval (steps)")
+    p.add_argument("--probe-every", type=non_negative_int, default=50, metavar="N",
+                   help="every N steps, decode a few held-out prompts with the drafter being trained and "
+                        "log its acceptance (TensorBoard probe/*; default 50, 0 = never)")
     p.add_argument("--eval-tokens", type=positive_int, default=32768,
                    help="held-out tokens scored for the agreement figure (default 32768)")
     p.add_argument("--seed", type=int, default=0, help="draft init and batch order")

@@ -31,7 +31,8 @@ class DistillTask:
 
     ``loss_fn(student, batch)`` gets token windows ``[B, L + 1]`` and returns ``(loss,
     {name: float})`` (see ``trainer.make_distill_loss``); ``save(dir)`` writes a directory
-    the runtime loads.
+    the runtime loads; ``probe(student)``, if given, measures the student as a drafter
+    while it trains (:mod:`.probe`).
     """
 
     kind: str
@@ -39,6 +40,7 @@ class DistillTask:
     student: torch.nn.Module
     loss_fn: Callable
     save: Callable[[Path], None]
+    probe: Callable[[torch.nn.Module], dict[str, float]] | None = None
 
 
 def load_checkpoint_dir(name_or_path: str | Path) -> tuple[torch.nn.Module, Path, object]:
@@ -113,4 +115,4 @@ def train(task: DistillTask, tokens: TokenData, stage: Stage, seq_len: int, seed
     work_dir = Path(work_dir)
     return train_loop(task.student, tokens.train, stage, seq_len, seed, work_dir,
                       work_dir / "train_log.jsonl", loss_fn=task.loss_fn, resume=resume,
-                      desc=task.kind, progress=progress, tuner=tuner)
+                      desc=task.kind, progress=progress, tuner=tuner, probe=task.probe)

@@ -38,6 +38,7 @@ from .distill import (
     train,
 )
 from .presets import PRESETS, Arch, Stage
+from .probe import draft_probe
 from .textdata import TrainInputError, read_text_data
 from .trainer import (
     build_llama,
@@ -162,7 +163,7 @@ def run_train_draft(args, command: str, log=print) -> int:
     tokens = tokenize(data, tok, seq_len)
     student = build_student(args, teacher, target_dir, tok, arch)
     stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                  ckpt_every=args.ckpt_every, log_every=args.log_every)
+                  ckpt_every=args.ckpt_every, log_every=args.log_every, probe_every=args.probe_every)
     work = Path(args.work_dir) if args.work_dir else default_work_dir(out)
     check_settings(work, {
         "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
@@ -195,14 +196,15 @@ def run_train_draft(args, command: str, log=print) -> int:
         write_draft_vocab(d, counts, vocab_keep)
 
     task = DistillTask("draft", teacher, student,
-                       make_distill_loss(teacher, args.kl_weight, args.ce_weight), save)
+                       make_distill_loss(teacher, args.kl_weight, args.ce_weight), save,
+                       draft_probe(teacher, tokens.heldout))
     summary = train(task, tokens, stage, seq_len, args.seed, work, resume=args.resume,
                     progress=not args.no_progress, threads=args.threads)
     out.mkdir(parents=True, exist_ok=True)
     task.save(out)
     if not out.resolve().is_relative_to(PACKAGE_DIR):  # an embedded draft pairs by name
         register_draft(target_dir, out)
-    shutil.copyfile(work / "train_log.jsonl", out / "train_log.jsonl")
+    card.copy_run_log(work, out)
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": "draft", "command": command, "target": args.target,
               "target_dir": str(target_dir), "target_params": count_params(teacher),
@@ -213,7 +215,7 @@ def run_train_draft(args, command: str, log=print) -> int:
                                          if k != "file_list"},
               "files": tokens.manifest["file_list"], "hardware": machine_info()}
     if summary["interrupted"]:
-        card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")
+        card.plot_charts(out, f"{out.name} training")
         card.write_distill_card(out, report)
         log(f"[train draft] stopped at step {summary['steps_done']}/{args.steps}; a usable "
             f"draft is in {out}; continue with the same command and --resume")
@@ -225,9 +227,7 @@ def run_train_draft(args, command: str, log=print) -> int:
     head_vocab = read_draft_vocab(out)
     heldout = evaluate(saved, tokens.heldout, None, seq_len, args.eval_tokens, teacher=teacher,
                        head_vocab=head_vocab)
-    with (out / "train_log.jsonl").open("a") as f:
-        f.write(json.dumps({"event": "eval", "step": summary["steps_done"],
-                            "loss": heldout["loss"]}) + "\n")
+    card.log_eval(out, summary["steps_done"], {"loss": heldout["loss"]})
     ms = measure_decode({"target": teacher, "draft": saved}, steps=32, prompt_len=32, repeats=3)
     ms.update(steps=32, prompt_len=32, repeats=3, threads=torch.get_num_threads(),
               ratio=ms["draft"] / ms["target"])
@@ -236,7 +236,7 @@ def run_train_draft(args, command: str, log=print) -> int:
                   draft_vocab={"size": vocab["size"], "covers": vocab["size_covers"]})
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
     card.record_eval(out, heldout, seq_len)
-    card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")
+    card.plot_charts(out, f"{out.name} training")
     card.write_distill_card(out, report)
     if not warning:  # the estimate missed it: say so once, with the figure the card reports
         measured = sizing.poor_ratio_warning(ms["ratio"], "measured, full vocabulary", auto)

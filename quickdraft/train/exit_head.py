@@ -12,7 +12,7 @@ agreement (:func:`.trainer.evaluate`) and the card (:mod:`.card`).
 from __future__ import annotations
 
 import json
-import shutil
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,6 +30,7 @@ from . import card
 from .distill import DistillTask, check_settings, tokenize, train
 from .draft import default_work_dir
 from .presets import Stage
+from .probe import acceptance_probe, as_lm, probe_prompts
 from .textdata import TrainInputError, read_text_data
 from .trainer import count_params, distill_objective, evaluate
 
@@ -115,6 +116,14 @@ def check_out_dir(out: Path, force: bool, holds_ours=is_exit_head_dir, what: str
                               "or --force to write into it")
 
 
+def exit_probe(target, heldout) -> Callable[[ExitHead], dict[str, float]]:
+    """Acceptance of the head drafting chains of 4 (sharing the target's KV, as generation does)."""
+    from ..drafters.early_exit import EarlyExitDrafter
+
+    lm, prompts = as_lm(target), probe_prompts(heldout)
+    return lambda head: acceptance_probe(lm, lambda: EarlyExitDrafter(lm, head), prompts, k=4)
+
+
 def run_train_exit_head(args, command: str, log=print) -> int:
     """Run ``quickdraft train exit-head``; returns the exit code (130 when Ctrl-C stopped it)."""
     out = Path(args.out)
@@ -133,7 +142,7 @@ def run_train_exit_head(args, command: str, log=print) -> int:
     torch.manual_seed(args.seed)
     head = ExitHead(target.config, args.exit_layer, trained=True, extra_block=args.extra_block).init_from(target).to(device)
     stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                  ckpt_every=args.ckpt_every, log_every=args.log_every)
+                  ckpt_every=args.ckpt_every, log_every=args.log_every, probe_every=args.probe_every)
     work = Path(args.work_dir) if args.work_dir else default_work_dir(out)
     check_settings(work, {
         "kind": "exit-head", "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
@@ -148,12 +157,12 @@ def run_train_exit_head(args, command: str, log=print) -> int:
         f"steps of {args.batch_size} x {args.seq_len}")
     target_pass = TargetPass(target, args.exit_layer)
     task = DistillTask("exit-head", target, head, make_exit_loss(target_pass, args.kl_weight, args.ce_weight),
-                       lambda d: save_exit_head(head, target, target_name, d))
+                       lambda d: save_exit_head(head, target, target_name, d), exit_probe(target, tokens.heldout))
     summary = train(task, tokens, stage, args.seq_len, args.seed, work, resume=args.resume,
                     progress=not args.no_progress, threads=args.threads)
     out.mkdir(parents=True, exist_ok=True)
     task.save(out)
-    shutil.copyfile(work / "train_log.jsonl", out / "train_log.jsonl")
+    card.copy_run_log(work, out)
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": "exit-head", "command": command, "target": target_name, "target_dir": str(target_dir),
               "target_params": count_params(target), "params": count_params(head),
@@ -174,7 +183,7 @@ def run_train_exit_head(args, command: str, log=print) -> int:
         report["heldout_shared_head"] = evaluate(_Logits(target_pass, shared), tokens.heldout, None,
                                                  args.seq_len, args.eval_tokens, teacher=teacher)
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
-    card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")
+    card.plot_charts(out, f"{out.name} training")
     card.write_exit_head_card(out, report)
     if summary["interrupted"]:
         log(f"[train exit-head] stopped at step {summary['steps_done']}/{args.steps}; a usable head is in "

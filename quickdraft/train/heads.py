@@ -18,7 +18,6 @@ bar (:func:`.distill.train`).
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..drafters.medusa import MedusaDrafter
 from ..machine import machine_info
 from ..models.medusa import MedusaHeads, is_medusa_dir, load_medusa, save_medusa
 from ..models.registry import read_meta
@@ -35,6 +35,7 @@ from .distill import DistillTask, check_settings, tokenize, train
 from .draft import default_work_dir
 from .exit_head import check_out_dir, load_native_teacher, resolve_device
 from .presets import Stage
+from .probe import acceptance_probe, as_lm, probe_prompts
 from .textdata import TrainInputError, read_text_data
 from .trainer import count_params
 
@@ -126,6 +127,14 @@ def head_agreement(heads: MedusaHeads, states: TargetStates, stream: np.ndarray,
     return (hits / counts.clamp(min=1)).tolist()
 
 
+def medusa_probe(target, heldout: np.ndarray) -> Callable[[MedusaHeads], dict[str, float]]:
+    """Acceptance of the heads as a chain (one candidate per head), so draft position i is
+    head i - 1 and the curves compare with other drafters' chains."""
+    lm, prompts = as_lm(target), probe_prompts(heldout)
+    return lambda heads: acceptance_probe(lm, lambda: MedusaDrafter(lm, heads, (1,) * heads.num_heads), prompts,
+                                          k=heads.num_heads)
+
+
 def run_train_heads(args, command: str, log=print) -> int:
     """Run ``quickdraft train heads``; returns the exit code (130 when Ctrl-C stopped it)."""
     out = Path(args.out)
@@ -140,7 +149,7 @@ def run_train_heads(args, command: str, log=print) -> int:
     torch.manual_seed(args.seed)
     heads = MedusaHeads(args.num_heads, target.config.hidden_size).to(device)
     stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                  ckpt_every=args.ckpt_every, log_every=args.log_every)
+                  ckpt_every=args.ckpt_every, log_every=args.log_every, probe_every=args.probe_every)
     work = Path(args.work_dir) if args.work_dir else default_work_dir(out)
     check_settings(work, {
         "kind": args.kind, "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
@@ -154,12 +163,12 @@ def run_train_heads(args, command: str, log=print) -> int:
         f"tokens; {args.steps} steps of {args.batch_size} x {args.seq_len}")
     states = TargetStates(target)
     task = DistillTask("medusa", target, heads, make_medusa_loss(states, args.kl_weight, args.ce_weight),
-                       lambda d: save_medusa(heads, target, target_name, d))
+                       lambda d: save_medusa(heads, target, target_name, d), medusa_probe(target, tokens.heldout))
     summary = train(task, tokens, stage, args.seq_len, args.seed, work, resume=args.resume,
                     progress=not args.no_progress, threads=args.threads)
     out.mkdir(parents=True, exist_ok=True)
     task.save(out)
-    shutil.copyfile(work / "train_log.jsonl", out / "train_log.jsonl")
+    card.copy_run_log(work, out)
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": args.kind, "command": command, "target": target_name, "target_dir": str(target_dir),
               "target_params": count_params(target), "params": count_params(heads), "num_heads": args.num_heads,
@@ -172,7 +181,7 @@ def run_train_heads(args, command: str, log=print) -> int:
         saved = load_medusa(out, target)
         report["heldout_agreement"] = head_agreement(saved, states, tokens.heldout, args.seq_len, args.eval_tokens)
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
-    card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")
+    card.plot_charts(out, f"{out.name} training")
     card.write_heads_card(out, report)
     if summary["interrupted"]:
         log(f"[train heads] stopped at step {summary['steps_done']}/{args.steps}; usable heads are in {out}; "

@@ -148,7 +148,7 @@ class Pipeline:
             if role in r and (d / "config.json").exists():
                 card.write_meta(d, role, r[role]["params"], card.DESCRIPTIONS[role])
                 card.record_eval(d, r[role]["val"], self.preset.seq_len)
-                card.plot_loss(d / "train_log.jsonl", d / "loss_curve.png", f"{name} training")
+                card.plot_loss(d, d / "loss_curve.png", f"{name} training")
         self.write_cards()
 
     def stage_tokenizer(self) -> None:
@@ -176,12 +176,10 @@ class Pipeline:
         tok = load_tokenizer(self.tok_dir)
         tok.model_max_length = model.config.max_position_embeddings  # what the model takes
         save_tokenizer(tok, d)
-        with log_path.open("a") as f:
-            f.write(json.dumps({"event": "eval", "step": stage_summary["steps"],
-                                "loss": val["loss"], "bpb": val["bpb"],
-                                "train_loss": train_eval["loss"]}) + "\n")
-        shutil.copy(log_path, d / "train_log.jsonl")
-        card.plot_loss(log_path, d / "loss_curve.png", f"{name} training")
+        card.log_eval(log_path.parent, stage_summary["steps"],
+                      {"loss": val["loss"], "bpb": val["bpb"], "train_loss": train_eval["loss"]})
+        card.copy_run_log(log_path.parent, d)
+        card.plot_loss(d, d / "loss_curve.png", f"{name} training")
         st = self.preset.target_stage if role == "target" else self.preset.draft_stage
         entry = {**stage_summary, "params": count_params(model), "val": val,
                  "train_eval": train_eval, "batch_size": st.batch_size, "lr": st.lr,

@@ -32,6 +32,7 @@ class Stage:
     grad_clip: float = 1.0
     ckpt_every: int = 100
     log_every: int = 10
+    probe_every: int = 0  # steps between acceptance probes (0: none); see train/probe.py
 
 
 @dataclass(frozen=True)

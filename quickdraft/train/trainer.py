@@ -300,13 +300,20 @@ def train_loop(
     desc: str = "train",
     progress: bool = True,
     tuner: ThreadTuner | None = None,
+    probe: Callable[[torch.nn.Module], dict[str, float]] | None = None,
 ) -> dict:
     """Train ``model`` for ``stage.steps`` steps; returns a summary dict.
 
+    Curves go to ``log_path`` (JSON lines) and to TensorBoard event files in
+    ``work_dir/tensorboard`` (:mod:`.tracker`). ``probe(model)``, run every
+    ``stage.probe_every`` steps and at the end (the model in eval mode), returns figures
+    such as the drafter's acceptance, logged as ``probe/<name>``.
     Ctrl-C stops after the current step with a checkpoint (``interrupted`` in the summary);
     ``resume`` continues from the latest checkpoint exactly as if never stopped.
     """
     from tqdm import tqdm
+
+    from .tracker import TB_DIR, Tracker
 
     ckpt_root = Path(work_dir) / "checkpoints"
     device = next(model.parameters()).device  # batches go where the student is
@@ -322,7 +329,7 @@ def train_loop(
         if log_path.exists():
             keep = [ln for ln in log_path.read_text().splitlines()
                     if ln.strip() and json.loads(ln).get("step", 0) <= start
-                    and json.loads(ln).get("event", "train") == "train"]
+                    and json.loads(ln).get("event", "train") in ("train", "probe")]
             log_path.write_text("".join(k + "\n" for k in keep))
     else:
         if log_path.exists():
@@ -337,7 +344,19 @@ def train_loop(
     # A resumed run that has no steps left reports the checkpoint's last loss.
     last_loss = float(st.get("loss", float("nan"))) if ck is not None else float("nan")
     interrupted, done = False, start
-    with log_path.open("a") as log, StopRequest() as stop:
+    tracker = Tracker(Path(work_dir) / TB_DIR, resume_step=start if ck is not None else None)
+    with log_path.open("a") as log, StopRequest() as stop, tracker:
+
+        def run_probe(step: int) -> None:
+            model.eval()
+            figures = probe(model)
+            model.train()
+            log.write(json.dumps({"event": "probe", "step": step, **{k: round(v, 5) for k, v in figures.items()}})
+                      + "\n")
+            tracker.scalars(step, "probe", figures)
+
+        if probe is not None and stage.probe_every and start == 0:
+            run_probe(0)  # where the curve starts: the untrained drafter
         for step in range(start, stage.steps):
             if tuner is not None:
                 tuner.choose(step)
@@ -372,6 +391,9 @@ def train_loop(
                        **{k: round(v, 5) for k, v in extra.items()}}
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
+                tracker.scalars(done, "train", {k: v for k, v in rec.items() if k not in ("event", "step")})
+            if probe is not None and stage.probe_every and (done % stage.probe_every == 0 or done == stage.steps):
+                run_probe(done)
             interrupted = stop.requested and done < stage.steps
             if done % stage.ckpt_every == 0 or done == stage.steps or interrupted:
                 save_checkpoint(ckpt_root, model, opt, {
