@@ -11,8 +11,9 @@ its drafts off the outputs from there on.
 
 The decoder is the native :class:`~.transformer.Transformer` (Llama blocks, RoPE, its
 own embeddings and tied LM head), so drafting runs on the same decode kernels as a
-draft model. Saved as ``config.json`` + ``model.safetensors`` with the fingerprint of the
-target it reads.
+draft model, and like a draft's its LM head scores only the most frequent tokens when its
+directory has a ``draft_vocab.json``. Saved as ``config.json`` + ``model.safetensors``
+with the fingerprint of the target it reads.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .draft_vocab import read_draft_vocab
 from .exit_head import target_fingerprint
 from .loading import CheckpointError
 from .transformer import Transformer
@@ -166,4 +168,8 @@ def load_prophet(path: str | Path, target: Transformer) -> Prophet:
     except (OSError, RuntimeError) as exc:
         raise CheckpointError(f"cannot read prophet {path / WEIGHTS_FILE}: {str(exc).splitlines()[0]}") from None
     weight = target.embed.weight
-    return prophet.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
+    prophet = prophet.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
+    ids = read_draft_vocab(path)
+    if ids is not None:  # score only the frequent tokens when drafting: cheaper, same output
+        prophet.decoder.restrict_head(ids.to(weight.device))
+    return prophet

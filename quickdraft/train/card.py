@@ -593,14 +593,18 @@ def write_prophet_card(out: Path, r: dict) -> None:
         "",
         "`config.json` records the target's name and fingerprint; `quickdraft generate --method prophet --heads "
         "THIS_DIR` uses it (verified as a chain, exactly like a draft model's: output identical to the target's "
-        "when greedy, distributed as the target's when sampling) and refuses it for another target.",
+        "when greedy, distributed as the target's when sampling) and refuses it for another target."
+        + (f" When drafting, its LM head scores only the {r['draft_vocab']['size']:,} tokens most frequent in the "
+           f"training text (`draft_vocab.json`, {r['draft_vocab']['covers']:.1%} of it): a cheaper step, the same "
+           "output." if r.get("draft_vocab", {}).get("size") else ""),
         "",
         "## Held-out results",
         "",
     ]
     agreement = r.get("heldout_agreement")
     if agreement:
-        lines += ["Teacher-forced top-1 agreement of the draft at each depth with the target's own greedy token:",
+        lines += ["Teacher-forced top-1 agreement of the draft at each depth with the target's own greedy token "
+                  "(drafting as it runs, over its draft vocabulary):",
                   "", "| depth | top-1 agreement |", "|---:|---:|"]
         lines += [f"| {i + 1} | {a:.2%} |" for i, a in enumerate(agreement)]
         lines.append("")

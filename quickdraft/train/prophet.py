@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..machine import machine_info
+from ..models.draft_vocab import default_vocab_size, write_draft_vocab
 from ..models.prophet import Prophet, ProphetConfig, is_prophet_dir, load_prophet, save_prophet
 from ..models.registry import read_meta
 from . import card
@@ -156,12 +157,16 @@ def run_train_prophet(args, command: str, log=print) -> int:
                     progress=not args.no_progress, threads=args.threads)
     out.mkdir(parents=True, exist_ok=True)
     task.save(out)
+    # Its LM head scores the most frequent tokens only when drafting (as a draft's does).
+    counts = np.bincount(tokens.train.astype(np.int64), minlength=tc.vocab_size)[: tc.vocab_size]
+    vocab = write_draft_vocab(out, counts, default_vocab_size(tc.vocab_size))
     shutil.copyfile(work / "train_log.jsonl", out / "train_log.jsonl")
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": args.kind, "command": command, "target": target_name, "target_dir": str(target_dir),
               "target_params": count_params(target), "params": count_params(prophet), "prophet": asdict(config),
               "seq_len": args.seq_len, "seed": args.seed, "stage": asdict(stage), "kl_weight": args.kl_weight,
               "ce_weight": args.ce_weight, "train": summary,
+              "draft_vocab": {"size": vocab["size"], "covers": vocab["size_covers"]},
               "data": {k: v for k, v in tokens.manifest.items() if k != "file_list"},
               "hardware": {**machine_info(),
                            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}}
