@@ -131,7 +131,7 @@ def plot(results: dict, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m quickdraft.train.prophet_joint", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="where results.json and val_loss.png go")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=150)
     p.add_argument("--width", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=128)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--gamma", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--eval-every", type=int, default=15)
     p.add_argument("--eval-tokens", type=int, default=16384)
     p.add_argument("--threads", type=int, default=2)
     args = p.parse_args(argv)
