@@ -91,7 +91,7 @@ class StaleStarts(ProphetDrafter):
 
     def observe(self, slot, start, states):
         fed = self.target.hidden_states[self.reads_hidden[0]]
-        self._states = torch.cat([self._states, fed])[-self.n :]
+        self._states = (fed if self._states is None else torch.cat([self._states, fed]))[-self.n :]
 
 
 class PositionsOffByOne(ProphetDrafter):

@@ -44,7 +44,7 @@ class ProphetDrafter:
         self.lm = NativeLM(prophet.decoder)
         self.max_depth = prophet.config.max_positions - self.n - 1
         self.params, self.generator = SamplingParams(), torch.Generator()
-        self._states = torch.empty(0, target.config.hidden_size)
+        self._states: torch.Tensor | None = None  # the last n accepted tokens' states
 
     def verify_width(self, k: int) -> int:
         return min(k, self.max_depth) + 1
@@ -53,15 +53,16 @@ class ProphetDrafter:
              max_len: int) -> None:
         check_single_slot(self, slot)
         self.params, self.generator = params, generator
-        self._states = self._states[:0]
+        self._states = None
 
     def observe(self, slot: int, start: int, states: dict[int, torch.Tensor]) -> None:
-        self._states = torch.cat([self._states, states[self.reads_hidden[0]]])[-self.n :]
+        new = states[self.reads_hidden[0]]
+        self._states = (new if self._states is None else torch.cat([self._states, new]))[-self.n :]
 
     @torch.inference_mode()
     def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
         k = min(ks[0], self.max_depth)
-        if k == 0 or self._states.shape[0] < self.n:  # too few tokens accepted yet: a plain step
+        if k == 0 or self._states is None or self._states.shape[0] < self.n:  # too few tokens accepted yet: a plain step
             return [EMPTY]
         return [self._draft(sequences[0][-1:], k)]
 
@@ -91,7 +92,7 @@ class ProphetDrafter:
         pass  # nothing to roll back: the next round starts afresh from observe's states
 
     def leave(self, slot: int) -> None:
-        self._states = self._states[:0]
+        self._states = None
 
 
 def shipped_prophet(target: CausalLM) -> Path | None:
