@@ -579,7 +579,7 @@ def write_prophet_card(out: Path, r: dict) -> None:
     tr, st, p = r["train"], r["stage"], r["prophet"]
     status = (f"**Stopped by Ctrl-C at step {tr['steps_done']} of {st['steps']}** (resume with the same "
               "command and `--resume`)." if tr["interrupted"] else f"{tr['steps_done']} of {st['steps']} steps done.")
-    start = "a bias-free linear map" if p["project"] else "the identity (same width)"
+    start = "through a bias-free linear map" if p["project"] else "as they are: same width"
     lines = [
         f"# {out.name}",
         "",
