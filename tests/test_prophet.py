@@ -30,10 +30,11 @@ from quickdraft.train.prophet import prophet_batch
 N_START = 2
 
 
-def random_prophet(hidden: int, vocab: int, width: int = 12, seed: int = 0, n_start: int = N_START) -> Prophet:
+def random_prophet(hidden: int, vocab: int, width: int = 12, heads: int = 3, seed: int = 0,
+                   n_start: int = N_START) -> Prophet:
     """Two layers, a linear start map (another width), weights scaled up for varied drafts."""
     torch.manual_seed(seed)
-    prophet = Prophet(ProphetConfig(hidden, vocab, width, n_layers=2, n_heads=3, n_start=n_start, gamma=3,
+    prophet = Prophet(ProphetConfig(hidden, vocab, width, n_layers=2, n_heads=heads, n_start=n_start, gamma=3,
                                     project=True, max_positions=16))
     with torch.no_grad():
         for p in prophet.parameters():
@@ -183,8 +184,8 @@ def test_a_wrong_rule_fails_the_same_prophet_test():
 def tiny_prophet(tiny_family, tmp_path_factory):
     target = load_model(tiny_family["target"])
     out = tmp_path_factory.mktemp("prophet")
-    save_prophet(random_prophet(target.config.hidden_size, target.vocab_size, width=32, n_start=1), target.model,
-                 "tiny-target", out)
+    save_prophet(random_prophet(target.config.hidden_size, target.vocab_size, width=32, heads=4, n_start=1),
+                 target.model, "tiny-target", out)
     return out
 
 
