@@ -263,7 +263,7 @@ def test_the_prophet_term_reaches_the_main_model_in_joint_training():
     from quickdraft.train.prophet_joint import run
 
     stream = np.random.default_rng(0).integers(0, 50, 4000)
-    common = dict(steps=3, width=32, layers=1, seq_len=16, batch_size=2, lr=1e-2, seed=0, eval_every=3,
+    common = dict(steps=3, width=32, layers=2, seq_len=16, batch_size=2, lr=1e-2, seed=0, eval_every=3,
                   eval_tokens=256, log=lambda m: None)
     without = run(stream, stream[:600], 50, with_prophet=False, **common)
     again = run(stream, stream[:600], 50, with_prophet=False, **common)

@@ -28,6 +28,7 @@ from torch import nn
 from .config import ModelConfig
 from .draft_vocab import read_draft_vocab
 from .exit_head import target_fingerprint
+from .kv_cache import TrainingKVCache
 from .loading import CheckpointError
 from .transformer import Transformer
 
@@ -93,7 +94,7 @@ class Prophet(nn.Module):
         """Logits ``[B, n + T, V]`` of whole prophet sequences, from scratch (training, and
         the reference incremental drafting must equal): positions ``0 .. n + T - 1``."""
         x = self.inputs(states, tokens)
-        cache = self.decoder.new_cache(x.shape[0], x.shape[1])
+        cache = TrainingKVCache(self.decoder.config, x.shape[0], x.shape[1], x.dtype, x.device)
         return self.decoder(None, 0, cache, hidden=x).logits
 
     def init_from_target(self, target: Transformer) -> None:

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.config import ModelConfig
+from ..models.kv_cache import TrainingKVCache
 from ..models.prophet import Prophet, ProphetConfig
 from ..models.transformer import Transformer
 from .data import eval_windows, sample_batch
@@ -37,7 +38,7 @@ def main_config(vocab_size: int, width: int, layers: int, seq_len: int) -> Model
 
 def main_forward(model: Transformer, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits and final states (before the norm) of ``tokens [B, T]``, from scratch."""
-    cache = model.new_cache(tokens.shape[0], tokens.shape[1])
+    cache = TrainingKVCache(model.config, tokens.shape[0], tokens.shape[1])
     out = model(tokens, 0, cache)
     return out.logits, out.hidden
 
