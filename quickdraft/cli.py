@@ -349,8 +349,8 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
                         "from `quickdraft train draft`; default: the size recorded there; 0 = the whole "
                         "vocabulary). A cheaper draft step; output is the same")
     parser.add_argument("--heads", metavar="DIR",
-                        help="medusa: the heads directory (from `quickdraft train heads`; default: the heads "
-                        "shipped for the target)")
+                        help="medusa, prophet: the heads directory (from `quickdraft train heads`; default: "
+                        "those shipped for the target)")
     parser.add_argument("--no-share-kv", action="store_true",
                         help="early-exit: the draft keeps its own KV cache and verification recomputes every "
                         "layer (slower; for comparison)")

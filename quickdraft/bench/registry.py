@@ -129,6 +129,22 @@ def _medusa_rows(ctx, config, k):
 
 register_method("medusa", _medusa_rows, help="Medusa heads on the target's final state propose a token tree")
 
+
+def _prophet_rows(ctx, config, k):
+    """The prophet shipped for the target, at the run's k and at the k it was trained for."""
+    from ..drafters.prophet import shipped_prophet
+    from ..models.prophet import read_prophet_config
+
+    path = shipped_prophet(ctx.target)
+    if path is None:
+        raise BenchError("--methods prophet needs a prophet shipped for this target (the embedded target has "
+                         "one); train one with `quickdraft train heads --kind prophet --target ...`")
+    gamma = read_prophet_config(path).gamma
+    return _drafter_rows("prophet", [{"k": s} for s in sorted({k, gamma})])(ctx, config, k)
+
+
+register_method("prophet", _prophet_rows, help="a prophet transformer drafts a chain from the target's last states")
+
 ADAPTIVE_STOPS = ["confidence:0.7", "dv", "heuristic", "cost"]
 
 

@@ -15,6 +15,7 @@ from .shapes import MultiDraft, Shape, StaticTree, parse_tree
 if TYPE_CHECKING:
     from ..models.exit_head import ExitHead
     from ..models.medusa import MedusaHeads
+    from ..models.prophet import Prophet
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -62,6 +63,8 @@ METHODS: dict[str, MethodSpec] = {
     "medusa": MethodSpec("Medusa heads on the target's last hidden state propose a token tree (--heads DIR, "
                          "default: heads shipped for the target; --tree shapes it, one level per head)",
                          needs="heads", default_k="4 (one tree level per head, at most the number of heads)"),
+    "prophet": MethodSpec("a prophet transformer drafts a chain from the target's last hidden states (--heads DIR, "
+                          "default: the prophet shipped for the target)", needs="heads"),
     "auto": MethodSpec("the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
                        needs="measured", default_k="the cost model's choice with the method"),
 }
@@ -84,7 +87,8 @@ class DraftOptions:
     exit_layer: int | None = None  # early exit: None = the head's layer (shipped head) or the default
     exit_head: str | ExitHead | None = None  # early exit: a head directory, "shared", a loaded head or None (shipped)
     share_kv: bool = True  # early exit: drafting writes the target's cache, verification resumes at L
-    heads: str | MedusaHeads | None = None  # medusa: a directory, loaded heads or None (shipped for the target)
+    # medusa / prophet: a directory, loaded heads or None (those shipped for the target)
+    heads: str | MedusaHeads | Prophet | None = None
 
     def __post_init__(self) -> None:
         """One-line errors for bad settings, before any model is loaded."""
@@ -150,6 +154,10 @@ def make_drafter(
             raise ValueError(f"--method medusa expands a static tree (children per level, e.g. 2,2,1), "
                              f"not --tree {options.tree}")
         return medusa_drafter(target, options.heads, shape.widths)
+    if method == "prophet":
+        from .prophet import ProphetDrafter, load_prophet_for
+
+        return ProphetDrafter(target, load_prophet_for(target, options.heads))
     shape = draft_shape(method, options)
     if method == "layer-skip":
         from .layer_skip import LayerSkipLM, load_profile

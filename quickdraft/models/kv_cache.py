@@ -54,3 +54,32 @@ class KVCache:
         end = dst + src.shape[0]
         self.k[:, row, :, dst:end] = self.k[:, row, :, src]
         self.v[:, row, :, dst:end] = self.v[:, row, :, src]
+
+
+class _PerLayer:
+    """Per-layer tensors indexed like one ``[n_layers, ...]`` tensor (``t[layer, ...]``)."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device) -> None:
+        self.layers = [torch.zeros(shape[1:], dtype=dtype, device=device) for _ in range(shape[0])]
+        self.shape, self.dtype, self.device = torch.Size(shape), dtype, torch.device(device)
+
+    def __getitem__(self, index):
+        layer, *rest = index if isinstance(index, tuple) else (index,)
+        return self.layers[layer][tuple(rest)]
+
+    def __setitem__(self, index, value) -> None:
+        layer, *rest = index
+        self.layers[layer][tuple(rest)] = value
+
+
+class TrainingKVCache(KVCache):
+    """A cache for training passes from scratch: each layer's keys and values in a tensor of
+    their own, so writing one layer does not invalidate (for autograd) what an earlier
+    layer saved from its own; with one shared tensor, a model of two or more layers fails
+    in backward."""
+
+    def __init__(self, config: ModelConfig, batch_size: int, max_len: int, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu") -> None:
+        shape = (config.n_layers, batch_size, config.n_kv_heads, max_len, config.head_dim)
+        self.k, self.v = _PerLayer(shape, dtype, device), _PerLayer(shape, dtype, device)
+        self.max_len = max_len

@@ -644,3 +644,43 @@ def write_heads_card(out: Path, r: dict) -> None:
         lines += ["(not measured: training was stopped)", ""]
     lines += training_and_data_sections(r, out)
     (out / "README.md").write_text("\n".join(lines))
+
+
+def write_prophet_card(out: Path, r: dict) -> None:
+    """README.md of a prophet trained by ``quickdraft train heads --kind prophet``."""
+    tr, st, p = r["train"], r["stage"], r["prophet"]
+    status = (f"**Stopped by Ctrl-C at step {tr['steps_done']} of {st['steps']}** (resume with the same "
+              "command and `--resume`)." if tr["interrupted"] else f"{tr['steps_done']} of {st['steps']} steps done.")
+    start = "through a bias-free linear map" if p["project"] else "as they are: same width"
+    lines = [
+        f"# {out.name}",
+        "",
+        f"A prophet transformer for the target `{r['target']}` ({r['target_params']:,} parameters): a causal "
+        f"decoder of {p['n_layers']} layer(s), width {p['hidden_size']}, with its own token embeddings and tied LM "
+        f"head, fed the target's final hidden states of the last {p['n_start']} accepted token(s) ({start}), then "
+        f"tokens; it drafts a chain, its cache restarting each round. **{r['params']:,} parameters**, fp32 "
+        f"safetensors; trained on the frozen target over windows of {p['n_start'] + p['gamma'] + 1} tokens "
+        f"(gamma {p['gamma']}) with loss at every position = {r['kl_weight']} x KL(target || prophet) + "
+        f"{r['ce_weight']} x CE. Started from the target's embeddings, final norm and last layer. {status}",
+        "",
+        "`config.json` records the target's name and fingerprint; `quickdraft generate --method prophet --heads "
+        "THIS_DIR` uses it (verified as a chain, exactly like a draft model's: output identical to the target's "
+        "when greedy, distributed as the target's when sampling) and refuses it for another target."
+        + (f" When drafting, its LM head scores only the {r['draft_vocab']['size']:,} tokens most frequent in the "
+           f"training text (`draft_vocab.json`, {r['draft_vocab']['covers']:.1%} of it): a cheaper step, the same "
+           "output." if r.get("draft_vocab", {}).get("size") else ""),
+        "",
+        "## Held-out results",
+        "",
+    ]
+    agreement = r.get("heldout_agreement")
+    if agreement:
+        lines += ["Teacher-forced top-1 agreement of the draft at each depth with the target's own greedy token "
+                  "(drafting as it runs, over its draft vocabulary):",
+                  "", "| depth | top-1 agreement |", "|---:|---:|"]
+        lines += [f"| {i + 1} | {a:.2%} |" for i, a in enumerate(agreement)]
+        lines.append("")
+    else:
+        lines += ["(not measured: training was stopped)", ""]
+    lines += training_and_data_sections(r)
+    (out / "README.md").write_text("\n".join(lines))

@@ -136,10 +136,22 @@ def _configure_exit_head(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _configure_distill(p, steps=300, lr=1e-3)
-    p.add_argument("--kind", choices=["medusa"], default="medusa",
+    p.add_argument("--kind", choices=["medusa", "prophet"], default="medusa",
                    help="medusa: K residual heads on the target's final state, head i predicting the token "
-                        "i + 2 places ahead (default)")
-    p.add_argument("--num-heads", type=positive_int, default=4, help="heads, i.e. tree levels (default 4)")
+                        "i + 2 places ahead (default); prophet: a small decoder fed the target's last final "
+                        "states, then its own tokens, drafting a chain")
+    p.add_argument("--num-heads", type=positive_int, default=4, help="medusa: heads, i.e. tree levels (default 4)")
+    p.add_argument("--n-start", type=positive_int, default=1,
+                   help="prophet: target states fed first, those of the last N accepted tokens (default 1)")
+    p.add_argument("--gamma", type=positive_int, default=4,
+                   help="prophet: tokens drafted per round in training, windows of gamma + 2 tokens (default 4)")
+    p.add_argument("--layers", type=positive_int, default=1, help="prophet: decoder layers (default 1)")
+    p.add_argument("--width", type=positive_int, default=None,
+                   help="prophet: decoder width (default: the target's; another width maps the states linearly)")
+    p.add_argument("--prophet-heads", type=positive_int, default=None,
+                   help="prophet: attention heads (default: the target's)")
+    p.add_argument("--project", action="store_true",
+                   help="prophet: a bias-free linear map of the states even at the target's width")
     p.add_argument("--device", default="cpu",
                    help="where the target and heads run while training, e.g. 'cuda' (default cpu)")
     return p
@@ -163,10 +175,11 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                                    "your text, read from the target's residual stream after --exit-layer.")
     _configure_exit_head(e)
     e.set_defaults(func=run_train_exit_head)
-    h = sub.add_parser("heads", help="distil heads that read a target's hidden states (Medusa)",
-                       description="Distil Medusa heads on a frozen target that the native runtime loads: head i "
-                                   "learns the target's own distribution i + 2 tokens ahead (KL + CE on your text); "
-                                   "use them with `quickdraft generate --method medusa --heads OUT`.")
+    h = sub.add_parser("heads", help="distil heads that read a target's hidden states (Medusa, prophet)",
+                       description="Distil heads on a frozen target that the native runtime loads (KL to the "
+                                   "target's own distribution + CE on your text): Medusa heads, head i predicting "
+                                   "i + 2 tokens ahead, or a prophet transformer drafting a chain; use them with "
+                                   "`quickdraft generate --method medusa|prophet --heads OUT`.")
     _configure_heads(h)
     h.set_defaults(func=run_train_heads)
     return p
@@ -211,7 +224,10 @@ def run_train_exit_head(args) -> int:
 
 
 def run_train_heads(args) -> int:
-    from .heads import run_train_heads as run
+    if args.kind == "prophet":
+        from .prophet import run_train_prophet as run
+    else:
+        from .heads import run_train_heads as run
 
     check_out(args.out, args.force)
     return run(args, _command(args), log=lambda m: print(m, file=sys.stderr, flush=True))

@@ -1,4 +1,5 @@
-"""``quickdraft train heads``: heads that read a frozen target (Medusa today).
+"""``quickdraft train heads``: heads that read a frozen target (Medusa here; the prophet
+transformer in :mod:`.prophet`).
 
 Head ``i`` at position ``t`` learns the target's own distribution for the token ``i + 2``
 places after ``t`` (KL to the target's logits at ``t + i + 1``, plus a little CE on the
