@@ -27,20 +27,20 @@ def test_a_resumed_run_replaces_what_the_crashed_run_logged_after_its_checkpoint
 
 
 def test_the_probe_measures_what_decoding_accepts(tiny_family, tmp_path):
-    """The probe decodes fixed held-out prompts: the target drafting for itself is always
+    """The probe decodes fixed held-out prompts: a copy of the target is always
     accepted, an unrelated draft less; the chart reads the figures back from event files."""
     from quickdraft.drafters.draft_model import DraftModelDrafter
     from quickdraft.models.lm import load_model
 
     target = load_model(tiny_family["target"])
-    draft = load_model(tiny_family["unrelated"])
+    copy, unrelated = load_model(tiny_family["copy"]), load_model(tiny_family["unrelated"])
     stream = np.arange(400, dtype=np.uint16) % 50 + 10
     prompts = probe_prompts(stream, n=3, length=12)
     assert len(prompts) == 3 and all(p.shape == (12,) for p in prompts)
     assert torch.equal(prompts[0], torch.as_tensor(stream[:12], dtype=torch.long))
-    same = acceptance_probe(target, lambda: DraftModelDrafter(target, target.vocab_size), prompts, k=3, new_tokens=12)
-    assert same["mean_accepted_tokens"] >= 3.0 and same["accept_rate/pos1"] == 1.0  # the target drafting itself
-    other = acceptance_probe(target, lambda: DraftModelDrafter(draft, target.vocab_size), prompts, k=3, new_tokens=12)
+    same = acceptance_probe(target, lambda: DraftModelDrafter(copy, target.vocab_size), prompts, k=3, new_tokens=12)
+    assert same["mean_accepted_tokens"] >= 3.0 and same["accept_rate/pos1"] == 1.0  # a copy of the target drafts
+    other = acceptance_probe(target, lambda: DraftModelDrafter(unrelated, target.vocab_size), prompts, k=3, new_tokens=12)
     assert 1.0 <= other["mean_accepted_tokens"] < same["mean_accepted_tokens"]
     with Tracker(tmp_path / "tensorboard") as run:
         run.scalars(0, "probe", other)

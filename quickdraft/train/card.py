@@ -682,5 +682,5 @@ def write_prophet_card(out: Path, r: dict) -> None:
         lines.append("")
     else:
         lines += ["(not measured: training was stopped)", ""]
-    lines += training_and_data_sections(r)
+    lines += training_and_data_sections(r, out)
     (out / "README.md").write_text("\n".join(lines))

@@ -14,7 +14,7 @@ the text. The sequences run in chunks, each backpropagated at once
 from __future__ import annotations
 
 import json
-import shutil
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..drafters.prophet import ProphetDrafter
 from ..machine import machine_info
 from ..models.draft_vocab import default_vocab_size, write_draft_vocab
 from ..models.prophet import Prophet, ProphetConfig, is_prophet_dir, load_prophet, save_prophet
@@ -32,6 +33,7 @@ from .draft import default_work_dir
 from .exit_head import check_out_dir, load_native_teacher, resolve_device
 from .heads import TargetStates, multi_head_backward
 from .presets import Stage
+from .probe import acceptance_probe, as_lm, probe_prompts
 from .textdata import TrainInputError, read_text_data
 from .trainer import count_params
 
@@ -111,6 +113,12 @@ def depth_agreement(prophet: Prophet, states: TargetStates, stream: np.ndarray, 
     return (hits / max(count, 1)).tolist()
 
 
+def prophet_probe(target, heldout: np.ndarray) -> Callable[[Prophet], dict[str, float]]:
+    """Acceptance of the prophet drafting its gamma tokens a round (all of its vocabulary)."""
+    lm, prompts = as_lm(target), probe_prompts(heldout)
+    return lambda prophet: acceptance_probe(lm, lambda: ProphetDrafter(lm, prophet), prompts, k=prophet.config.gamma)
+
+
 def run_train_prophet(args, command: str, log=print) -> int:
     """Run ``quickdraft train heads --kind prophet``; the exit code (130: Ctrl-C stopped it)."""
     out = Path(args.out)
@@ -137,7 +145,7 @@ def run_train_prophet(args, command: str, log=print) -> int:
     prophet.init_from_target(target)
     prophet.to(device)
     stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
-                  ckpt_every=args.ckpt_every, log_every=args.log_every)
+                  ckpt_every=args.ckpt_every, log_every=args.log_every, probe_every=args.probe_every)
     work = Path(args.work_dir) if args.work_dir else default_work_dir(out)
     check_settings(work, {
         "kind": args.kind, "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
@@ -152,7 +160,7 @@ def run_train_prophet(args, command: str, log=print) -> int:
         f"{args.steps} steps of {args.batch_size} x {args.seq_len}")
     states = TargetStates(target)
     task = DistillTask("prophet", target, prophet, make_prophet_loss(states, args.kl_weight, args.ce_weight),
-                       lambda d: save_prophet(prophet, target, target_name, d))
+                       lambda d: save_prophet(prophet, target, target_name, d), prophet_probe(target, tokens.heldout))
     summary = train(task, tokens, stage, args.seq_len, args.seed, work, resume=args.resume,
                     progress=not args.no_progress, threads=args.threads)
     out.mkdir(parents=True, exist_ok=True)
@@ -160,7 +168,7 @@ def run_train_prophet(args, command: str, log=print) -> int:
     # Its LM head scores the most frequent tokens only when drafting (as a draft's does).
     counts = np.bincount(tokens.train.astype(np.int64), minlength=tc.vocab_size)[: tc.vocab_size]
     vocab = write_draft_vocab(out, counts, default_vocab_size(tc.vocab_size))
-    shutil.copyfile(work / "train_log.jsonl", out / "train_log.jsonl")
+    card.copy_run_log(work, out)
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": args.kind, "command": command, "target": target_name, "target_dir": str(target_dir),
               "target_params": count_params(target), "params": count_params(prophet), "prophet": asdict(config),
@@ -174,7 +182,7 @@ def run_train_prophet(args, command: str, log=print) -> int:
         report["heldout_agreement"] = depth_agreement(load_prophet(out, target), states, tokens.heldout,
                                                       args.seq_len, args.eval_tokens)
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
-    card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")
+    card.plot_charts(out, f"{out.name} training")
     card.write_prophet_card(out, report)
     if summary["interrupted"]:
         log(f"[train heads] stopped at step {summary['steps_done']}/{args.steps}; a usable prophet is in {out}; "
