@@ -3,7 +3,7 @@ resolved, for the Python API, the CLI, the server and the bench alike.
 
 ``auto`` becomes the method, k and tree the cost model picks (measured once, cached);
 ``early-exit`` without a head shipped for the target gets the exit layer the cost model
-predicts fastest; ``medusa`` gets its heads loaded (once, shared by every drafter of the
+predicts fastest; ``medusa`` and ``eagle`` get their heads loaded (once, shared by every drafter of the
 plan); every other method is taken as given. The k a request decodes with is
 settled afterwards, once, by :meth:`~quickdraft.generator.SpeculativeGenerator.resolve_k`.
 """
@@ -66,6 +66,10 @@ def resolve_method(
         from .drafters.medusa import load_heads
 
         return MethodPlan(method, dataclasses.replace(options, heads=load_heads(target, options.heads)))
+    if method == "eagle":
+        from .drafters.eagle import load_eagle_head
+
+        return MethodPlan(method, dataclasses.replace(options, heads=load_eagle_head(target, options.heads)))
     if method != "auto":
         return MethodPlan(method, options)
     from .policy.method_choice import cached_method

@@ -129,6 +129,20 @@ def _medusa_rows(ctx, config, k):
 
 register_method("medusa", _medusa_rows, help="Medusa heads on the target's final state propose a token tree")
 
+
+def _eagle_rows(ctx, config, k):
+    """The EAGLE drafter shipped for the target: a chain and two dynamic trees (EAGLE-2)."""
+    from ..drafters.eagle import shipped_eagle
+
+    if shipped_eagle(ctx.target) is None:
+        raise BenchError("--methods eagle needs an EAGLE drafter shipped for this target (the embedded target has "
+                         "one); train one with `quickdraft train heads --kind eagle --target ...`")
+    return _drafter_rows("eagle", [{"tree": "1,1,1,1,1", "k": 5}, {"tree": "dynamic:8", "k": 6},
+                                   {"tree": "dynamic:12", "k": 6}])(ctx, config, k)
+
+
+register_method("eagle", _eagle_rows, help="an EAGLE feature drafter grows a dynamic token tree (EAGLE-2)")
+
 ADAPTIVE_STOPS = ["confidence:0.7", "dv", "heuristic", "cost"]
 
 

@@ -1,4 +1,5 @@
-"""``quickdraft train heads``: heads that read a frozen target (Medusa today).
+"""``quickdraft train heads``: heads that read a frozen target: Medusa heads (here) and
+the EAGLE drafter (its loss in :mod:`.eagle`).
 
 Head ``i`` at position ``t`` learns the target's own distribution for the token ``i + 2``
 places after ``t`` (KL to the target's logits at ``t + i + 1``, plus a little CE on the
@@ -28,6 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from ..machine import machine_info
+from ..models.draft_vocab import default_vocab_size
+from ..models.eagle import EagleHead, is_eagle_dir, load_eagle, save_eagle
 from ..models.medusa import MedusaHeads, is_medusa_dir, load_medusa, save_medusa
 from ..models.registry import read_meta
 from . import card
@@ -126,10 +129,34 @@ def head_agreement(heads: MedusaHeads, states: TargetStates, stream: np.ndarray,
     return (hits / counts.clamp(min=1)).tolist()
 
 
+def _student(args, target, tokens, log):
+    """The kind's student, its loss, save, load and held-out check, and its settings."""
+    states = TargetStates(target)
+    if args.kind == "medusa":
+        heads = MedusaHeads(args.num_heads, target.config.hidden_size)
+        return (heads, make_medusa_loss(states, args.kl_weight, args.ce_weight), save_medusa, load_medusa,
+                lambda h: head_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens),
+                {"num_heads": args.num_heads, "kl_weight": args.kl_weight, "ce_weight": args.ce_weight})
+    from .eagle import eagle_agreement, frequent_tokens, make_eagle_loss
+
+    size = default_vocab_size(target.config.vocab_size) if args.draft_vocab is None else args.draft_vocab
+    ids, covers = frequent_tokens(tokens.train, target.config.vocab_size, size)
+    if ids is not None:
+        log(f"[train heads] draft vocabulary: the {ids.numel():,} most frequent tokens ({covers:.1%} of the "
+            "training text)")
+    head = EagleHead(target, ids)
+    head.copy_vocab_rows(target)
+    return (head, make_eagle_loss(states, args.ttt_steps, args.reg_weight, args.kl_weight), save_eagle,
+            load_eagle,
+            lambda h: eagle_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens, args.ttt_steps),
+            {"ttt_steps": args.ttt_steps, "draft_vocab": 0 if ids is None else ids.numel(),
+             "draft_vocab_covers": covers, "reg_weight": args.reg_weight, "kl_weight": args.kl_weight})
+
+
 def run_train_heads(args, command: str, log=print) -> int:
     """Run ``quickdraft train heads``; returns the exit code (130 when Ctrl-C stopped it)."""
     out = Path(args.out)
-    check_out_dir(out, args.force, is_medusa_dir, "heads")
+    check_out_dir(out, args.force, is_medusa_dir if args.kind == "medusa" else is_eagle_dir, "heads")
     target, target_dir, tok = load_native_teacher(args.target)
     device = resolve_device(args.device)
     target.to(device)
@@ -138,23 +165,23 @@ def run_train_heads(args, command: str, log=print) -> int:
                               f"({target.config.max_position_embeddings}); pass at most that")
     tokens = tokenize(read_text_data(args.data), tok, args.seq_len)
     torch.manual_seed(args.seed)
-    heads = MedusaHeads(args.num_heads, target.config.hidden_size).to(device)
+    student, loss_fn, save, load, agreement, settings = _student(args, target, tokens, log)
+    student.to(device)
     stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                   ckpt_every=args.ckpt_every, log_every=args.log_every)
     work = Path(args.work_dir) if args.work_dir else default_work_dir(out)
     check_settings(work, {
         "kind": args.kind, "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
-        "num_heads": args.num_heads, "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr,
-        "warmup": args.warmup, "seed": args.seed, "kl_weight": args.kl_weight, "ce_weight": args.ce_weight},
-        args.resume)
+        "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup,
+        "seed": args.seed, **settings}, args.resume)
     split = tokens.manifest["split"]
     target_name = read_meta(target_dir).get("name") or target_dir.name
-    log(f"[train heads] target {target_dir} ({count_params(target):,} params); {args.num_heads} Medusa heads, "
-        f"{count_params(heads):,} params; {split['train_tokens']:,} train / {split['heldout_tokens']:,} held-out "
+    what = (f"{args.num_heads} Medusa heads" if args.kind == "medusa" else
+            f"an EAGLE drafter ({args.ttt_steps} unrolled steps)")
+    log(f"[train heads] target {target_dir} ({count_params(target):,} params); {what}, "
+        f"{count_params(student):,} params; {split['train_tokens']:,} train / {split['heldout_tokens']:,} held-out "
         f"tokens; {args.steps} steps of {args.batch_size} x {args.seq_len}")
-    states = TargetStates(target)
-    task = DistillTask("medusa", target, heads, make_medusa_loss(states, args.kl_weight, args.ce_weight),
-                       lambda d: save_medusa(heads, target, target_name, d))
+    task = DistillTask(args.kind, target, student, loss_fn, lambda d: save(student, target, target_name, d))
     summary = train(task, tokens, stage, args.seq_len, args.seed, work, resume=args.resume,
                     progress=not args.no_progress, threads=args.threads)
     out.mkdir(parents=True, exist_ok=True)
@@ -162,23 +189,22 @@ def run_train_heads(args, command: str, log=print) -> int:
     shutil.copyfile(work / "train_log.jsonl", out / "train_log.jsonl")
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": args.kind, "command": command, "target": target_name, "target_dir": str(target_dir),
-              "target_params": count_params(target), "params": count_params(heads), "num_heads": args.num_heads,
-              "seq_len": args.seq_len, "seed": args.seed, "stage": asdict(stage), "kl_weight": args.kl_weight,
-              "ce_weight": args.ce_weight, "train": summary,
+              "target_params": count_params(target), "params": count_params(student), **settings,
+              "seq_len": args.seq_len, "seed": args.seed, "stage": asdict(stage), "train": summary,
               "data": {k: v for k, v in tokens.manifest.items() if k != "file_list"},
               "hardware": {**machine_info(),
                            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}}
     if not summary["interrupted"]:
-        saved = load_medusa(out, target)
-        report["heldout_agreement"] = head_agreement(saved, states, tokens.heldout, args.seq_len, args.eval_tokens)
+        report["heldout_agreement"] = agreement(load(out, target))
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
     card.plot_loss(out / "train_log.jsonl", out / "loss_curve.png", f"{out.name} training")
-    card.write_heads_card(out, report)
+    (card.write_heads_card if args.kind == "medusa" else card.write_eagle_card)(out, report)
     if summary["interrupted"]:
         log(f"[train heads] stopped at step {summary['steps_done']}/{args.steps}; usable heads are in {out}; "
             "continue with the same command and --resume")
         return 130
-    agreement = ", ".join(f"{a:.1%}" for a in report["heldout_agreement"])
-    log(f"[train heads] held-out top-1 agreement with the target per head: {agreement}; heads saved to {out} "
-        f"(use them with --method medusa --heads {out})")
+    agreement_text = ", ".join(f"{a:.1%}" for a in report["heldout_agreement"])
+    per = "head" if args.kind == "medusa" else "unrolled step (tree depth)"
+    log(f"[train heads] held-out top-1 agreement with the target per {per}: {agreement_text}; saved to {out} "
+        f"(use it with --method {args.kind} --heads {out})")
     return 0
