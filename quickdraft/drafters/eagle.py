@@ -23,7 +23,7 @@ import torch
 
 from ..decoding.drafter import EMPTY, Proposal, check_single_slot
 from ..decoding.sampling import SamplingParams
-from ..models.decode_linear import row_dependent_rounding
+from ..models.decode_linear import row_dependent_rounding, use_decode_linears
 from ..models.eagle import EagleHead, is_eagle_dir, load_eagle, read_eagle_config
 from ..models.exit_head import target_fingerprint
 from ..models.lm import HIDDEN_STATES_NEED_NATIVE, CausalLM, NativeLM
@@ -60,7 +60,7 @@ class EagleDrafter:
         self.params, self.generator = params, generator
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = self.head.new_cache(max_len)
-            weight = self.head.fc.weight
+            weight = self.target.embed.weight
             self.features = torch.zeros(max_len, self.target.config.hidden_size, dtype=weight.dtype,
                                         device=weight.device)
         self.known = self.fed = 0
@@ -172,4 +172,7 @@ def load_eagle_head(target: CausalLM | None, head: str | EagleHead | None) -> Ea
     if path is None:
         raise ValueError("--method eagle needs an EAGLE drafter for this target: pass --heads DIR (train one with "
                          "`quickdraft train heads --kind eagle --target ...`)")
-    return load_eagle(path, target.model)
+    head = load_eagle(path, target.model)
+    if target.decode_linears:  # the target's CPU decode kernels serve the drafter's few-row steps too
+        use_decode_linears(head)
+    return head

@@ -58,6 +58,13 @@ class EagleHead(nn.Module):
         tc = target.config
         self.layer_config = dataclasses.replace(tc, n_layers=1)
         self.fc = nn.Linear(2 * tc.hidden_size, tc.hidden_size, bias=False)
+        with torch.no_grad():  # the feature passes through at first: the layer learns what changes
+            self.fc.weight[:, tc.hidden_size :].copy_(torch.eye(tc.hidden_size))
+        # Both halves of fc's input at unit scale: a target's final states are large (the
+        # embedded target's: RMS ~16) and its embeddings small (RMS ~0.04); unscaled, the
+        # token would be lost in the feature and take thousands of steps to surface.
+        embed_rms = target.embed.weight.detach().float().pow(2).mean().sqrt().clamp_min(1e-6)
+        self.register_buffer("embed_scale", (1 / embed_rms).reshape(1))
         self.layer = Block(self.layer_config)
         self.vocab_head: nn.Linear | None = None
         if vocab_ids is not None:
@@ -78,8 +85,8 @@ class EagleHead(nn.Module):
         return 0 if self.vocab_ids is None else self.vocab_ids.numel()
 
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor, target: Transformer) -> torch.Tensor:
-        """The layer's input ``fc([embed(tokens); features])``."""
-        return self.fc(torch.cat([target.embed(tokens), features], dim=-1))
+        """The layer's input ``fc([embed(tokens); features])``, each half at unit RMS."""
+        return self.fc(torch.cat([target.embed(tokens) * self.embed_scale, unit_rms(features)], dim=-1))
 
     def sub_logits(self, hidden: torch.Tensor, target: Transformer) -> torch.Tensor:
         """Logits over the draft vocabulary (the whole one without a reduced head)."""
@@ -96,7 +103,7 @@ class EagleHead(nn.Module):
         return out.index_copy_(out.dim() - 1, self.vocab_ids, scores)
 
     def new_cache(self, max_len: int) -> KVCache:
-        weight = self.fc.weight
+        weight = self.layer.attn_norm.weight  # (linears may be packed for decoding: no .weight)
         return KVCache(self.layer_config, 1, max_len, dtype=weight.dtype, device=weight.device)
 
     def extend(self, tokens: torch.Tensor, features: torch.Tensor, target: Transformer, cache: KVCache,
@@ -125,13 +132,12 @@ class EagleHead(nn.Module):
         bsz, length, hidden = features.shape
         block, attn = self.layer, self.layer.attn
         rope = target._rope(0, length) if target._inv_freq is not None else None  # what extend's positions get
-        emb = target.embed(tokens)
         feature = torch.cat([features.new_zeros(bsz, 1, hidden), features[:, :-1]], dim=1)
         keys: list[tuple[torch.Tensor, torch.Tensor]] = []  # (k, v) of each step, [B, heads, T, D]
         outs = []
         slot = torch.arange(length, device=tokens.device)
         for k in range(steps):
-            x = self.fc(torch.cat([emb, feature], dim=-1))
+            x = self.inputs(tokens, feature, target)
             h = block.attn_norm(x)
             q, key, value = _qkv(attn, h, rope)
             keys.append((key, value))
@@ -153,6 +159,11 @@ class EagleHead(nn.Module):
             outs.append(x)
             feature = torch.cat([x.new_zeros(bsz, 1, hidden), x[:, :-1]], dim=1)
         return outs
+
+
+def unit_rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x`` scaled to unit RMS over its last dimension (a zero feature stays zero)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
 def _qkv(attn, h: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

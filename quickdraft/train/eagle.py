@@ -2,7 +2,7 @@
 
 Self-distilled from the frozen target: per unrolled step ``k`` of the training-time test
 (:meth:`~quickdraft.models.eagle.EagleHead.unrolled`), feature regression (SmoothL1 of the
-drafter's output against the target's own final state there, EAGLE-1) plus soft
+drafter's output against the target's own final state there at unit RMS, EAGLE-1) plus soft
 cross-entropy against the target's distribution over the draft vocabulary, weighted
 ``0.8 ** k`` (EAGLE-3: deeper steps are less sure). The vocabulary for a reduced LM head is
 the most frequent tokens of the training text (:mod:`quickdraft.models.draft_vocab`).
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..models.eagle import EagleHead
+from ..models.eagle import EagleHead, unit_rms
 
 STEP_DECAY = 0.8  # loss weight of unrolled step k: STEP_DECAY ** k
 
@@ -44,11 +44,14 @@ def eagle_loss(head: EagleHead, target, tokens: torch.Tensor, t_logits: torch.Te
     total = features.new_zeros(())
     logs = {}
     for k, out in enumerate(head.unrolled(tokens, features, target, steps)):
-        reg = F.smooth_l1_loss(out[:, k:], features[:, k:])
+        reg = F.smooth_l1_loss(out[:, k:], unit_rms(features[:, k:]))  # the scale the drafter works at
         logp = F.log_softmax(head.sub_logits(out[:, k:], target).float(), dim=-1)
         ce = -(teacher[:, k:] * logp).sum(-1).mean()
         total = total + STEP_DECAY ** k * (reg_weight * reg + ce_weight * ce)
         logs[f"ce{k}"] = ce.item()
+        # Top-1 agreement with the target (what greedy verification accepts): the soft CE
+        # alone hides how much of it is the target's own entropy.
+        logs[f"top1_{k}"] = (logp.argmax(-1) == teacher[:, k:].argmax(-1)).float().mean().item()
     return total, logs
 
 
