@@ -323,8 +323,9 @@ def draft_options(args: argparse.Namespace):
 
 def add_method_options(parser: argparse.ArgumentParser) -> None:
     """Flags shaping the tree, multi-draft and n-gram methods."""
-    parser.add_argument("--tree", default="2,2,1",
-                        help="tree method: children per level (e.g. 2,2,1) or dynamic:N (best N nodes); default 2,2,1")
+    parser.add_argument("--tree", default=None,
+                        help="tree, medusa and eagle: children per level (e.g. 2,2,1) or dynamic:N (best N nodes); "
+                        "default 2,2,1 (eagle: dynamic:10)")
     parser.add_argument("--tree-children", choices=["sample", "top"], default="sample",
                         help="static tree children when sampling: i.i.d. draft samples (default) or the draft's top-k")
     parser.add_argument("--num-drafts", type=positive_int, default=3,
@@ -349,8 +350,8 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
                         "from `quickdraft train draft`; default: the size recorded there; 0 = the whole "
                         "vocabulary). A cheaper draft step; output is the same")
     parser.add_argument("--heads", metavar="DIR",
-                        help="medusa, prophet: the heads directory (from `quickdraft train heads`; default: "
-                        "those shipped for the target)")
+                        help="medusa, prophet, eagle: the heads directory (from `quickdraft train heads`; "
+                        "default: those shipped for the target)")
     parser.add_argument("--no-share-kv", action="store_true",
                         help="early-exit: the draft keeps its own KV cache and verification recomputes every "
                         "layer (slower; for comparison)")

@@ -32,6 +32,8 @@ from .drafters import (
     NoDrafter,
 )
 from .drafters.draft_stop import ADAPTIVE_MAX_DEPTH
+from .drafters.eagle import DEFAULT_DEPTH as EAGLE_DEPTH
+from .drafters.eagle import EagleDrafter
 from .drafters.shapes import Shape
 from .models.lm import CausalLM, eos_token_ids
 from .resolve import MethodPlan, resolve_method
@@ -413,6 +415,8 @@ class SpeculativeGenerator:
             return ADAPTIVE_MAX_DEPTH, "the most an adaptive --draft-stop drafts"
         if chain is not None and hasattr(chain.model, "profile"):
             return chain.model.profile.k, "skip profile"
+        if isinstance(self.drafter, EagleDrafter):
+            return EAGLE_DEPTH, "eagle's default depth"
         return None
 
     def tune_num_speculative_tokens(self, remeasure: bool = False, log=None):

@@ -33,6 +33,7 @@ NATIVE_ONLY_METHODS = {
     "early-exit": "its draft is the target's own first layers, sharing its KV cache",
     "medusa": "its heads read the target's hidden states and it verifies a token tree",
     "prophet": "it reads the target's hidden states",
+    "eagle": "its drafter reads the target's hidden states and it verifies a token tree",
 }
 #: The methods the transformers backend runs, as the messages list them.
 HF_METHODS = "draft, hybrid, ngram or ar"

@@ -3,8 +3,8 @@ resolved, for the Python API, the CLI, the server and the bench alike.
 
 ``auto`` becomes the method, k and tree the cost model picks (measured once, cached);
 ``early-exit`` without a head shipped for the target gets the exit layer the cost model
-predicts fastest; ``medusa`` and ``prophet`` get their heads loaded (once, shared by every drafter of the
-plan); every other method is taken as given. The k a request decodes with is
+predicts fastest; ``medusa``, ``prophet`` and ``eagle`` get their heads loaded (once,
+shared by every drafter of the plan); every other method is taken as given. The k a request decodes with is
 settled afterwards, once, by :meth:`~quickdraft.generator.SpeculativeGenerator.resolve_k`.
 """
 
@@ -70,6 +70,10 @@ def resolve_method(
         from .drafters.prophet import load_prophet_for
 
         return MethodPlan(method, dataclasses.replace(options, heads=load_prophet_for(target, options.heads)))
+    if method == "eagle":
+        from .drafters.eagle import load_eagle_head
+
+        return MethodPlan(method, dataclasses.replace(options, heads=load_eagle_head(target, options.heads)))
     if method != "auto":
         return MethodPlan(method, options)
     from .policy.method_choice import cached_method

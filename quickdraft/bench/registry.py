@@ -145,6 +145,20 @@ def _prophet_rows(ctx, config, k):
 
 register_method("prophet", _prophet_rows, help="a prophet transformer drafts a chain from the target's last states")
 
+
+def _eagle_rows(ctx, config, k):
+    """The EAGLE drafter shipped for the target: a chain and two dynamic trees (EAGLE-2)."""
+    from ..drafters.eagle import shipped_eagle
+
+    if shipped_eagle(ctx.target) is None:
+        raise BenchError("--methods eagle needs an EAGLE drafter shipped for this target (the embedded target has "
+                         "one); train one with `quickdraft train heads --kind eagle --target ...`")
+    return _drafter_rows("eagle", [{"tree": "1,1,1,1,1", "k": 5}, {"tree": "dynamic:8", "k": 6},
+                                   {"tree": "dynamic:12", "k": 6}])(ctx, config, k)
+
+
+register_method("eagle", _eagle_rows, help="an EAGLE feature drafter grows a dynamic token tree (EAGLE-2)")
+
 ADAPTIVE_STOPS = ["confidence:0.7", "dv", "heuristic", "cost"]
 
 

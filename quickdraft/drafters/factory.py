@@ -13,6 +13,7 @@ from .ngram import NgramDrafter
 from .shapes import MultiDraft, Shape, StaticTree, parse_tree
 
 if TYPE_CHECKING:
+    from ..models.eagle import EagleHead
     from ..models.exit_head import ExitHead
     from ..models.medusa import MedusaHeads
     from ..models.prophet import Prophet
@@ -65,9 +66,15 @@ METHODS: dict[str, MethodSpec] = {
                          needs="heads", default_k="4 (one tree level per head, at most the number of heads)"),
     "prophet": MethodSpec("a prophet transformer drafts a chain from the target's last hidden states (--heads DIR, "
                           "default: the prophet shipped for the target)", needs="heads"),
+    "eagle": MethodSpec("an EAGLE drafter (fc([token; target feature]) + one layer + the target's LM head) grows "
+                        "a token tree (--heads DIR, default: the drafter shipped for the target; --tree, default "
+                        "dynamic:10, EAGLE-2's best nodes by cumulative confidence)",
+                        needs="heads", default_k="6 (the tree's depth)"),
     "auto": MethodSpec("the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
                        needs="measured", default_k="the cost model's choice with the method"),
 }
+#: ``--tree`` when none is given (eagle has its own, :data:`.eagle.DEFAULT_TREE`).
+DEFAULT_TREE = "2,2,1"
 NEEDS_DRAFT = tuple(name for name, m in METHODS.items() if m.needs in ("draft", "measured"))
 CHAIN_METHODS = tuple(name for name, m in METHODS.items() if m.chain)  # the methods --draft-stop applies to
 BATCH_METHODS = tuple(name for name, m in METHODS.items() if m.batched)
@@ -77,7 +84,7 @@ BATCH_METHODS = tuple(name for name, m in METHODS.items() if m.batched)
 class DraftOptions:
     """Method settings beyond k (the CLI flags of the same names)."""
 
-    tree: str = "2,2,1"
+    tree: str | None = None  # None: the method's own default (2,2,1; eagle: dynamic:10)
     tree_children: str = "sample"  # sample (i.i.d. from q when sampling) or top (top-k, one-hot q)
     num_drafts: int = 3
     ngram_max: int = 3
@@ -87,12 +94,13 @@ class DraftOptions:
     exit_layer: int | None = None  # early exit: None = the head's layer (shipped head) or the default
     exit_head: str | ExitHead | None = None  # early exit: a head directory, "shared", a loaded head or None (shipped)
     share_kv: bool = True  # early exit: drafting writes the target's cache, verification resumes at L
-    # medusa / prophet: a directory, loaded heads or None (those shipped for the target)
-    heads: str | MedusaHeads | Prophet | None = None
+    # medusa / prophet / eagle: a directory, loaded heads or None (those shipped for the target)
+    heads: str | MedusaHeads | Prophet | EagleHead | None = None
 
     def __post_init__(self) -> None:
         """One-line errors for bad settings, before any model is loaded."""
-        parse_tree(self.tree)
+        if self.tree is not None:
+            parse_tree(self.tree)
         parse_draft_stop(self.draft_stop)
         if self.tree_children not in ("sample", "top"):
             raise ValueError(f"tree children must be sample or top, got {self.tree_children!r}")
@@ -108,7 +116,7 @@ class DraftOptions:
 
 def draft_shape(method: str, options: DraftOptions) -> Shape:
     if method == "tree":
-        shape = parse_tree(options.tree)
+        shape = parse_tree(options.tree or DEFAULT_TREE)
         if isinstance(shape, StaticTree) and options.tree_children == "top":
             return StaticTree(shape.widths, sample=False)
         return shape
@@ -149,7 +157,7 @@ def make_drafter(
     if method == "medusa":
         from .medusa import medusa_drafter
 
-        shape = parse_tree(options.tree)
+        shape = parse_tree(options.tree or DEFAULT_TREE)
         if not isinstance(shape, StaticTree):
             raise ValueError(f"--method medusa expands a static tree (children per level, e.g. 2,2,1), "
                              f"not --tree {options.tree}")
@@ -158,6 +166,11 @@ def make_drafter(
         from .prophet import ProphetDrafter, load_prophet_for
 
         return ProphetDrafter(target, load_prophet_for(target, options.heads))
+    if method == "eagle":
+        from .eagle import EagleDrafter, eagle_shape, load_eagle_head
+
+        return EagleDrafter(target, load_eagle_head(target, options.heads), eagle_shape(options.tree,
+                                                                                       options.tree_children))
     shape = draft_shape(method, options)
     if method == "layer-skip":
         from .layer_skip import LayerSkipLM, load_profile

@@ -684,3 +684,41 @@ def write_prophet_card(out: Path, r: dict) -> None:
         lines += ["(not measured: training was stopped)", ""]
     lines += training_and_data_sections(r, out)
     (out / "README.md").write_text("\n".join(lines))
+
+
+def write_eagle_card(out: Path, r: dict) -> None:
+    """README.md of an EAGLE drafter trained by ``quickdraft train heads --kind eagle``."""
+    tr, st = r["train"], r["stage"]
+    status = (f"**Stopped by Ctrl-C at step {tr['steps_done']} of {st['steps']}** (resume with the same "
+              "command and `--resume`)." if tr["interrupted"] else f"{tr['steps_done']} of {st['steps']} steps done.")
+    vocab = (f"a reduced LM head over the {r['draft_vocab']:,} most frequent tokens of the training text "
+             f"({r['draft_vocab_covers']:.1%} of it; the target's own LM head rows, frozen, stored here)"
+             if r["draft_vocab"] else "the target's own LM head (shared, not stored here)")
+    lines = [
+        f"# {out.name}",
+        "",
+        f"An EAGLE-style feature drafter for the target `{r['target']}` ({r['target_params']:,} parameters): "
+        "fc([token embedding; the target's final hidden state of the previous token]) + one decoder layer of the "
+        f"target's shape, read by the target's final norm and {vocab}. It predicts the target's next feature "
+        f"and token, and drafts by feeding its own features back. **{r['params']:,} parameters**, fp32 "
+        f"safetensors; distilled from the frozen target with a training-time test of {r['ttt_steps']} unrolled "
+        f"steps, loss = sum over steps k of 0.8^k x ({r['reg_weight']} x SmoothL1(feature) + {r['kl_weight']} x "
+        f"soft CE against the target). {status}",
+        "",
+        "`config.json` records the target's name and fingerprint; `quickdraft generate --method eagle --heads "
+        "THIS_DIR` uses it (a dynamic token tree verified by the target: output identical to the target's) and "
+        "refuses it for another target.",
+        "",
+        "## Held-out results",
+        "",
+    ]
+    agreement = r.get("heldout_agreement")
+    if agreement:
+        lines += ["Top-1 agreement with the target's own greedy token at each unrolled step (step k = a tree "
+                  "node at depth k whose ancestors were right):", "", "| step | top-1 agreement |", "|---:|---:|"]
+        lines += [f"| {k} | {a:.2%} |" for k, a in enumerate(agreement)]
+        lines.append("")
+    else:
+        lines += ["(not measured: training was stopped)", ""]
+    lines += training_and_data_sections(r, out)
+    (out / "README.md").write_text("\n".join(lines))

@@ -136,10 +136,12 @@ def _configure_exit_head(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _configure_distill(p, steps=300, lr=1e-3)
-    p.add_argument("--kind", choices=["medusa", "prophet"], default="medusa",
+    p.add_argument("--kind", choices=["medusa", "prophet", "eagle"], default="medusa",
                    help="medusa: K residual heads on the target's final state, head i predicting the token "
                         "i + 2 places ahead (default); prophet: a small decoder fed the target's last final "
-                        "states, then its own tokens, drafting a chain")
+                        "states, then its own tokens, drafting a chain; eagle: fc([token; feature]) + one decoder "
+                        "layer + the target's LM head, predicting the target's next feature (--kl-weight weighs its "
+                        "soft cross-entropy against the target, --reg-weight the feature regression)")
     p.add_argument("--num-heads", type=positive_int, default=4, help="medusa: heads, i.e. tree levels (default 4)")
     p.add_argument("--n-start", type=positive_int, default=1,
                    help="prophet: target states fed first, those of the last N accepted tokens (default 1)")
@@ -152,6 +154,13 @@ def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="prophet: attention heads (default: the target's)")
     p.add_argument("--project", action="store_true",
                    help="prophet: a bias-free linear map of the states even at the target's width")
+    p.add_argument("--ttt-steps", type=positive_int, default=5,
+                   help="eagle: training-time test, steps unrolled on the drafter's own features (default 5)")
+    p.add_argument("--reg-weight", type=float, default=0.5,
+                   help="eagle: weight of the SmoothL1 feature regression (default 0.5)")
+    p.add_argument("--draft-vocab", type=non_negative_int, default=None, metavar="N",
+                   help="eagle: its LM head scores the N most frequent tokens of the training text (default: "
+                        "an eighth of the vocabulary, at least 1024; 0 = all)")
     p.add_argument("--device", default="cpu",
                    help="where the target and heads run while training, e.g. 'cuda' (default cpu)")
     return p
@@ -175,11 +184,13 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                                    "your text, read from the target's residual stream after --exit-layer.")
     _configure_exit_head(e)
     e.set_defaults(func=run_train_exit_head)
-    h = sub.add_parser("heads", help="distil heads that read a target's hidden states (Medusa, prophet)",
-                       description="Distil heads on a frozen target that the native runtime loads (KL to the "
-                                   "target's own distribution + CE on your text): Medusa heads, head i predicting "
-                                   "i + 2 tokens ahead, or a prophet transformer drafting a chain; use them with "
-                                   "`quickdraft generate --method medusa|prophet --heads OUT`.")
+    h = sub.add_parser("heads", help="distil heads that read a target's hidden states (Medusa, prophet, EAGLE)",
+                       description="Distil heads on a frozen target that the native runtime loads. Medusa: head i "
+                                   "learns the target's own distribution i + 2 tokens ahead (KL + CE on your text). "
+                                   "Prophet: a small decoder fed the target's last states drafts a chain. EAGLE: one "
+                                   "layer learns the target's next feature and distribution, unrolled on its own "
+                                   "features as it drafts. Use them with `quickdraft generate --method "
+                                   "medusa|prophet|eagle --heads OUT`.")
     _configure_heads(h)
     h.set_defaults(func=run_train_heads)
     return p

@@ -1,5 +1,5 @@
-"""``quickdraft train heads``: heads that read a frozen target (Medusa here; the prophet
-transformer in :mod:`.prophet`).
+"""``quickdraft train heads``: heads that read a frozen target: Medusa heads (here), the
+EAGLE drafter (its loss in :mod:`.eagle`) and the prophet transformer (:mod:`.prophet`).
 
 Head ``i`` at position ``t`` learns the target's own distribution for the token ``i + 2``
 places after ``t`` (KL to the target's logits at ``t + i + 1``, plus a little CE on the
@@ -29,6 +29,8 @@ import torch.nn.functional as F
 
 from ..drafters.medusa import MedusaDrafter
 from ..machine import machine_info
+from ..models.draft_vocab import default_vocab_size
+from ..models.eagle import EagleHead, is_eagle_dir, load_eagle, save_eagle
 from ..models.medusa import MedusaHeads, is_medusa_dir, load_medusa, save_medusa
 from ..models.registry import read_meta
 from . import card
@@ -136,10 +138,43 @@ def medusa_probe(target, heldout: np.ndarray) -> Callable[[MedusaHeads], dict[st
                                           k=heads.num_heads)
 
 
+def eagle_probe(target, heldout: np.ndarray, depth: int) -> Callable[[EagleHead], dict[str, float]]:
+    """Acceptance of the EAGLE drafter as a chain of ``depth`` (its unrolled steps)."""
+    from ..drafters.eagle import EagleDrafter, eagle_shape
+
+    lm, prompts = as_lm(target), probe_prompts(heldout)
+    shape = eagle_shape(",".join(["1"] * depth))
+    return lambda head: acceptance_probe(lm, lambda: EagleDrafter(lm, head, shape), prompts, k=depth)
+
+
+def _student(args, target, tokens, log):
+    """The kind's student, its loss, save, load and held-out check, and its settings."""
+    states = TargetStates(target)
+    if args.kind == "medusa":
+        heads = MedusaHeads(args.num_heads, target.config.hidden_size)
+        return (heads, make_medusa_loss(states, args.kl_weight, args.ce_weight), save_medusa, load_medusa,
+                lambda h: head_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens),
+                {"num_heads": args.num_heads, "kl_weight": args.kl_weight, "ce_weight": args.ce_weight})
+    from .eagle import eagle_agreement, frequent_tokens, make_eagle_loss
+
+    size = default_vocab_size(target.config.vocab_size) if args.draft_vocab is None else args.draft_vocab
+    ids, covers = frequent_tokens(tokens.train, target.config.vocab_size, size)
+    if ids is not None:
+        log(f"[train heads] draft vocabulary: the {ids.numel():,} most frequent tokens ({covers:.1%} of the "
+            "training text)")
+    head = EagleHead(target, ids)
+    head.copy_vocab_rows(target)
+    return (head, make_eagle_loss(states, args.ttt_steps, args.reg_weight, args.kl_weight), save_eagle,
+            load_eagle,
+            lambda h: eagle_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens, args.ttt_steps),
+            {"ttt_steps": args.ttt_steps, "draft_vocab": 0 if ids is None else ids.numel(),
+             "draft_vocab_covers": covers, "reg_weight": args.reg_weight, "kl_weight": args.kl_weight})
+
+
 def run_train_heads(args, command: str, log=print) -> int:
     """Run ``quickdraft train heads``; returns the exit code (130 when Ctrl-C stopped it)."""
     out = Path(args.out)
-    check_out_dir(out, args.force, is_medusa_dir, "heads")
+    check_out_dir(out, args.force, is_medusa_dir if args.kind == "medusa" else is_eagle_dir, "heads")
     target, target_dir, tok = load_native_teacher(args.target)
     device = resolve_device(args.device)
     target.to(device)
@@ -148,23 +183,25 @@ def run_train_heads(args, command: str, log=print) -> int:
                               f"({target.config.max_position_embeddings}); pass at most that")
     tokens = tokenize(read_text_data(args.data), tok, args.seq_len)
     torch.manual_seed(args.seed)
-    heads = MedusaHeads(args.num_heads, target.config.hidden_size).to(device)
+    student, loss_fn, save, load, agreement, settings = _student(args, target, tokens, log)
+    student.to(device)
     stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                   ckpt_every=args.ckpt_every, log_every=args.log_every, probe_every=args.probe_every)
     work = Path(args.work_dir) if args.work_dir else default_work_dir(out)
     check_settings(work, {
         "kind": args.kind, "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
-        "num_heads": args.num_heads, "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr,
-        "warmup": args.warmup, "seed": args.seed, "kl_weight": args.kl_weight, "ce_weight": args.ce_weight},
-        args.resume)
+        "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup,
+        "seed": args.seed, **settings}, args.resume)
     split = tokens.manifest["split"]
     target_name = read_meta(target_dir).get("name") or target_dir.name
-    log(f"[train heads] target {target_dir} ({count_params(target):,} params); {args.num_heads} Medusa heads, "
-        f"{count_params(heads):,} params; {split['train_tokens']:,} train / {split['heldout_tokens']:,} held-out "
+    what = (f"{args.num_heads} Medusa heads" if args.kind == "medusa" else
+            f"an EAGLE drafter ({args.ttt_steps} unrolled steps)")
+    log(f"[train heads] target {target_dir} ({count_params(target):,} params); {what}, "
+        f"{count_params(student):,} params; {split['train_tokens']:,} train / {split['heldout_tokens']:,} held-out "
         f"tokens; {args.steps} steps of {args.batch_size} x {args.seq_len}")
-    states = TargetStates(target)
-    task = DistillTask("medusa", target, heads, make_medusa_loss(states, args.kl_weight, args.ce_weight),
-                       lambda d: save_medusa(heads, target, target_name, d), medusa_probe(target, tokens.heldout))
+    probe = (medusa_probe(target, tokens.heldout) if args.kind == "medusa" else
+             eagle_probe(target, tokens.heldout, args.ttt_steps))
+    task = DistillTask(args.kind, target, student, loss_fn, lambda d: save(student, target, target_name, d), probe)
     summary = train(task, tokens, stage, args.seq_len, args.seed, work, resume=args.resume,
                     progress=not args.no_progress, threads=args.threads)
     out.mkdir(parents=True, exist_ok=True)
@@ -172,23 +209,22 @@ def run_train_heads(args, command: str, log=print) -> int:
     card.copy_run_log(work, out)
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": args.kind, "command": command, "target": target_name, "target_dir": str(target_dir),
-              "target_params": count_params(target), "params": count_params(heads), "num_heads": args.num_heads,
-              "seq_len": args.seq_len, "seed": args.seed, "stage": asdict(stage), "kl_weight": args.kl_weight,
-              "ce_weight": args.ce_weight, "train": summary,
+              "target_params": count_params(target), "params": count_params(student), **settings,
+              "seq_len": args.seq_len, "seed": args.seed, "stage": asdict(stage), "train": summary,
               "data": {k: v for k, v in tokens.manifest.items() if k != "file_list"},
               "hardware": {**machine_info(),
                            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}}
     if not summary["interrupted"]:
-        saved = load_medusa(out, target)
-        report["heldout_agreement"] = head_agreement(saved, states, tokens.heldout, args.seq_len, args.eval_tokens)
+        report["heldout_agreement"] = agreement(load(out, target))
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
     card.plot_charts(out, f"{out.name} training")
-    card.write_heads_card(out, report)
+    (card.write_heads_card if args.kind == "medusa" else card.write_eagle_card)(out, report)
     if summary["interrupted"]:
         log(f"[train heads] stopped at step {summary['steps_done']}/{args.steps}; usable heads are in {out}; "
             "continue with the same command and --resume")
         return 130
-    agreement = ", ".join(f"{a:.1%}" for a in report["heldout_agreement"])
-    log(f"[train heads] held-out top-1 agreement with the target per head: {agreement}; heads saved to {out} "
-        f"(use them with --method medusa --heads {out})")
+    agreement_text = ", ".join(f"{a:.1%}" for a in report["heldout_agreement"])
+    per = "head" if args.kind == "medusa" else "unrolled step (tree depth)"
+    log(f"[train heads] held-out top-1 agreement with the target per {per}: {agreement_text}; saved to {out} "
+        f"(use it with --method {args.kind} --heads {out})")
     return 0

@@ -1,0 +1,178 @@
+"""``--method eagle``: an EAGLE-style feature drafter (:mod:`quickdraft.models.eagle`) grows
+a token tree, by default EAGLE-2's dynamic tree (``--tree dynamic:N``: the best N nodes by
+cumulative draft confidence); the engine verifies it in one pass with its exact tree rule.
+
+Each step the drafter first feeds the tokens the target accepted since the last step,
+each with the target's own feature of the token before it (handed over by the hidden-state
+contract, :mod:`quickdraft.decoding.drafter`: no extra target pass), up to the step's new
+token; its output there scores the tree's first level. Tree nodes are then fed level by
+level with their parent's output as feature and the tree mask. Their keys are thrown away
+after the proposal: the next step writes the accepted tokens again, with the target's
+features, so the drafter's cache only ever holds what training's step 0 saw.
+
+Dynamic and top-k children are deterministic (one-hot q); ``--tree`` static widths and a
+chain sample from the drafter when sampling and hand the verifier those q: both exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from ..decoding.drafter import EMPTY, Proposal, check_single_slot
+from ..decoding.sampling import SamplingParams
+from ..models.decode_linear import row_dependent_rounding, use_decode_linears
+from ..models.eagle import EagleHead, is_eagle_dir, load_eagle, read_eagle_config
+from ..models.exit_head import target_fingerprint
+from ..models.lm import HIDDEN_STATES_NEED_NATIVE, CausalLM, NativeLM
+from .early_exit import HEADS_DIR
+from .shapes import Node, Shape, StaticTree, parse_tree
+
+#: ``--tree`` for eagle when none is given: EAGLE-2's dynamic tree, sized for a CPU verify.
+DEFAULT_TREE = "dynamic:10"
+DEFAULT_DEPTH = 6
+
+
+class EagleDrafter:
+    """Proposes a token tree from an EAGLE drafter (batch 1, slot 0)."""
+
+    def __init__(self, target: NativeLM, head: EagleHead, shape: Shape) -> None:
+        if not isinstance(target, NativeLM):
+            raise ValueError(HIDDEN_STATES_NEED_NATIVE)
+        self.target, self.head, self.shape = target.model, head, shape
+        self.reads_hidden = (target.config.n_layers,)
+        self.name = f"eagle({shape.name.removeprefix('tree(').removesuffix(')')})"
+        self.params, self.generator = SamplingParams(), torch.Generator()
+        self.cache = None
+        self.features: torch.Tensor | None = None  # the target's final states, by position
+        self.known = 0  # positions whose target feature has been observed
+        self.fed = 0  # slots of the drafter's cache holding settled tokens (target features)
+
+    def verify_width(self, k: int) -> int:
+        return self.shape.width(k) + 1
+
+    @torch.inference_mode()
+    def join(self, slot: int, prompt: torch.Tensor, params: SamplingParams, generator: torch.Generator,
+             max_len: int) -> None:
+        check_single_slot(self, slot)
+        self.params, self.generator = params, generator
+        if self.cache is None or self.cache.max_len < max_len:
+            self.cache = self.head.new_cache(max_len)
+            weight = self.target.embed.weight
+            self.features = torch.zeros(max_len, self.target.config.hidden_size, dtype=weight.dtype,
+                                        device=weight.device)
+        self.known = self.fed = 0
+
+    @torch.inference_mode()
+    def observe(self, slot: int, start: int, states: dict[int, torch.Tensor]) -> None:
+        final = states[self.reads_hidden[0]]
+        self.features[start : start + final.shape[0]] = final
+        self.known = start + final.shape[0]
+
+    def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
+        (k,) = ks  # one sequence: slot 0 (join refused any other)
+        sequence = sequences[0]
+        # Drafting needs the feature of every token but the last: not before the prefill.
+        if k == 0 or self.shape.depth(k) == 0 or self.known < sequence.shape[0] - 1:
+            return [EMPTY]
+        return [self._draft(sequence, k)]
+
+    @torch.inference_mode()
+    @row_dependent_rounding()  # the target decides what is accepted: the fastest kernels
+    def _draft(self, sequence: torch.Tensor, k: int) -> Proposal:
+        n = sequence.shape[0]
+        # Slot p gets the feature of token p - 1 (zero for the first token).
+        features = self.features[max(self.fed - 1, 0) : n - 1]
+        if self.fed == 0:
+            features = torch.cat([features.new_zeros(1, features.shape[1]), features])
+        out = self.head.extend(sequence[self.fed : n], features, self.target, self.cache, self.fed, self.fed)
+        self.fed = n
+        nodes: list[Node] = []
+        outputs = {-1: out[-1]}  # node -> the drafter's output there (its children's feature)
+        slot_of: dict[int, int] = {}  # node -> its cache slot after the sequence
+        frontier, logits = [-1], self.head.logits(out[-1:], self.target)
+        depth_limit = self.shape.depth(k)
+        for depth in range(depth_limit):
+            new: list[int] = []
+            for row, index in enumerate(frontier):
+                parent = nodes[index] if index >= 0 else None
+                for node in self.shape.children(depth, parent, index, logits[row], self.params, self.generator):
+                    new.append(len(nodes))
+                    nodes.append(node)
+            if depth + 1 == depth_limit:
+                break
+            frontier = self.shape.frontier(depth, nodes, new, self.shape.width(k) - len(slot_of))
+            if not frontier:
+                break
+            for i in frontier:
+                slot_of[i] = len(slot_of)
+            mask = torch.zeros(len(frontier), n + len(slot_of), dtype=torch.bool)
+            mask[:, :n] = True
+            for row, i in enumerate(frontier):
+                node = i
+                while node >= 0:  # itself and its ancestors, all fed at earlier levels
+                    mask[row, n + slot_of[node]] = True
+                    node = nodes[node].parent
+            tokens = torch.tensor([nodes[i].token for i in frontier])
+            parent_out = torch.stack([outputs[nodes[i].parent] for i in frontier])
+            slots = torch.tensor([n + slot_of[i] for i in frontier])
+            h = self.head.extend(tokens, parent_out, self.target, self.cache, torch.full_like(slots, n + depth),
+                                 slots, mask[None])
+            outputs.update(zip(frontier, h))
+            logits = self.head.logits(h, self.target)
+        return _proposal(nodes, self.shape.finish(nodes, k))
+
+    def verified(self, slot: int, length: int, path: list[int]) -> None:
+        pass  # the tree's keys are overwritten next step by the accepted tokens, with the target's features
+
+    def leave(self, slot: int) -> None:
+        self.known = self.fed = 0
+
+
+def _proposal(nodes: list[Node], keep: list[int]) -> Proposal:
+    """The kept nodes (a topological order, ancestors included) as a proposal."""
+    new_index = {old: new for new, old in enumerate(keep)}
+    nodes = [nodes[i] for i in keep]
+    tokens = torch.tensor([n.token for n in nodes], dtype=torch.long)
+    parents = torch.tensor([new_index.get(n.parent, -1) for n in nodes], dtype=torch.long)
+    probs = torch.stack([n.q for n in nodes]) if nodes and nodes[0].q is not None else None
+    counts = torch.tensor([n.count for n in nodes]) if any(n.count > 1 for n in nodes) else None
+    return Proposal(tokens, parents, probs, counts)
+
+
+def eagle_shape(tree: str | None, tree_children: str = "sample") -> Shape:
+    """The shape ``--tree`` gives eagle: ``dynamic:N`` (default :data:`DEFAULT_TREE`) or
+    static widths (``1,1,1,1`` is a chain), whose children are sampled from the drafter
+    when sampling unless ``tree_children`` is ``top``."""
+    shape = parse_tree(tree or DEFAULT_TREE)
+    if isinstance(shape, StaticTree) and tree_children == "top":
+        return StaticTree(shape.widths, sample=False)
+    return shape
+
+
+def shipped_eagle(target: CausalLM) -> Path | None:
+    """The EAGLE drafter packaged for this target, if any."""
+    if not isinstance(target, NativeLM) or not HEADS_DIR.is_dir():
+        return None
+    fingerprint = target_fingerprint(target.model)
+    return next((path for path in sorted(HEADS_DIR.iterdir())
+                 if is_eagle_dir(path) and read_eagle_config(path).target_fingerprint == fingerprint), None)
+
+
+def load_eagle_head(target: CausalLM | None, head: str | EagleHead | None) -> EagleHead:
+    """``head`` as a loaded drafter for ``target``: loaded already, from a directory, or
+    (None) the one shipped for the target; a one-line error when there is none."""
+    if not isinstance(target, NativeLM):
+        raise ValueError(HIDDEN_STATES_NEED_NATIVE)
+    if isinstance(head, EagleHead):
+        return head
+    path = head or shipped_eagle(target)
+    if path is None:
+        raise ValueError("--method eagle needs an EAGLE drafter for this target: pass --heads DIR (train one with "
+                         "`quickdraft train heads --kind eagle --target ...`)")
+    head = load_eagle(path, target.model)
+    if target.decode_linears:  # the target's CPU decode kernels serve the drafter's few-row steps too
+        use_decode_linears(head)
+    return head

@@ -1,0 +1,245 @@
+"""An EAGLE-style feature drafter (Li et al. 2024; EAGLE-3's training-time test): one
+decoder layer that predicts the target's next final hidden state ("feature") from the
+current token and the previous feature, read by the target's own final norm and LM head.
+
+Slot ``p`` of the drafter's sequence holds token ``x_p`` with the feature of the token
+before it, ``fc([embed(x_p); f_{p-1}])`` (a zero feature for ``p = 0``); its output
+``h_p`` stands for ``f_p``, and ``head(h_p)`` predicts ``x_{p+1}``. The target's features
+are known for every token it has verified; past them the drafter feeds its own outputs
+back (a tree node's feature is its parent's output). Training unrolls exactly that
+(:meth:`EagleHead.unrolled`): step ``k`` feeds step ``k - 1``'s outputs back and attends as
+a depth ``k - 1`` tree node does, so what is trained is what drafts.
+
+The LM head may score a reduced draft vocabulary (the most frequent tokens of the training
+text, FR-Spec / EAGLE-3): its rows, copied from the target's frozen LM head, are stored
+with the drafter, since the target's own head may be packed for decoding. Other tokens
+get ``-inf`` logits: they are never drafted, which costs acceptance, never exactness.
+Saved as ``config.json`` + ``model.safetensors`` with the target's fingerprint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .exit_head import target_fingerprint
+from .kv_cache import KVCache
+from .loading import CheckpointError
+from .transformer import Block, Transformer, apply_rope
+
+EAGLE_KIND = "quickdraft-eagle-head"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass
+class EagleConfig:
+    """What a saved drafter is, and the target it reads."""
+
+    hidden_size: int
+    vocab_size: int
+    draft_vocab: int  # tokens its LM head scores (0: the target's whole vocabulary)
+    target: str = ""
+    target_fingerprint: str = ""
+    kind: str = EAGLE_KIND
+
+
+class EagleHead(nn.Module):
+    """``fc`` + one decoder layer of the target's shape (+ the reduced LM head's rows)."""
+
+    def __init__(self, target: Transformer, vocab_ids: torch.Tensor | None = None) -> None:
+        super().__init__()
+        tc = target.config
+        self.layer_config = dataclasses.replace(tc, n_layers=1)
+        self.fc = nn.Linear(2 * tc.hidden_size, tc.hidden_size, bias=False)
+        with torch.no_grad():  # the feature passes through at first: the layer learns what changes
+            self.fc.weight[:, tc.hidden_size :].copy_(torch.eye(tc.hidden_size))
+        # Both halves of fc's input at unit scale: a target's final states are large (the
+        # embedded target's: RMS ~16) and its embeddings small (RMS ~0.04); unscaled, the
+        # token would be lost in the feature and take thousands of steps to surface.
+        embed_rms = target.embed.weight.detach().float().pow(2).mean().sqrt().clamp_min(1e-6)
+        self.register_buffer("embed_scale", (1 / embed_rms).reshape(1))
+        self.layer = Block(self.layer_config)
+        self.vocab_head: nn.Linear | None = None
+        if vocab_ids is not None:
+            self.register_buffer("vocab_ids", torch.as_tensor(vocab_ids, dtype=torch.long).clone())
+            self.vocab_head = nn.Linear(tc.hidden_size, self.vocab_ids.numel(), bias=False)
+            self.vocab_head.requires_grad_(False)  # the target's LM head rows: frozen
+        else:
+            self.vocab_ids = None
+
+    def copy_vocab_rows(self, target: Transformer) -> None:
+        """Fill the reduced head with the target's LM head rows (an unpacked target)."""
+        if self.vocab_head is not None:
+            with torch.no_grad():
+                self.vocab_head.weight.copy_(target.lm_head.weight[self.vocab_ids])
+
+    @property
+    def draft_vocab(self) -> int:
+        return 0 if self.vocab_ids is None else self.vocab_ids.numel()
+
+    def inputs(self, tokens: torch.Tensor, features: torch.Tensor, target: Transformer) -> torch.Tensor:
+        """The layer's input ``fc([embed(tokens); features])``, each half at unit RMS."""
+        return self.fc(torch.cat([target.embed(tokens) * self.embed_scale, unit_rms(features)], dim=-1))
+
+    def sub_logits(self, hidden: torch.Tensor, target: Transformer) -> torch.Tensor:
+        """Logits over the draft vocabulary (the whole one without a reduced head)."""
+        if self.vocab_head is None:
+            return target.head(hidden)
+        return self.vocab_head(target.norm(hidden))
+
+    def logits(self, hidden: torch.Tensor, target: Transformer) -> torch.Tensor:
+        """Logits over the target's vocabulary: ``-inf`` outside the draft vocabulary."""
+        scores = self.sub_logits(hidden, target)
+        if self.vocab_head is None:
+            return scores
+        out = scores.new_full((*scores.shape[:-1], target.config.vocab_size), float("-inf"))
+        return out.index_copy_(out.dim() - 1, self.vocab_ids, scores)
+
+    def new_cache(self, max_len: int) -> KVCache:
+        weight = self.layer.attn_norm.weight  # (linears may be packed for decoding: no .weight)
+        return KVCache(self.layer_config, 1, max_len, dtype=weight.dtype, device=weight.device)
+
+    def extend(self, tokens: torch.Tensor, features: torch.Tensor, target: Transformer, cache: KVCache,
+               positions: torch.Tensor | int, slots: torch.Tensor | int, mask: torch.Tensor | None = None
+               ) -> torch.Tensor:
+        """Inference: feed ``tokens`` ``[T]`` with ``features`` ``[T, H]`` at ``positions``,
+        keys into ``cache`` at ``slots`` (``mask`` ``[T, S]`` as in ``Transformer.forward``);
+        the outputs ``[T, H]``."""
+        x = self.inputs(tokens[None], features[None], target)
+        if not isinstance(positions, int):
+            positions, slots = positions[None], slots if isinstance(slots, int) else slots[None]
+        rope, rows, mask, kv_len = target.attention_inputs(positions, cache, slots, mask, x.shape[:2])
+        return self.layer(x, rope, cache, 0, rows, slots, mask, kv_len)[0]
+
+    def unrolled(self, tokens: torch.Tensor, features: torch.Tensor, target: Transformer, steps: int
+                 ) -> list[torch.Tensor]:
+        """Training-time test over windows: ``tokens`` ``[B, T]``, the target's ``features``
+        ``[B, T, H]``; the outputs ``[B, T, H]`` of steps ``0 .. steps - 1``.
+
+        Step 0 is the drafter on the target's features (slot ``p``: ``x_p``, ``f_{p-1}``).
+        Step ``k`` feeds step ``k - 1``'s outputs back (slot ``p``: ``x_p``, ``h^{k-1}_{p-1}``)
+        and attends as a tree node at depth ``k - 1`` does when drafting: to step 0's keys
+        at slots ``<= p - k`` (what the target verified) and to step ``j``'s key at slot
+        ``p - k + j`` for ``j = 1 .. k`` (its ancestors and itself). Slots ``p < k`` of step
+        ``k`` have no such node and are garbage: the loss masks them."""
+        bsz, length, hidden = features.shape
+        block, attn = self.layer, self.layer.attn
+        rope = target._rope(0, length) if target._inv_freq is not None else None  # what extend's positions get
+        feature = torch.cat([features.new_zeros(bsz, 1, hidden), features[:, :-1]], dim=1)
+        keys: list[tuple[torch.Tensor, torch.Tensor]] = []  # (k, v) of each step, [B, heads, T, D]
+        outs = []
+        slot = torch.arange(length, device=tokens.device)
+        for k in range(steps):
+            x = self.inputs(tokens, feature, target)
+            h = block.attn_norm(x)
+            q, key, value = _qkv(attn, h, rope)
+            keys.append((key, value))
+            k0, v0 = keys[0]
+            reps = attn.n_heads // attn.n_kv_heads
+            scores = [q.matmul(_expand(k0, reps).transpose(-1, -2))]
+            scores[0] = scores[0].masked_fill(slot[None, :] > slot[:, None] - k, float("-inf"))
+            diag_values = []
+            for j in range(1, k + 1):
+                kj, vj = (_shift(t, k - j) for t in keys[j])
+                scores.append((q * _expand(kj, reps)).sum(-1, keepdim=True))
+                diag_values.append(_expand(vj, reps))
+            weights = torch.cat(scores, dim=-1).mul(1 / math.sqrt(attn.head_dim)).softmax(-1)
+            out = weights[..., :length].matmul(_expand(v0, reps))
+            for j, vj in enumerate(diag_values):
+                out = out + weights[..., length + j : length + j + 1] * vj
+            x = x + attn.wo(out.transpose(1, 2).reshape(bsz, length, -1))
+            x = x + block.mlp(block.mlp_norm(x))
+            outs.append(x)
+            feature = torch.cat([x.new_zeros(bsz, 1, hidden), x[:, :-1]], dim=1)
+        return outs
+
+
+def unit_rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """``x`` scaled to unit RMS over its last dimension (a zero feature stays zero)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _qkv(attn, h: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries, keys, values ``[B, heads, T, D]`` of ``attn`` on ``h``, as ``Attention.forward``."""
+    bsz, length, _ = h.shape
+    q_size, kv_size = attn.n_heads * attn.head_dim, attn.n_kv_heads * attn.head_dim
+    qk, v = attn.wqkv(h).split([q_size + kv_size, kv_size], dim=-1)
+    qk = qk.view(bsz, length, attn.n_heads + attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+    if rope is not None:
+        qk = apply_rope(qk, *rope)
+    q, k = qk.split([attn.n_heads, attn.n_kv_heads], dim=1)
+    return q, k, v.view(bsz, length, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+
+
+def _expand(t: torch.Tensor, reps: int) -> torch.Tensor:
+    return t if reps == 1 else t.repeat_interleave(reps, dim=1)
+
+
+def _shift(t: torch.Tensor, by: int) -> torch.Tensor:
+    """``t`` moved ``by`` slots later along dim 2 (zeros in front)."""
+    if by == 0:
+        return t
+    return torch.cat([t.new_zeros(*t.shape[:2], by, t.shape[3]), t[:, :, :-by]], dim=2)
+
+
+def is_eagle_dir(path: str | Path) -> bool:
+    config = Path(path) / CONFIG_FILE
+    try:
+        return config.is_file() and json.loads(config.read_text()).get("kind") == EAGLE_KIND
+    except (OSError, ValueError):
+        return False
+
+
+def save_eagle(head: EagleHead, target: Transformer, target_name: str, out: str | Path) -> None:
+    """Write ``config.json`` + ``model.safetensors`` (fp32) to ``out``."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = EagleConfig(target.config.hidden_size, target.config.vocab_size, head.draft_vocab, target_name,
+                      target_fingerprint(target))
+    tensors = {k: v.detach().contiguous() if v.dtype == torch.long else v.detach().float().contiguous()
+               for k, v in head.state_dict().items()}
+    save_file(tensors, str(out / WEIGHTS_FILE))
+    (out / CONFIG_FILE).write_text(json.dumps(asdict(cfg), indent=2) + "\n")
+    for f in (out / WEIGHTS_FILE, out / CONFIG_FILE):
+        f.chmod(0o644)
+
+
+def read_eagle_config(path: str | Path) -> EagleConfig:
+    """The config of the drafter in ``path``; a one-line CheckpointError when there is none."""
+    path = Path(path)
+    if not is_eagle_dir(path):
+        raise CheckpointError(f"{path} holds no EAGLE drafter ({CONFIG_FILE} of kind {EAGLE_KIND}); train one "
+                              "with `quickdraft train heads --kind eagle --target ...`")
+    values = json.loads((path / CONFIG_FILE).read_text())
+    return EagleConfig(**{k: v for k, v in values.items() if k in EagleConfig.__dataclass_fields__})
+
+
+def load_eagle(path: str | Path, target: Transformer) -> EagleHead:
+    """The drafter trained for ``target``; a one-line CheckpointError when it is not an
+    EAGLE drafter or was trained on another target."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    cfg = read_eagle_config(path)
+    tc = target.config
+    if (cfg.hidden_size, cfg.vocab_size) != (tc.hidden_size, tc.vocab_size) or (
+            cfg.target_fingerprint and cfg.target_fingerprint != target_fingerprint(target)):
+        raise CheckpointError(f"EAGLE drafter {path} was trained on another target ({cfg.target or 'unnamed'}); "
+                              "train one for this target with `quickdraft train heads --kind eagle --target ...`")
+    try:
+        tensors = load_file(str(path / WEIGHTS_FILE))
+        head = EagleHead(target, tensors.get("vocab_ids"))
+        head.load_state_dict(tensors)
+    except (OSError, RuntimeError) as exc:
+        raise CheckpointError(f"cannot read EAGLE drafter {path / WEIGHTS_FILE}: {str(exc).splitlines()[0]}") from None
+    weight = target.embed.weight
+    return head.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)

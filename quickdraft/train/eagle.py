@@ -1,0 +1,85 @@
+"""The EAGLE drafter's loss and held-out check (``quickdraft train heads --kind eagle``).
+
+Self-distilled from the frozen target: per unrolled step ``k`` of the training-time test
+(:meth:`~quickdraft.models.eagle.EagleHead.unrolled`), feature regression (SmoothL1 of the
+drafter's output against the target's own final state there at unit RMS, EAGLE-1) plus soft
+cross-entropy against the target's distribution over the draft vocabulary, weighted
+``0.8 ** k`` (EAGLE-3: deeper steps are less sure). The vocabulary for a reduced LM head is
+the most frequent tokens of the training text (:mod:`quickdraft.models.draft_vocab`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..models.eagle import EagleHead, unit_rms
+
+STEP_DECAY = 0.8  # loss weight of unrolled step k: STEP_DECAY ** k
+
+
+def frequent_tokens(stream: np.ndarray, vocab_size: int, size: int) -> tuple[torch.Tensor | None, float]:
+    """The ``size`` most frequent token ids of ``stream`` (ties: lower id) and the share of
+    the stream they cover; ``(None, 1.0)`` for ``size`` 0 or the whole vocabulary."""
+    if size == 0 or size >= vocab_size:
+        return None, 1.0
+    counts = np.bincount(stream, minlength=vocab_size)
+    ranking = np.argsort(-counts, kind="stable")[:size]
+    return torch.as_tensor(np.sort(ranking), dtype=torch.long), float(counts[ranking].sum() / max(counts.sum(), 1))
+
+
+def teacher_probs(head: EagleHead, t_logits: torch.Tensor) -> torch.Tensor:
+    """The target's probabilities over the draft vocabulary ``[B, T, V']`` (mass of other
+    tokens dropped: the drafter cannot propose them)."""
+    probs = F.softmax(t_logits.float(), dim=-1)
+    return probs if head.vocab_ids is None else probs[..., head.vocab_ids]
+
+
+def eagle_loss(head: EagleHead, target, tokens: torch.Tensor, t_logits: torch.Tensor, features: torch.Tensor,
+               steps: int, reg_weight: float, ce_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
+    """The weighted loss of ``steps`` unrolled steps over windows ``tokens`` ``[B, T]``, with
+    the target's logits and final states there; and each step's soft CE for the log."""
+    teacher = teacher_probs(head, t_logits)
+    total = features.new_zeros(())
+    logs = {}
+    for k, out in enumerate(head.unrolled(tokens, features, target, steps)):
+        reg = F.smooth_l1_loss(out[:, k:], unit_rms(features[:, k:]))  # the scale the drafter works at
+        logp = F.log_softmax(head.sub_logits(out[:, k:], target).float(), dim=-1)
+        ce = -(teacher[:, k:] * logp).sum(-1).mean()
+        total = total + STEP_DECAY ** k * (reg_weight * reg + ce_weight * ce)
+        logs[f"ce{k}"] = ce.item()
+        # Top-1 agreement with the target (what greedy verification accepts): the soft CE
+        # alone hides how much of it is the target's own entropy.
+        logs[f"top1_{k}"] = (logp.argmax(-1) == teacher[:, k:].argmax(-1)).float().mean().item()
+    return total, logs
+
+
+def make_eagle_loss(states, steps: int, reg_weight: float, ce_weight: float):
+    """The trainer's ``loss_fn`` (``states``: :class:`~quickdraft.train.heads.TargetStates`)."""
+    def loss_fn(head: EagleHead, batch: torch.Tensor):
+        tokens = batch[:, :-1]
+        t_logits, features = states(tokens)
+        return eagle_loss(head, states.target, tokens, t_logits, features, steps, reg_weight, ce_weight)
+
+    return loss_fn
+
+
+@torch.no_grad()
+def eagle_agreement(head: EagleHead, states, stream: np.ndarray, seq_len: int, max_tokens: int,
+                    steps: int) -> list[float]:
+    """Top-1 agreement of each unrolled step with the target's greedy token, on held-out
+    windows: step ``k``'s is the chance a tree node at depth ``k`` (its ancestors right)
+    has the target's choice as its first candidate."""
+    hits, counts = torch.zeros(steps), torch.zeros(steps)
+    for start in range(0, min(stream.size - 1, max_tokens), seq_len):
+        window = torch.as_tensor(stream[start : start + seq_len], dtype=torch.long)[None]
+        if window.shape[1] < steps + 1:
+            break
+        t_logits, features = states(window)
+        greedy = t_logits.argmax(-1)
+        for k, out in enumerate(head.unrolled(window, features, states.target, steps)):
+            guess = head.logits(out[:, k:], states.target).argmax(-1)
+            hits[k] += (guess == greedy[:, k:]).sum()
+            counts[k] += guess.numel()
+    return (hits / counts.clamp(min=1)).tolist()
