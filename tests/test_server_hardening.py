@@ -344,6 +344,23 @@ def test_openapi_tells_the_truth(serve):
     assert status == 405 and headers["allow"] == "GET" and json.loads(raw)["error"]["code"] == "method_not_allowed"
 
 
+def test_one_request_is_sped_up_by_the_measured_batch_policy(pair):
+    """At one request the measured batch policy drafts (issue 27: it chose k = 0 while
+    /health said "draft, k=2"), the response's draft tokens are accepted, and the k it
+    reports is the k /health says the engine used."""
+    engine = make_batch_engine(pair.target, "draft", pair.draft, max_batch_size=2)
+    assert engine.policy is not None and engine.policy.k(1) > 0
+    server = InProcessServer(pair, engine)
+    try:
+        status, body = server.post("/v1/completions", completion(max_tokens=48))
+        timings = body["timings"]
+        assert status == 200 and timings["draft_k"] > 0 and timings["draft_n_accepted"] > 0, timings
+        assert timings["mean_accepted_tokens"] > 1.5, timings
+        assert server.health()["num_speculative_tokens_used"] == engine.last_k > 0
+    finally:
+        server.stop()
+
+
 def test_the_k_reported_is_the_k_used(serve):
     """With the batch policy choosing plain decoding at one row, the response and /health
     say k = 0 (they said k = 2 while nothing was drafted)."""
