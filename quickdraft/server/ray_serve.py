@@ -164,9 +164,8 @@ def run_ray(args: argparse.Namespace) -> int:
     import ray
 
     app = application(args)  # bad replica settings fail before Ray starts
-    port = args.port or _free_port(
-        args.host
-    )  # Serve's proxy needs a port number: --port 0 picks one here
+    # Serve's proxy needs a port number: --port 0 picks a free one here
+    port = args.port or _free_port(args.host)
     started = args.ray_address is None
     # Ray reports usage statistics to its makers unless told not to: a server of ours sends
     # nothing anywhere unasked (RAY_USAGE_STATS_ENABLED=1 turns it back on).
@@ -201,10 +200,14 @@ def run_ray(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        stop.wait()
+        while not stop.wait(0.5):  # a timed wait: the signal handlers run between waits
+            pass
     finally:
-        try:
-            serve.delete(APP_NAME) if not started else serve.shutdown()
+        try:  # the cluster we started goes with us; a cluster we joined keeps running
+            if started:
+                serve.shutdown()
+            else:
+                serve.delete(APP_NAME)
         finally:
             ray.shutdown()
     return 0
