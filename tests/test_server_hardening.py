@@ -361,6 +361,23 @@ def test_one_request_is_sped_up_by_the_measured_batch_policy(pair):
         server.stop()
 
 
+def test_the_served_policy_starts_from_the_pairs_measured_acceptance():
+    """`quickdraft serve` hands the batch policy the acceptance the cost model measured for
+    the pair (generate's k comes from it), not the generic prior: where the bench says
+    speculation pays, one stream drafts from its first step. (Before: the prior, lower
+    than the embedded pair's acceptance, started a lone stream at k = 3 where generate
+    drafts 7.)"""
+    from quickdraft.cli import build_parser
+    from quickdraft.policy.batch_policy import PRIOR_ACCEPTANCE
+    from quickdraft.server.loading import load_server
+
+    loaded = load_server(build_parser().parse_args(["serve", "--max-batch-size", "2"]))
+    policy = loaded.scheduler.engine.policy
+    assert loaded.k and loaded.k > 0, loaded.k_source  # the bench says the embedded draft pays
+    assert policy.prior != PRIOR_ACCEPTANCE and policy.prior[0] > PRIOR_ACCEPTANCE[0]
+    assert policy.k(1) > 0
+
+
 def test_the_k_reported_is_the_k_used(serve):
     """With the batch policy choosing plain decoding at one row, the response and /health
     say k = 0 (they said k = 2 while nothing was drafted)."""

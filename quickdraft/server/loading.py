@@ -116,6 +116,12 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
         plan.options,
         args.multi_draft_rule,
     )
+    policy = getattr(engine, "policy", None)
+    if policy is not None and gen.k_choice is not None and gen.k_choice.per_position:
+        # The batch policy drafts under a generic prior until it has measured 64 draft
+        # tokens; the pair's acceptance measured by the cost model is a better one: with it
+        # a lone stream starts at generate's k instead of a lower one.
+        policy.prior = list(gen.k_choice.per_position)
     name = args.served_model_name or args.model or gen.target.model_dir.name
     settings = {
         "method": plan.label,
