@@ -105,7 +105,7 @@ def test_ray_options_are_checked_before_ray_starts(capsys):
     """Ray options without --ray, autoscaling settings without --max-replicas, or
     --replicas outside the range: one line naming the fix and exit status 2, before any
     model loads or cluster starts. The autoscaling settings reach the deployment."""
-    from quickdraft.server.ray_serve import application
+    from quickdraft.server.ray_serve import application, build
 
     for argv, message in [
         (["serve", "--replicas", "2"], "--replicas set Ray Serve replicas: add --ray"),
@@ -124,3 +124,14 @@ def test_ray_options_are_checked_before_ray_starts(capsys):
     assert config.autoscaling_config.max_replicas == 4
     assert config.autoscaling_config.target_ongoing_requests == 6
     assert config.max_ongoing_requests == 6 + 64
+    # `serve run quickdraft.server.ray_serve:build replicas=2 max_batch_size=3 ...` parses alike
+    built = build(
+        {"replicas": "2", "max_batch_size": 3, "num-speculative-tokens": "2", "remeasure": "true"}
+    )
+    options = built._bound_deployment.init_args[0]
+    assert built._bound_deployment._deployment_config.num_replicas == 2
+    assert (options["max_batch_size"], options["num_speculative_tokens"], options["remeasure"]) == (
+        3,
+        2,
+        True,
+    )
