@@ -5,9 +5,9 @@ STAMP := $(VENV)/.installed
 LATEST_VENV ?= .venv-latest
 
 # requirements.lock pins every package CI tests (made by pip-tools from pyproject.toml's
-# ranges; `make lock` moves it). torch is pinned there by version only: the build comes
-# from TORCH_INDEX, because PyPI's Linux torch is the CUDA build (~3 GB of nvidia-* and
-# triton wheels). The default is PyTorch's CPU index; for a GPU machine:
+# ranges, with the dev and ray extras; `make lock` moves it). torch is pinned there by
+# version only: the build comes from TORCH_INDEX, because PyPI's Linux torch is the CUDA
+# build (~3 GB of nvidia-* and triton wheels). The default is PyTorch's CPU index; for a GPU machine:
 #   make install TORCH_INDEX=https://download.pytorch.org/whl/cu128
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_VERSION ?= $(shell sed -n 's/^torch==//p' requirements.lock)
@@ -60,7 +60,7 @@ test-latest: browser
 	$(LATEST_VENV)/bin/python -m pip install -q --upgrade pip
 	$(LATEST_VENV)/bin/python -m pip install -q --no-deps "torch==$(TORCH_VERSION)" --index-url $(TORCH_INDEX)
 	echo "torch==$(TORCH_VERSION)" > $(LATEST_VENV)/torch.txt
-	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -c $(LATEST_VENV)/torch.txt -e ".[dev]"
+	$(LATEST_VENV)/bin/python -m pip install -q --upgrade --upgrade-strategy eager -c $(LATEST_VENV)/torch.txt -e ".[dev,ray]"
 	$(LATEST_VENV)/bin/python -m pip list --format=freeze | grep -iE '^(torch|transformers|tokenizers|huggingface.hub)=='
 	$(LATEST_VENV)/bin/python -m pytest -q tests
 
@@ -68,7 +68,7 @@ test-latest: browser
 # TORCH_VERSION: `make lock TORCH_VERSION=2.14.1` moves it), then review `git diff requirements.lock`.
 lock: install
 	echo "torch==$(TORCH_VERSION)+cpu" > $(VENV)/torch-cpu.txt
-	$(VENV)/bin/pip-compile -q --upgrade --extra dev --strip-extras --allow-unsafe \
+	$(VENV)/bin/pip-compile -q --upgrade --extra dev --extra ray --strip-extras --allow-unsafe \
 		--no-emit-index-url --no-emit-find-links -c $(VENV)/torch-cpu.txt \
 		--pip-args "--extra-index-url $(TORCH_INDEX)" --output-file requirements.lock pyproject.toml
 	# The lock names the version; TORCH_INDEX picks the build (CPU or CUDA) at install time.

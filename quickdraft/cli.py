@@ -49,6 +49,7 @@ def _checked(convert, ok, requirement: str, name: str):
 positive_int = _checked(int, lambda v: v >= 1, "a positive integer", "positive integer")
 non_negative_int = _checked(int, lambda v: v >= 0, ">= 0", "integer >= 0")
 non_negative_float = _checked(float, lambda v: v >= 0, ">= 0", "number >= 0")
+positive_float = _checked(float, lambda v: v > 0, "> 0", "number > 0")
 probability = _checked(float, lambda v: 0 < v <= 1, "in (0, 1]", "number in (0, 1]")
 
 

@@ -91,6 +91,7 @@ class SpeculativeGenerator:
         self.plan: MethodPlan | None = None  # the resolved method, when built by for_pair
         self.draft: CausalLM | None = None  # the draft model given to for_pair, if any
         self.method_choice = None  # what method="auto" chose (policy.method_choice.MethodChoice)
+        self.k_choice = None  # the cost model's k choice, with its measured acceptance (policy.autok.KChoice)
         self._end_of_turn: list[int] | None = None  # found once, on the first chat
 
     @classmethod
@@ -432,6 +433,7 @@ class SpeculativeGenerator:
             raise ValueError("choosing k by measurement needs a draft model")
         choice = cached_k(self.target, self.drafter.model, self.tokenizer, remeasure=remeasure, log=log)
         self.num_speculative_tokens = choice.k
+        self.k_choice = choice
         return choice
 
 

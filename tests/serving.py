@@ -61,8 +61,10 @@ class HTTPMixin:
 class ServerProcess(HTTPMixin):
     """`python -m quickdraft serve --port 0 ARGS`, its URL read from its banner line."""
 
-    def __init__(self, args: list[str], log: Path, timeout: float = 180.0, env: dict | None = None) -> None:
+    def __init__(self, args: list[str], log: Path, timeout: float = 180.0, env: dict | None = None,
+                 stop_timeout: float = 15.0) -> None:
         self.log = log
+        self.stop_timeout = stop_timeout  # how long SIGTERM may take before SIGKILL
         env = {**os.environ, "OMP_NUM_THREADS": "2", **(env or {})}
         self._log_file = open(log, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "quickdraft", "serve", "--host", "127.0.0.1",
@@ -95,7 +97,7 @@ class ServerProcess(HTTPMixin):
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(15)
+                self.proc.wait(self.stop_timeout)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)

@@ -367,3 +367,40 @@ def test_row_stats_count_only_the_accepted_drafts_eos_leaves(models, prompts):
         assert update.finish == "stop" and len(update.tokens) == stats.new_tokens == cut
         assert stats.drafted_tokens == 5 and stats.accepted_tokens == cut, stats
         assert stats.prefill_tokens == cut and stats.stopped_by == "eos"
+
+
+def test_a_lone_row_drafts_with_the_lone_sequence_kernels(models, prompts, monkeypatch):
+    """A draft pass over one row's one token takes the kernels `quickdraft generate`'s
+    drafter takes for a lone sequence (``row_dependent_rounding``); a pass over several
+    rows the batch-invariant ones. (Before: every batched draft step took the invariant
+    kernels, ~1.7x a lone step on the embedded draft, so one stream through the server
+    decoded ~25% slower than `generate` and the batch policy priced 1-row speculation by
+    that.) Greedy output is the target's either way."""
+    from quickdraft.drafters import batched
+    from quickdraft.models import decode_linear
+
+    tok, target, drafts = models
+    eos = [tok.eos_token_id]
+    seen: list[tuple[int, bool]] = []
+    real = batched.ragged_forward
+
+    def spy(model, cache, feeds, *args, **kwargs):
+        if all(f.tokens.numel() == 1 for f in feeds):
+            seen.append((len(feeds), getattr(decode_linear._rounding, "free", False)))
+        return real(model, cache, feeds, *args, **kwargs)
+
+    monkeypatch.setattr(batched, "ragged_forward", spy)
+    engine = make_batch_engine(target, method="draft", draft=drafts["copy"], max_batch_size=2, max_len=120,
+                               num_speculative_tokens=3)
+    first = engine.add(prompts[0], SamplingParams(), StopConditions(12, eos))
+    for _ in range(2):
+        engine.step()
+    assert seen and all(free for rows, free in seen if rows == 1), seen
+    seen.clear()
+    engine.add(prompts[3], SamplingParams(), StopConditions(12, eos))
+    tokens = {first: []}
+    while engine.active:
+        for row, update in engine.step().items():
+            tokens.setdefault(row, []).extend(update.tokens)
+    assert any(rows == 2 for rows, _ in seen) and not any(free for rows, free in seen if rows == 2), seen
+    assert tokens[1] == plain(target, prompts[3], StopConditions(12, eos))

@@ -143,8 +143,7 @@ def test_a_poisoned_row_fails_alone_beside_two_streams(serve, monkeypatch):
     torch.multinomial raised in the shared step and every request failed.)"""
     server = serve()
     engine = server.engine
-    alone = {p: server.post("/v1/completions", completion(prompt=p, max_tokens=16))[1]["choices"][0]["text"]
-             for p in ("import os\n", "class Point:\n")}
+    alone = lone_texts(server)
     make_rule = engine.acceptance
 
     def poisoned(params, generator):
@@ -154,6 +153,52 @@ def test_a_poisoned_row_fails_alone_beside_two_streams(serve, monkeypatch):
         return lambda proposal, logits: rule(proposal, torch.full_like(logits, float("nan")))
 
     monkeypatch.setattr(engine, "acceptance", poisoned)
+    poisoned_row_fails_alone(server, monkeypatch, alone)
+
+
+def test_a_failing_solo_row_fails_alone_beside_two_streams(pair, monkeypatch):
+    """The same with the solo engine (token trees, multi-draft, transformers): a row whose
+    decode loop raises ends with a 500, its caches are freed, the two streams beside it
+    finish with their own text. (Before: the exception left SoloEngine.step and the
+    scheduler failed every running row.)"""
+    from quickdraft.decoding.verify import acceptance_for
+    from quickdraft.server import solo_engine
+    from quickdraft.server.solo_engine import SoloEngine
+
+    server = InProcessServer(pair, SoloEngine(pair.target, method="draft", draft=pair.draft, max_batch_size=ROWS,
+                                              num_speculative_tokens=2),
+                             settings={"method": "draft", "engine": "solo"})
+    try:
+        alone = lone_texts(server)
+        real_decode = solo_engine.decode
+
+        def poisoned(target, prompt, stop, drafter, params, k, acceptance, stats):
+            if params.seed != 666:
+                return real_decode(target, prompt, stop, drafter, params, k, acceptance, stats)
+            rule = acceptance_for(params, params.generator(), acceptance)
+            nan = lambda proposal, logits: rule(proposal, torch.full_like(logits, float("nan")))  # noqa: E731
+            return real_decode(target, prompt, stop, drafter, params, k, nan, stats)
+
+        monkeypatch.setattr(solo_engine, "decode", poisoned)
+        poisoned_row_fails_alone(server, monkeypatch, alone)
+        assert server.health()["kv_cache_bytes"] == 0
+    finally:
+        server.stop()
+
+
+PROMPTS = ("import os\n", "class Point:\n")
+
+
+def lone_texts(server: InProcessServer) -> dict[str, str]:
+    """Each of PROMPTS' greedy 16 tokens, generated alone."""
+    return {p: server.post("/v1/completions", completion(prompt=p, max_tokens=16))[1]["choices"][0]["text"]
+            for p in PROMPTS}
+
+
+def poisoned_row_fails_alone(server: InProcessServer, monkeypatch, alone: dict[str, str]) -> None:
+    """Two greedy streams and a poisoned request (seed 666) join one step: the streams end
+    with their ``alone`` text, the poisoned one with a 500 sampling error, and every row
+    comes back."""
     admit = server.scheduler._admit
 
     def admit_together():  # the three requests join the same step
@@ -164,9 +209,9 @@ def test_a_poisoned_row_fails_alone_beside_two_streams(serve, monkeypatch):
         admit()
 
     monkeypatch.setattr(server.scheduler, "_admit", admit_together)
-    bodies = [completion(prompt="import os\n", max_tokens=16, stream=True),
+    bodies = [completion(prompt=PROMPTS[0], max_tokens=16, stream=True),
               completion(prompt="x", temperature=1.0, seed=666),
-              completion(prompt="class Point:\n", max_tokens=16, stream=True)]
+              completion(prompt=PROMPTS[1], max_tokens=16, stream=True)]
     results = [None] * 3
 
     def send(i):
@@ -178,7 +223,7 @@ def test_a_poisoned_row_fails_alone_beside_two_streams(serve, monkeypatch):
         t.start()
     for t in threads:
         t.join(60)
-    for i, prompt in ((0, "import os\n"), (2, "class Point:\n")):
+    for i, prompt in ((0, PROMPTS[0]), (2, PROMPTS[1])):
         status, _, raw = results[i]
         chunks = [json.loads(line[6:]) for line in raw.decode().splitlines()
                   if line.startswith("data: {")]
@@ -297,6 +342,40 @@ def test_openapi_tells_the_truth(serve):
     assert set(schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {"text/plain"}
     status, headers, raw = server.request("POST", "/health")
     assert status == 405 and headers["allow"] == "GET" and json.loads(raw)["error"]["code"] == "method_not_allowed"
+
+
+def test_one_request_is_sped_up_by_the_measured_batch_policy(pair):
+    """At one request the measured batch policy drafts (issue 27: it chose k = 0 while
+    /health said "draft, k=2"), the response's draft tokens are accepted, and the k it
+    reports is the k /health says the engine used."""
+    engine = make_batch_engine(pair.target, "draft", pair.draft, max_batch_size=2)
+    assert engine.policy is not None and engine.policy.k(1) > 0
+    server = InProcessServer(pair, engine)
+    try:
+        status, body = server.post("/v1/completions", completion(max_tokens=48))
+        timings = body["timings"]
+        assert status == 200 and timings["draft_k"] > 0 and timings["draft_n_accepted"] > 0, timings
+        assert timings["mean_accepted_tokens"] > 1.5, timings
+        assert server.health()["num_speculative_tokens_used"] == engine.last_k > 0
+    finally:
+        server.stop()
+
+
+def test_the_served_policy_starts_from_the_pairs_measured_acceptance():
+    """`quickdraft serve` hands the batch policy the acceptance the cost model measured for
+    the pair (generate's k comes from it), not the generic prior: where the bench says
+    speculation pays, one stream drafts from its first step. (Before: the prior, lower
+    than the embedded pair's acceptance, started a lone stream at k = 3 where generate
+    drafts 7.)"""
+    from quickdraft.cli import build_parser
+    from quickdraft.policy.batch_policy import PRIOR_ACCEPTANCE
+    from quickdraft.server.loading import load_server
+
+    loaded = load_server(build_parser().parse_args(["serve", "--max-batch-size", "2"]))
+    policy = loaded.scheduler.engine.policy
+    assert loaded.k and loaded.k > 0, loaded.k_source  # the bench says the embedded draft pays
+    assert policy.prior != PRIOR_ACCEPTANCE and policy.prior[0] > PRIOR_ACCEPTANCE[0]
+    assert policy.k(1) > 0
 
 
 def test_the_k_reported_is_the_k_used(serve):

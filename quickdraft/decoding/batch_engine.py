@@ -51,13 +51,15 @@ class RowUpdate:
     ``drafted`` were drafted and accepted (the rest: the target's own token); ``finish`` is
     "stop" (EOS or a stop string), "length" (token budget or context), "error" (``error``
     says why: this row alone failed, e.g. its distribution was NaN) or None while running;
-    ``stats`` are the row's running stats."""
+    ``stats`` are the row's running stats; ``error_code`` what kind of failure: a sampling
+    error (the row's numbers) or "server_error" (a bug that hit this row only)."""
 
     tokens: list[int]
     drafted: int
     finish: str | None
     stats: GenerationStats
     error: str | None = None
+    error_code: str = "sampling_error"
 
 
 @dataclass

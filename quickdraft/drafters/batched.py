@@ -31,7 +31,7 @@ import torch
 from ..decoding.drafter import Drafter, NoDrafter
 from ..decoding.proposal import EMPTY, Proposal
 from ..decoding.sampling import SamplingParams, choose
-from ..models.decode_linear import invariant_rows
+from ..models.decode_linear import invariant_rows, row_dependent_rounding
 from ..models.exit_head import ExitHead
 from ..models.kv_cache import KVCache
 from ..models.lm import NativeLM
@@ -148,6 +148,14 @@ class BatchedDraftModel(BatchedChain):
         self.cache = self.model.new_cache(max_batch_size, max_len)
 
     def forward(self, feeds):
+        if len(feeds) == 1 and feeds[0].tokens.numel() == 1:
+            # A pass over one row's one token is a lone sequence's draft step: it takes the
+            # kernels DraftModelDrafter drafts a lone sequence with (row_dependent_rounding:
+            # ~40% less per step on the embedded draft). A draft's rounding never changes
+            # the target's greedy output nor the sampled distribution, and a row drafting
+            # alone now drafts as it does in `quickdraft generate`: one stream is as fast.
+            with row_dependent_rounding():
+                return ragged_forward(self.model, self.cache, feeds)
         return ragged_forward(self.model, self.cache, feeds)
 
 

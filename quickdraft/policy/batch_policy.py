@@ -35,7 +35,7 @@ WIDTHS = (1, 2, 3, 4, 5, 7, 9)
 #: Row lengths the costs are measured at; the policy interpolates between them (and
 #: extrapolates past the last: attention grows linearly with the context).
 CONTEXTS = (256, 1024)
-CACHE_VERSION = 4  # 3: packed ragged passes (session 10); 4: keyed by policy.cache
+CACHE_VERSION = 5  # 3: packed ragged passes (session 10); 4: keyed by policy.cache; 5: lone-row draft kernels
 
 
 def batch_sizes(max_batch_size: int) -> list[int]:

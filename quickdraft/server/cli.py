@@ -8,9 +8,18 @@ import signal
 import socket
 import sys
 import threading
-import time
 
-from ..cli import CliError, add_method_options, choose_k, draft_options, notice, positive_int
+from ..cli import (
+    CliError,
+    add_method_options,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from .loading import load_server, make_engine
+
+__all__ = ["add_serve_parser", "listen", "load_server", "make_engine", "run_serve"]
 
 
 def add_serve_parser(subparsers) -> argparse.ArgumentParser:
@@ -62,32 +71,31 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=positive_int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], default="warning",
                    help="uvicorn's log level (default warning)")
+    ray = p.add_argument_group(
+        "Ray Serve", "--ray serves through Ray Serve's HTTP proxy at --host:--port: each replica is one engine "
+        "with continuous batching (pip install 'quickdraft[ray]'; README: multi-node clusters)")
+    ray.add_argument("--ray", action="store_true",
+                     help="run the server as Ray Serve replicas instead of one process")
+    ray.add_argument("--ray-address", default=None,
+                     help="the Ray cluster to join: 'auto' (the one `ray start` made on this node) or "
+                     "HOST:6379 (default: start a local one-node cluster)")
+    ray.add_argument("--replicas", type=positive_int, default=1,
+                     help="replicas to run (default 1); with --max-replicas, the number to start with")
+    ray.add_argument("--min-replicas", type=non_negative_int, default=None,
+                     help="autoscale: fewest replicas (default: --replicas)")
+    ray.add_argument("--max-replicas", type=positive_int, default=None,
+                     help="autoscale between --min-replicas and this many replicas (default: no autoscaling)")
+    ray.add_argument("--target-ongoing-requests", type=positive_float, default=None,
+                     help="autoscale: requests in flight per replica to aim for (default: --max-batch-size)")
+    ray.add_argument("--replica-cpus", type=positive_float, default=1.0,
+                     help="CPUs Ray reserves for each replica (default 1; torch threads follow unless --threads)")
+    ray.add_argument("--replica-gpus", type=non_negative_float, default=0.0,
+                     help="GPUs Ray reserves for each replica (default 0)")
+    ray.add_argument("--replica-metrics-port", type=non_negative_int, default=0,
+                     help="port of each replica's own Prometheus endpoint (default 0: a free one, "
+                     "shown in /health as metrics_url)")
     p.set_defaults(func=run_serve, auto_k=False)
     return p
-
-
-def make_engine(choice: str, target, method: str, draft, max_batch_size: int, k: int | None,
-                explicit_k: bool, options, acceptance: str):
-    """The engine for these settings: the batched one where it supports them (``choice``
-    auto or batch), else :class:`~quickdraft.server.solo_engine.SoloEngine`."""
-    from ..batch_generate import make_batch_engine
-    from ..drafters.factory import BATCH_METHODS
-    from .solo_engine import SoloEngine
-
-    why_not = None
-    if method not in BATCH_METHODS:
-        why_not = f"the batched engine runs {', '.join(BATCH_METHODS)}, not {method}"
-    elif target.backend != "native" or (draft is not None and draft.backend != "native"):
-        why_not = "the batched engine needs the native runtime"
-    if choice == "batch" and why_not:
-        raise CliError(f"--engine batch: {why_not}; use --engine solo or auto")
-    if choice != "solo" and why_not is None:
-        engine = make_batch_engine(target, method, draft, max_batch_size=max_batch_size,
-                                   num_speculative_tokens=k if explicit_k else None, options=options)
-        engine.name = "batch"
-        return engine
-    return SoloEngine(target, method=method, draft=draft, max_batch_size=max_batch_size,
-                      num_speculative_tokens=k, options=options, acceptance=acceptance)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -103,50 +111,42 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+#: The Ray options and their defaults: any other value needs --ray.
+RAY_DEFAULTS = {"ray_address": None, "replicas": 1, "min_replicas": None, "max_replicas": None,
+                "target_ongoing_requests": None, "replica_cpus": 1.0, "replica_gpus": 0.0,
+                "replica_metrics_port": 0}
+
+
 def run_serve(args: argparse.Namespace) -> int:
-    import torch
     import uvicorn
 
-    from .. import __version__
-    from ..generator import SpeculativeGenerator
-    from ..quiet import quiet_transformers
-    from .app import ServerState, create_app
-    from .auth import guard_settings
-    from .metrics import ServerMetrics
-    from .scheduler import Scheduler
+    from .app import create_app
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    options = draft_options(args)
+    if args.ray:
+        try:
+            from .ray_serve import run_ray
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.split(".")[0] != "ray":
+                raise
+            raise CliError("--ray needs Ray Serve: pip install 'quickdraft[ray]'") from None
+        return run_ray(args)
+    given = [f"--{name.replace('_', '-')}" for name, default in RAY_DEFAULTS.items()
+             if getattr(args, name) != default]
+    if given:
+        raise CliError(f"{', '.join(given)} set Ray Serve replicas: add --ray (or leave them out)")
     sock = listen(args.host, args.port)  # a taken port fails before the models load
-    with quiet_transformers():
-        gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend, options,
-                                                   args.multi_draft_rule, remeasure=args.remeasure, log=notice,
-                                                   draft_vocab=args.draft_vocab)
-    k, k_source = choose_k(args, gen)
-    plan = gen.plan
-    # -k and auto's k hold at every batch size; otherwise the batched engine's own policy
-    # picks k per batch size
-    fixed_k = args.num_speculative_tokens is not None or plan.choice is not None
-    engine = make_engine(args.engine, gen.target, plan.method, gen.draft, args.max_batch_size, k, fixed_k,
-                         plan.options, args.multi_draft_rule)
-    name = args.served_model_name or args.model or gen.target.model_dir.name
-    settings = {"method": plan.label,
-                "num_speculative_tokens": k, "num_speculative_tokens_source": k_source,
-                "engine": engine.name, "max_batch_size": args.max_batch_size, "max_queue": args.max_queue,
-                "backend": gen.target.backend, "fingerprint": f"quickdraft-{__version__}-{plan.method}"}
-    metrics = ServerMetrics(name, draft_positions=k or 0)
-    scheduler = Scheduler(engine, metrics, args.max_queue)
-    state = ServerState(name, gen.tokenizer, gen.eos_token_ids, gen.target.context_length,
-                        gen.target.vocab_size, scheduler, metrics, settings, args.chat_max_tokens,
-                        args.max_body_bytes, int(time.time()), **guard_settings(args))
+    loaded = load_server(args)
+    state, scheduler, k, k_source = loaded.state, loaded.scheduler, loaded.k, loaded.k_source
+    name, settings, engine = state.model_name, state.settings, scheduler.engine
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     k_text = f", k={k} ({k_source})" if k is not None else ""
     print(f"quickdraft: serving {name} ({settings['method']}{k_text}, {engine.name} engine, {args.max_batch_size} rows, "
           f"queue {args.max_queue}) at {url}  (playground {url}/, OpenAI API {url}/v1, {url}/metrics, "
           f"{url}/health; Ctrl-C stops)", file=sys.stderr, flush=True)
-    config = uvicorn.Config(create_app(state), log_level=args.log_level,
+    # h11 and asyncio named, not uvicorn's "auto": the ray extra installs httptools and
+    # uvloop, and the server must parse and answer requests the same with or without it.
+    config = uvicorn.Config(create_app(state), log_level=args.log_level, http="h11", loop="asyncio",
                             timeout_graceful_shutdown=3, lifespan="on")
     server = uvicorn.Server(config)
 

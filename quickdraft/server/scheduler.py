@@ -268,7 +268,7 @@ class Scheduler:
             if update.error:  # this row alone failed (the engine has dropped it); the others go on
                 del self._rows[row]
                 self._finish(job)
-                job.send(Event(job.index, error=update.error, error_code="sampling_error"))
+                job.send(Event(job.index, error=update.error, error_code=update.error_code))
                 continue
             if update.finish:
                 del self._rows[row]

@@ -10,6 +10,8 @@ Output is that of a lone generation, token for token: each row is exactly one.
 
 from __future__ import annotations
 
+import sys
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -17,7 +19,7 @@ import torch
 
 from ..decoding.batch_engine import BatchFullError, RowUpdate
 from ..decoding.engine import Step, decode
-from ..decoding.sampling import SamplingParams
+from ..decoding.sampling import SamplingError, SamplingParams
 from ..decoding.stats import GenerationStats
 from ..decoding.step import ContextOverflowError
 from ..decoding.stopping import StopConditions
@@ -143,17 +145,35 @@ class SoloEngine:
             release(state.draft)
 
     def step(self) -> dict[int, RowUpdate]:
-        """One target pass for every active row; finished rows are removed afterwards."""
+        """One target pass for every active row; finished rows are removed afterwards. A
+        row that raises (its distribution is NaN, its settings fail late, a bug) ends with
+        ``finish="error"`` and its caches freed; the other rows go on."""
         updates: dict[int, RowUpdate] = {}
         for row, state in list(self._rows.items()):
-            step = next(state.steps, None)
-            if step is None:  # ended without a token (EOS first)
-                updates[row] = RowUpdate([], 0, state.stats.finish_reason or "stop", state.stats)
-            else:
-                if step.finish:
-                    for _ in state.steps:  # no pass left: completes the stats (decode time)
-                        pass
-                updates[row] = RowUpdate(step.tokens, step.drafted, step.finish, state.stats)
+            try:
+                updates[row] = self._advance(state)
+            except Exception as exc:  # rows share no state: this one fails alone
+                updates[row] = RowUpdate([], 0, "error", state.stats, error=_row_error(exc),
+                                         error_code="sampling_error" if isinstance(exc, SamplingError) else "server_error")
             if updates[row].finish:
                 self.cancel(row)
         return updates
+
+    @staticmethod
+    def _advance(state: _Row) -> RowUpdate:
+        step = next(state.steps, None)
+        if step is None:  # ended without a token (EOS first)
+            return RowUpdate([], 0, state.stats.finish_reason or "stop", state.stats)
+        if step.finish:
+            for _ in state.steps:  # no pass left: completes the stats (decode time)
+                pass
+        return RowUpdate(step.tokens, step.drafted, step.finish, state.stats)
+
+
+def _row_error(exc: Exception) -> str:
+    """What the row's request is told: a sampling error's own message (the request's
+    numbers); anything else is a bug, logged with its traceback and named by type only."""
+    if isinstance(exc, SamplingError):
+        return str(exc)
+    traceback.print_exception(exc, file=sys.stderr)
+    return f"the engine failed on this request ({type(exc).__name__})"

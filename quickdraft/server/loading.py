@@ -1,0 +1,152 @@
+"""One server's models, engine, scheduler and app state from `quickdraft serve`'s options:
+what `quickdraft serve` runs in its process, and what each Ray Serve replica runs."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ..cli import CliError, choose_k, draft_options, notice
+
+if TYPE_CHECKING:  # imported when a server loads, not when the CLI parses its options
+    from .app import ServerState
+    from .scheduler import Scheduler
+
+
+def make_engine(
+    choice: str,
+    target,
+    method: str,
+    draft,
+    max_batch_size: int,
+    k: int | None,
+    explicit_k: bool,
+    options,
+    acceptance: str,
+):
+    """The engine for these settings: the batched one where it supports them (``choice``
+    auto or batch), else :class:`~quickdraft.server.solo_engine.SoloEngine`."""
+    from ..batch_generate import make_batch_engine
+    from ..drafters.factory import BATCH_METHODS
+    from .solo_engine import SoloEngine
+
+    why_not = None
+    if method not in BATCH_METHODS:
+        why_not = f"the batched engine runs {', '.join(BATCH_METHODS)}, not {method}"
+    elif target.backend != "native" or (draft is not None and draft.backend != "native"):
+        why_not = "the batched engine needs the native runtime"
+    if choice == "batch" and why_not:
+        raise CliError(f"--engine batch: {why_not}; use --engine solo or auto")
+    if choice != "solo" and why_not is None:
+        engine = make_batch_engine(
+            target,
+            method,
+            draft,
+            max_batch_size=max_batch_size,
+            num_speculative_tokens=k if explicit_k else None,
+            options=options,
+        )
+        engine.name = "batch"
+        return engine
+    return SoloEngine(
+        target,
+        method=method,
+        draft=draft,
+        max_batch_size=max_batch_size,
+        num_speculative_tokens=k,
+        options=options,
+        acceptance=acceptance,
+    )
+
+
+@dataclass
+class LoadedServer:
+    """One server's engine and app state, built from `quickdraft serve`'s options: what
+    `quickdraft serve` runs, and what each Ray Serve replica runs (``ray_serve.py``)."""
+
+    state: ServerState
+    scheduler: Scheduler
+    k: int | None
+    k_source: str | None
+
+
+def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -> LoadedServer:
+    """Load the models, choose k, build the engine, its scheduler and the app's state."""
+    import torch
+
+    from .. import __version__
+    from ..generator import SpeculativeGenerator
+    from ..quiet import quiet_transformers
+    from .app import ServerState
+    from .auth import guard_settings
+    from .metrics import ServerMetrics
+    from .scheduler import Scheduler
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    options = draft_options(args)
+    with quiet_transformers():
+        gen = SpeculativeGenerator.from_pretrained(
+            args.model,
+            args.draft,
+            args.method,
+            args.backend,
+            options,
+            args.multi_draft_rule,
+            remeasure=args.remeasure,
+            log=log,
+            draft_vocab=args.draft_vocab,
+        )
+    k, k_source = choose_k(args, gen)
+    plan = gen.plan
+    # -k and auto's k hold at every batch size; otherwise the batched engine's own policy
+    # picks k per batch size
+    fixed_k = args.num_speculative_tokens is not None or plan.choice is not None
+    engine = make_engine(
+        args.engine,
+        gen.target,
+        plan.method,
+        gen.draft,
+        args.max_batch_size,
+        k,
+        fixed_k,
+        plan.options,
+        args.multi_draft_rule,
+    )
+    policy = getattr(engine, "policy", None)
+    if policy is not None and gen.k_choice is not None and gen.k_choice.per_position:
+        # The batch policy drafts under a generic prior until it has measured 64 draft
+        # tokens; the pair's acceptance measured by the cost model is a better one: with it
+        # a lone stream starts at generate's k instead of a lower one.
+        policy.prior = list(gen.k_choice.per_position)
+    name = args.served_model_name or args.model or gen.target.model_dir.name
+    settings = {
+        "method": plan.label,
+        "num_speculative_tokens": k,
+        "num_speculative_tokens_source": k_source,
+        "engine": engine.name,
+        "max_batch_size": args.max_batch_size,
+        "max_queue": args.max_queue,
+        "backend": gen.target.backend,
+        "fingerprint": f"quickdraft-{__version__}-{plan.method}",
+    }
+    metrics = ServerMetrics(name, draft_positions=k or 0)
+    scheduler = Scheduler(engine, metrics, args.max_queue)
+    state = ServerState(
+        name,
+        gen.tokenizer,
+        gen.eos_token_ids,
+        gen.target.context_length,
+        gen.target.vocab_size,
+        scheduler,
+        metrics,
+        settings,
+        args.chat_max_tokens,
+        args.max_body_bytes,
+        int(time.time()),
+        **guard_settings(args),
+    )
+    return LoadedServer(state, scheduler, k, k_source)
