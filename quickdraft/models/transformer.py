@@ -251,7 +251,7 @@ class Transformer(nn.Module):
         # records: a model trained after it decoded (a drafter probed while it trains)
         # builds its own once.
         stale = (self._rope_cache is not None and self._rope_cache[0].is_inference()
-                 and not torch.is_inference_mode_enabled() and torch.is_grad_enabled())
+                 and not torch.is_inference_mode_enabled())
         if self._rope_cache is None or stale or self._rope_cache[0].shape[0] < needed:
             size = max(needed, 2 * (self._rope_cache[0].shape[0] if self._rope_cache else 1024))
             freqs = torch.outer(torch.arange(size, dtype=torch.float64), self._inv_freq)

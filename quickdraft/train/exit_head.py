@@ -30,7 +30,7 @@ from . import card
 from .distill import DistillTask, check_settings, tokenize, train
 from .draft import default_work_dir
 from .presets import Stage
-from .probe import acceptance_probe, as_lm, probe_prompts
+from .probe import acceptance_probe, as_lm, probe_prompts, snapshot
 from .textdata import TrainInputError, read_text_data
 from .trainer import count_params, distill_objective, evaluate
 
@@ -121,7 +121,7 @@ def exit_probe(target, heldout) -> Callable[[ExitHead], dict[str, float]]:
     from ..drafters.early_exit import EarlyExitDrafter
 
     lm, prompts = as_lm(target), probe_prompts(heldout)
-    return lambda head: acceptance_probe(lm, lambda: EarlyExitDrafter(lm, head), prompts, k=4)
+    return lambda head: acceptance_probe(lm, lambda: EarlyExitDrafter(lm, snapshot(head)), prompts, k=4)
 
 
 def run_train_exit_head(args, command: str, log=print) -> int:

@@ -38,7 +38,7 @@ from .distill import DistillTask, check_settings, tokenize, train
 from .draft import default_work_dir
 from .exit_head import check_out_dir, load_native_teacher, resolve_device
 from .presets import Stage
-from .probe import acceptance_probe, as_lm, probe_prompts
+from .probe import acceptance_probe, as_lm, probe_prompts, snapshot
 from .textdata import TrainInputError, read_text_data
 from .trainer import count_params
 
@@ -134,7 +134,7 @@ def medusa_probe(target, heldout: np.ndarray) -> Callable[[MedusaHeads], dict[st
     """Acceptance of the heads as a chain (one candidate per head), so draft position i is
     head i - 1 and the curves compare with other drafters' chains."""
     lm, prompts = as_lm(target), probe_prompts(heldout)
-    return lambda heads: acceptance_probe(lm, lambda: MedusaDrafter(lm, heads, (1,) * heads.num_heads), prompts,
+    return lambda heads: acceptance_probe(lm, lambda: MedusaDrafter(lm, snapshot(heads), (1,) * heads.num_heads), prompts,
                                           k=heads.num_heads)
 
 
@@ -144,7 +144,7 @@ def eagle_probe(target, heldout: np.ndarray, depth: int) -> Callable[[EagleHead]
 
     lm, prompts = as_lm(target), probe_prompts(heldout)
     shape = eagle_shape(",".join(["1"] * depth))
-    return lambda head: acceptance_probe(lm, lambda: EagleDrafter(lm, head, shape), prompts, k=depth)
+    return lambda head: acceptance_probe(lm, lambda: EagleDrafter(lm, snapshot(head), shape), prompts, k=depth)
 
 
 def _student(args, target, tokens, log):

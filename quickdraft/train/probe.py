@@ -9,6 +9,7 @@ draft, early exit, Medusa, ...) compare on the one axis that matters.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import numpy as np
@@ -32,6 +33,12 @@ def probe_prompts(stream: np.ndarray, n: int = PROMPTS, length: int = PROMPT_TOK
         return []
     starts = np.linspace(0, stream.size - length - 1, n).astype(int)
     return [torch.as_tensor(stream[s : s + length], dtype=torch.long) for s in starts]
+
+
+def snapshot(module: torch.nn.Module) -> torch.nn.Module:
+    """A frozen copy of the student to draft with: drafters may swap in decode kernels or
+    cache tables in inference mode, which the module still training must not see."""
+    return copy.deepcopy(module).eval().requires_grad_(False)
 
 
 def as_lm(model: torch.nn.Module) -> NativeLM:

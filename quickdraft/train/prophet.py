@@ -33,7 +33,7 @@ from .draft import default_work_dir
 from .exit_head import check_out_dir, load_native_teacher, resolve_device
 from .heads import TargetStates, multi_head_backward
 from .presets import Stage
-from .probe import acceptance_probe, as_lm, probe_prompts
+from .probe import acceptance_probe, as_lm, probe_prompts, snapshot
 from .textdata import TrainInputError, read_text_data
 from .trainer import count_params
 
@@ -116,7 +116,8 @@ def depth_agreement(prophet: Prophet, states: TargetStates, stream: np.ndarray, 
 def prophet_probe(target, heldout: np.ndarray) -> Callable[[Prophet], dict[str, float]]:
     """Acceptance of the prophet drafting its gamma tokens a round (all of its vocabulary)."""
     lm, prompts = as_lm(target), probe_prompts(heldout)
-    return lambda prophet: acceptance_probe(lm, lambda: ProphetDrafter(lm, prophet), prompts, k=prophet.config.gamma)
+    return lambda prophet: acceptance_probe(lm, lambda: ProphetDrafter(lm, snapshot(prophet)), prompts,
+                                            k=prophet.config.gamma)
 
 
 def run_train_prophet(args, command: str, log=print) -> int:
