@@ -230,6 +230,25 @@ def test_policy_turns_speculation_off_when_verification_is_compute_bound():
     assert 0 <= policy.k(4) <= policy.k(1)
 
 
+def test_a_lone_row_speculates_whenever_generate_would():
+    """Predicted 1.05x faster: ``generate`` drafts (it needs > 1.0x), and so does a lone row
+    of the batched engine, which uses generate's kernels; several rows keep the margin."""
+    from quickdraft.policy import cost_model
+    from quickdraft.policy.batch_policy import MIN_GAIN, BatchPolicy
+
+    # Verification of width 2 costs 1.5 plain steps, a draft step 0.1: the first draft token
+    # accepted at 0.68 and no later one, k=1 gives (1 + 0.68) / 1.6 = 1.05x.
+    verify = {str(w): 1.0 + 0.5 * (w - 1) for w in range(1, 10)}
+    table = {"verify": {"1": verify, "2": verify}, "draft": {"1": 0.1, "2": 0.1}}
+    acceptance = [0.68] + [0.0] * 7
+    policy = BatchPolicy(table, prior=acceptance)
+    costs = policy.costs(1)
+    k = cost_model.best_k(costs, per_position=acceptance, max_k=policy.max_k)
+    assert 1.0 < cost_model.predicted_speedup(k, costs, per_position=acceptance) < MIN_GAIN
+    assert policy.k(1) == k > 0
+    assert policy.k(2) == 0
+
+
 def test_policy_interpolates_costs_on_the_rows_length():
     """Calibrated at two contexts: at long rows a wide verify pass costs much more than at
     short ones (attention), so the same acceptance buys a smaller k."""

@@ -8,7 +8,8 @@ draft model's, or early exit's first layers + head) at two contexts (``CONTEXTS`
 per model pair and machine (cached next to the auto-k choices). Per step the cost model
 (``cost_model.choose_k``) picks k for the current number of rows and their mean length
 (costs interpolated between the two contexts) from the acceptance measured so far; k = 0
-(plain decoding) when no k is predicted to beat batched plain decoding by ``MIN_GAIN``.
+(plain decoding) when no k is predicted to beat batched plain decoding by ``MIN_GAIN``
+(by ``LONE_ROW_MIN_GAIN`` for a lone row, as ``generate`` decides).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ MIN_DRAFTED = 64
 #: Speculate only when predicted to be at least this much faster than plain decoding: the
 #: margin covers the per-row bookkeeping of a speculative step the cost model leaves out.
 MIN_GAIN = 1.1
+#: A lone row drafts and verifies with ``generate``'s own kernels (``drafters/batched``), so
+#: it speculates whenever ``generate`` would: when predicted faster than plain decoding at all.
+LONE_ROW_MIN_GAIN = 1.0
 WIDTHS = (1, 2, 3, 4, 5, 7, 9)
 #: Row lengths the costs are measured at; the policy interpolates between them (and
 #: extrapolates past the last: attention grows linearly with the context).
@@ -193,8 +197,9 @@ class BatchPolicy:
         per_position = self.prior
         if pooled is not None and pooled.drafted_tokens >= MIN_DRAFTED:
             per_position = pooled.per_position_acceptance
+        min_gain = min(self.min_gain, LONE_ROW_MIN_GAIN) if rows == 1 else self.min_gain
         return choose_k(self.costs(rows, context), per_position=per_position, max_k=self.max_k,
-                        min_gain=self.min_gain)
+                        min_gain=min_gain)
 
     @classmethod
     def for_engine(cls, engine, remeasure: bool = False, log=None) -> BatchPolicy:
