@@ -8,6 +8,7 @@ fallback to transformers, same tokenizer check).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,15 +63,32 @@ def load_tokenizer(model_dir: str | Path):
     """The checkpoint's tokenizer, loaded exactly as ``AutoTokenizer.from_pretrained`` does;
     a directory without tokenizer files is a :class:`CheckpointError` naming them. A GGUF
     file's tokenizer is built from its metadata."""
-    from transformers import AutoTokenizer
-
     if gguf.is_gguf(model_dir):
         return gguf.load_tokenizer(Path(model_dir))
     check_tokenizer_files(Path(model_dir))
     try:
+        if _fast_tokenizer_class(Path(model_dir)):
+            # What AutoTokenizer resolves this config to, without its detour through
+            # AutoConfig, which imports torch.distributed (about 1.3 s of start-up).
+            from transformers import PreTrainedTokenizerFast
+
+            return PreTrainedTokenizerFast.from_pretrained(str(model_dir))
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"the tokenizer in {model_dir} could not be loaded: {first_line(exc)}") from None
+
+
+def _fast_tokenizer_class(model_dir: Path) -> bool:
+    """Whether the directory's tokenizer is the plain fast tokenizer (``tokenizer.json`` and
+    ``tokenizer_class`` PreTrainedTokenizerFast, as ours are)."""
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (model_dir / "tokenizer.json").is_file() and config.get("tokenizer_class") in (
+        "PreTrainedTokenizerFast", "TokenizersBackend")
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:

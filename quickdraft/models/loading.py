@@ -7,6 +7,8 @@ arguments below); :mod:`.gguf` reads it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -17,7 +19,7 @@ from . import gguf
 from .config import ModelConfig
 from .errors import CheckpointError
 from .registry import default_target, find_draft_dir, find_embedded, find_packaged, packaged_file
-from .transformer import Transformer, rope_inv_freq
+from .transformer import Transformer
 
 __all__ = ["CheckpointError"]  # re-exported: callers import it from here
 
@@ -254,6 +256,24 @@ def _gpt2_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[s
     return out
 
 
+_INITS = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "zeros_", "ones_")
+
+
+@contextmanager
+def _no_init() -> Iterator[None]:
+    """Skip the modules' random initialisation, which the loaded weights replace anyway (for
+    SmolLM2 it took seconds). Not the meta device: any op on it imports ``torch._dynamo``,
+    about 2 s of every start-up."""
+    saved = {name: getattr(torch.nn.init, name) for name in _INITS}
+    for name in _INITS:
+        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
+
+
 def build_native(
     config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
 ) -> Transformer:
@@ -266,9 +286,8 @@ def build_native(
             f"checkpoint lacks weight {exc.args[0]!r} expected for a {config.model_type} model; "
             "is the checkpoint complete?"
         ) from None
-    with torch.device("meta"):
+    with _no_init():  # uninitialised CPU tensors: untouched pages, replaced by the weights
         model = Transformer(config)
-    model = model.to_empty(device="cpu")
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
     missing, unexpected = model.load_state_dict(weights, strict=False, assign=True)
@@ -277,8 +296,6 @@ def build_native(
         missing = [m for m in missing if m != "lm_head.weight"]
     if missing:
         raise CheckpointError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")
-    # Built under the meta device, the RoPE frequencies must be computed again for real.
-    model._inv_freq = rope_inv_freq(config) if config.family == "llama" else None
     return model.to(dtype).eval().requires_grad_(False)
 
 
