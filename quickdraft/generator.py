@@ -106,6 +106,8 @@ class SpeculativeGenerator:
         remeasure: bool = False,
         log: Callable[[str], None] | None = None,
         draft_vocab: int | None = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
     ) -> SpeculativeGenerator:
         """Load a target (default: the embedded default) and, for the methods that need one
         (draft, tree, multi-draft, hybrid, auto), a draft (default: the embedded target's
@@ -119,15 +121,22 @@ class SpeculativeGenerator:
         again, ``log`` gets a line before a measurement); the choice is in
         :attr:`method_choice`. ``draft_vocab``: how many of its most frequent tokens the
         draft scores (None: the draft's ``draft_vocab.json`` default, 0: all; output is the
-        same either way)."""
+        same either way).
+
+        ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``; default cpu) and ``dtype``
+        (``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``/None: float32 on CPU,
+        bfloat16 on CUDA) place both models; an unusable one is a ``ValueError``
+        (:class:`~quickdraft.models.placement.PlacementError`) before anything loads."""
+        from .models.placement import resolve_placement
         from .pair import load_pair
 
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+        placement = resolve_placement(device, dtype)
         if method == "early-exit" and draft is not None:  # the draft is an exit head directory
             options, draft = dataclasses.replace(options, exit_head=str(draft)), None
         pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend, draft_vocab=draft_vocab,
-                         method=method)
+                         method=method, placement=placement)
         return cls.for_pair(pair.target, pair.draft, pair.tokenizer, method, options, acceptance,
                             remeasure=remeasure, log=log)
 

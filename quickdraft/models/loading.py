@@ -255,9 +255,11 @@ def _gpt2_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[s
 
 
 def build_native(
-    config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
+    config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
 ) -> Transformer:
-    """Instantiate the native transformer and load Hugging Face-named weights into it."""
+    """Instantiate the native transformer and load Hugging Face-named weights into it, in
+    ``dtype`` on ``device`` (cast on the CPU first: half the bytes to copy to a GPU)."""
     convert = _gpt2_weights if config.family == "gpt2" else _llama_weights
     try:
         weights = convert(state, config)
@@ -279,7 +281,7 @@ def build_native(
         raise CheckpointError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")
     # Built under the meta device, the RoPE frequencies must be computed again for real.
     model._inv_freq = rope_inv_freq(config) if config.family == "llama" else None
-    return model.to(dtype).eval().requires_grad_(False)
+    return model.to(dtype).to(device).eval().requires_grad_(False)
 
 
 def read_model_config(model_dir: Path) -> ModelConfig:
@@ -293,9 +295,10 @@ def read_model_config(model_dir: Path) -> ModelConfig:
         raise CheckpointError(f"{model_dir}/config.json lacks {exc.args[0]!r}; is it a complete HF config?") from None
 
 
-def load_native(model_dir: Path, dtype: torch.dtype = torch.float32) -> Transformer:
+def load_native(model_dir: Path, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu") -> Transformer:
     """Load a Hugging Face checkpoint directory or a llama GGUF file into the native runtime."""
     config = read_model_config(model_dir)
     if gguf.is_gguf(model_dir):
-        return build_native(config, gguf.load_state_dict(model_dir, config), dtype)
-    return build_native(config, load_state_dict(model_dir), dtype)
+        return build_native(config, gguf.load_state_dict(model_dir, config), dtype, device)
+    return build_native(config, load_state_dict(model_dir), dtype, device)
