@@ -74,7 +74,7 @@ def accepted_states(states: dict[int, torch.Tensor], fed_before: int, path: list
     accepted ``path`` nodes, in sequence order. A chain's are a prefix (a view, no copy)."""
     if path == list(range(len(path))):
         return {layer: state[: fed_before + len(path)] for layer, state in states.items()}
-    device = next(iter(states.values())).device if states else None
-    rows = torch.tensor(list(range(fed_before)) + [fed_before + node for node in path], dtype=torch.long,
-                        device=device)
+    rows = torch.tensor(list(range(fed_before)) + [fed_before + node for node in path], dtype=torch.long)
+    if states:  # to the states' device without waiting for it
+        rows = rows.to(next(iter(states.values())).device, non_blocking=True)
     return {layer: state[rows] for layer, state in states.items()}

@@ -101,7 +101,7 @@ def _ragged(model: Transformer, cache: KVCache, feeds: Sequence[Feed], layers: t
     if picks == list(range(picks[0], picks[-1] + 1)):  # one run (e.g. every token of every row): a view
         flat = hidden[0, picks[0] : picks[-1] + 1]
     else:
-        flat = hidden[0, torch.tensor(picks, device=hidden.device)]
+        flat = hidden[0, torch.tensor(picks).to(hidden.device, non_blocking=True)]
     count = canonical_rows(len(picks), invariant)
     if count > len(picks):
         flat = torch.cat([flat, flat.new_zeros(count - len(picks), flat.shape[-1])])
