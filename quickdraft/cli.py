@@ -173,7 +173,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                                    method_options, args.multi_draft_rule,
                                                    remeasure=args.remeasure, log=notice,
                                                    draft_vocab=args.draft_vocab, device=args.device,
-                                                   dtype=args.dtype)
+                                                   dtype=args.dtype, capture=args.capture)
     # a bad prompt, or a chat with a model without a chat template, fails first
     gen.encode_prompt(prompt if messages is None else gen.chat_ids(messages), args.truncate_prompt,
                       room=args.max_new_tokens)
@@ -324,9 +324,9 @@ def draft_options(args: argparse.Namespace):
         raise CliError(str(exc)) from None
 
 
-def add_placement_options(parser: argparse.ArgumentParser, device_help: str = "") -> None:
+def add_placement_options(parser: argparse.ArgumentParser, device_help: str = "", capture: bool = False) -> None:
     """``--device`` and ``--dtype``, shared by every command that loads a model; turn them
-    into a ``Placement`` with :func:`placement_of`."""
+    into a ``Placement`` with :func:`placement_of`. ``capture``: ``--capture`` too."""
     from .models.placement import DTYPE_CHOICES
 
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
@@ -335,6 +335,12 @@ def add_placement_options(parser: argparse.ArgumentParser, device_help: str = ""
                         help="weights, KV caches and activations: auto (default: float32 on CPU, "
                         "bfloat16 on CUDA), float32, bfloat16 or float16; acceptance probabilities "
                         "are float32 whatever this is")
+    if not capture:
+        return
+    parser.add_argument("--capture", action="store_true",
+                        help="run the target's plain and verify steps at one fixed width: captured as CUDA "
+                        "graphs (torch.compile reduce-overhead) on a GPU, eager on the CPU; falls back to "
+                        "eager where capture fails; batch-1 decoding (docs/gpu.md)")
 
 
 def placement_of(args: argparse.Namespace):
@@ -459,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="keep the end of a prompt longer than the context instead of failing")
     gen.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",
                      help="model runtime: native (default when supported) or transformers")
-    add_placement_options(gen)
+    add_placement_options(gen, capture=True)
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object: text, token_ids, settings (what was used), stats")
     gen.add_argument("--color", choices=["auto", "always", "never"], default="auto",

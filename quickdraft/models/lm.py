@@ -25,6 +25,7 @@ from .loading import (
     safetensors_files,
 )
 from .placement import Placement
+from .static_step import StaticStep
 from .transformer import Transformer
 
 
@@ -127,12 +128,26 @@ class NativeLM:
         self.length = 0
         self.cache = None
         self.hidden_states: dict[int, torch.Tensor] = {}
+        self.static_width, self.static_compile = 0, False
+        self.static: StaticStep | None = None
+
+    def use_static_step(self, width: int, compile: bool = False) -> None:
+        """Run chain passes of up to ``width`` tokens (plain steps, verify passes) through a
+        fixed-shape :class:`~quickdraft.models.static_step.StaticStep`, compiled with
+        ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) when ``compile``; 0 turns it
+        off. Other passes (prefills, trees, early exit, hidden states) stay eager."""
+        if (width, compile) != (self.static_width, self.static_compile):
+            self.static_width, self.static_compile, self.static = width, compile, None
 
     def reset(self, max_len: int | None = None) -> None:
-        # Slots may run a tree's width past the context (positions never do).
-        max_len = max_len or self.context_length
+        # Slots may run a tree's width past the context (positions never do), and a static
+        # step's padding rows its width past the sequence.
+        max_len = (max_len or self.context_length) + self.static_width
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = self.model.new_cache(1, max_len)
+            self.static = None
+        if self.static_width and self.static is None:
+            self.static = StaticStep(self.model, self.cache, self.static_width, self.static_compile)
         self.length = 0
 
     @torch.inference_mode()
@@ -149,6 +164,15 @@ class NativeLM:
         if self.cache is None:
             self.reset()
         end = self.length + tokens.shape[-1]
+        if (self.static is not None and positions is None and mask is None and hidden is None
+                and not output_hidden_states and tokens.shape[-1] <= self.static_width
+                and self.length + self.static_width <= self.cache.max_len):
+            out = self.static(tokens, self.length)
+            self.hidden_states = {}
+            self.length = end
+            if logits == "none":
+                return None
+            return out if logits == "all" else out[-(1 if logits == "last" else logits) :]
         # Slots are always contiguous after the cache (an int: slice writes, no gathers);
         # positions too, except in a token tree.
         slots = self.length
@@ -175,7 +199,8 @@ class NativeLM:
 
     def compact(self, length: int, keep: list[int]) -> None:
         if keep != list(range(len(keep))):
-            self.cache.move(torch.tensor(keep, device=self.device) + length, length)
+            # (a non-blocking copy: torch.tensor(..., device=cuda) would wait for the GPU)
+            self.cache.move(torch.tensor(keep).to(self.device, non_blocking=True) + length, length)
         self.length = min(self.length, length + len(keep))
 
 
