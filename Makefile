@@ -12,7 +12,7 @@ LATEST_VENV ?= .venv-latest
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_VERSION ?= $(shell sed -n 's/^torch==//p' requirements.lock)
 
-.PHONY: install browser demo real-model test test-latest lint lock clean
+.PHONY: install browser demo real-model test test-gpu gpu-check test-latest lint lock clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -44,8 +44,19 @@ demo: install
 real-model: install
 	$(VENV)/bin/quickdraft models install smollm2-135m
 
+# CI has no GPU: the GPU tests are deselected explicitly (they would skip anyway).
 test: install browser
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not gpu" tests
+
+# On a machine with a CUDA GPU and a CUDA build of torch (make install TORCH_INDEX=.../cu128):
+# only the GPU tests; they fail, not skip, when CUDA is missing (QUICKDRAFT_REQUIRE_GPU=1).
+test-gpu:
+	QUICKDRAFT_REQUIRE_GPU=1 $(PY) -m pytest -q -m gpu tests
+
+# The whole GPU measurement (tests, bench, roofline, transformers baselines), each part
+# time-limited, JSON under results/gpu/ (docs/gpu.md).
+gpu-check:
+	PY=$(PY) scripts/gpu_check.sh
 
 lint: install
 	$(VENV)/bin/ruff check quickdraft tests

@@ -172,7 +172,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend,
                                                    method_options, args.multi_draft_rule,
                                                    remeasure=args.remeasure, log=notice,
-                                                   draft_vocab=args.draft_vocab)
+                                                   draft_vocab=args.draft_vocab, device=args.device,
+                                                   dtype=args.dtype, capture=args.capture)
     # a bad prompt, or a chat with a model without a chat template, fails first
     gen.encode_prompt(prompt if messages is None else gen.chat_ids(messages), args.truncate_prompt,
                       room=args.max_new_tokens)
@@ -255,7 +256,8 @@ def cmd_generate_batch(args: argparse.Namespace) -> int:
     with quiet_transformers():
         gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend,
                                                    draft_options(args), args.multi_draft_rule,
-                                                   draft_vocab=args.draft_vocab)
+                                                   draft_vocab=args.draft_vocab, device=args.device,
+                                                   dtype=args.dtype)
     requests = [request for request, _ in lines]
     for request in requests:  # a prompt over the context fails before decoding anything
         gen.encode_prompt(request.prompt, request.truncate_prompt, room=request.max_new_tokens)
@@ -319,6 +321,36 @@ def draft_options(args: argparse.Namespace):
                             args.draft_stop, args.skip_profile, exit_layer=args.exit_layer,
                             share_kv=not args.no_share_kv, heads=args.heads)
     except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def add_placement_options(parser: argparse.ArgumentParser, device_help: str = "", capture: bool = False) -> None:
+    """``--device`` and ``--dtype``, shared by every command that loads a model; turn them
+    into a ``Placement`` with :func:`placement_of`. ``capture``: ``--capture`` too."""
+    from .models.placement import DTYPE_CHOICES
+
+    parser.add_argument("--device", default="cpu", metavar="DEVICE",
+                        help=device_help or "where the models run: cpu (default), cuda or cuda:N")
+    parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                        help="weights, KV caches and activations: auto (default: float32 on CPU, "
+                        "bfloat16 on CUDA), float32, bfloat16 or float16; acceptance probabilities "
+                        "are float32 whatever this is")
+    if not capture:
+        return
+    parser.add_argument("--capture", action="store_true",
+                        help="run the target's plain and verify steps at one fixed width: captured as CUDA "
+                        "graphs (torch.compile reduce-overhead) on a GPU, eager on the CPU; falls back to "
+                        "eager where capture fails; batch-1 decoding (docs/gpu.md)")
+
+
+def placement_of(args: argparse.Namespace):
+    """The ``Placement`` of ``--device`` / ``--dtype``; a one-line :class:`CliError` for a
+    device this machine lacks."""
+    from .models.placement import PlacementError, resolve_placement
+
+    try:
+        return resolve_placement(args.device, args.dtype)
+    except PlacementError as exc:
         raise CliError(str(exc)) from None
 
 
@@ -433,6 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="keep the end of a prompt longer than the context instead of failing")
     gen.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",
                      help="model runtime: native (default when supported) or transformers")
+    add_placement_options(gen, capture=True)
     gen.add_argument("--json", action="store_true",
                      help="print one JSON object: text, token_ids, settings (what was used), stats")
     gen.add_argument("--color", choices=["auto", "always", "never"], default="auto",

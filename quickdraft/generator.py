@@ -93,6 +93,9 @@ class SpeculativeGenerator:
         self.method_choice = None  # what method="auto" chose (policy.method_choice.MethodChoice)
         self.k_choice = None  # the cost model's k choice, with its measured acceptance (policy.autok.KChoice)
         self._end_of_turn: list[int] | None = None  # found once, on the first chat
+        #: Run the target's chain passes at a fixed width (``capture=True`` in from_pretrained):
+        #: captured as CUDA graphs on a GPU, eager at static shapes on the CPU.
+        self.capture = False
 
     @classmethod
     def from_pretrained(
@@ -106,6 +109,9 @@ class SpeculativeGenerator:
         remeasure: bool = False,
         log: Callable[[str], None] | None = None,
         draft_vocab: int | None = None,
+        device: str | torch.device | None = None,
+        dtype: str | torch.dtype | None = None,
+        capture: bool = False,
     ) -> SpeculativeGenerator:
         """Load a target (default: the embedded default) and, for the methods that need one
         (draft, tree, multi-draft, hybrid, auto), a draft (default: the embedded target's
@@ -119,17 +125,31 @@ class SpeculativeGenerator:
         again, ``log`` gets a line before a measurement); the choice is in
         :attr:`method_choice`. ``draft_vocab``: how many of its most frequent tokens the
         draft scores (None: the draft's ``draft_vocab.json`` default, 0: all; output is the
-        same either way)."""
+        same either way).
+
+        ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``; default cpu) and ``dtype``
+        (``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``/None: float32 on CPU,
+        bfloat16 on CUDA) place both models; an unusable one is a ``ValueError``
+        (:class:`~quickdraft.models.placement.PlacementError`) before anything loads.
+        ``capture``: the target's plain and verify passes of a chain run at one fixed width
+        (``models/static_step.py``), captured with ``torch.compile(mode="reduce-overhead")``
+        on CUDA (falling back to eager where that fails); native runtime only."""
+        from .models.placement import resolve_placement
         from .pair import load_pair
 
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+        placement = resolve_placement(device, dtype)
         if method == "early-exit" and draft is not None:  # the draft is an exit head directory
             options, draft = dataclasses.replace(options, exit_head=str(draft)), None
         pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend, draft_vocab=draft_vocab,
-                         method=method)
-        return cls.for_pair(pair.target, pair.draft, pair.tokenizer, method, options, acceptance,
-                            remeasure=remeasure, log=log)
+                         method=method, placement=placement)
+        gen = cls.for_pair(pair.target, pair.draft, pair.tokenizer, method, options, acceptance,
+                           remeasure=remeasure, log=log)
+        if capture and not hasattr(gen.target, "use_static_step"):
+            raise ValueError("capture needs the native runtime for the target (drop --backend hf)")
+        gen.capture = capture
+        return gen
 
     @classmethod
     def for_pair(
@@ -250,6 +270,9 @@ class SpeculativeGenerator:
                                     self.tokenizer)
         if k > 0:  # (0: plain decoding, the cost model predicts the draft to lose)
             bind_step_costs(self.drafter, self.target, self.tokenizer, k)
+        if self.capture:  # one width per k: the widest pass this k feeds
+            width = self.drafter.verify_width(k) if k > 0 else 1
+            self.target.use_static_step(width, compile=self.target.device.type == "cuda")
         return decode(self.target, ids, conditions, drafter=self.drafter, params=params,
                       num_speculative_tokens=k, acceptance=self.acceptance, stats=stats)
 

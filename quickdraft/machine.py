@@ -19,6 +19,17 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def device_info(placement) -> dict:
+    """The device and dtype a measurement ran on (a GPU: its name, memory and CUDA version)."""
+    import torch
+
+    info = {"device": str(placement.device), "dtype": str(placement.dtype).removeprefix("torch.")}
+    if placement.device.type == "cuda":
+        props = torch.cuda.get_device_properties(placement.device)
+        info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)
+    return info
+
+
 def machine_info(threads: int | None = None) -> dict:
     """Platform, CPU, thread count and library versions.
 

@@ -24,6 +24,7 @@ from .models.loading import (
     resolve_draft,
     resolve_target,
 )
+from .models.placement import Placement
 
 #: The methods only the native runtime runs, and why: the transformers backend verifies a
 #: chain of tokens with the full model, nothing else.
@@ -118,6 +119,7 @@ def load_pair(
     backend: str = "auto",
     draft_vocab: int | None = None,
     method: str | None = None,
+    placement: Placement | None = None,
 ) -> ModelPair:
     """Load a target (default: the embedded default), its tokenizer and, when ``need_draft``,
     a draft (default: the embedded target's paired draft).
@@ -130,6 +132,7 @@ def load_pair(
     ``draft_vocab.json``, :mod:`quickdraft.models.draft_vocab`): None its default, 0 all.
     ``method``, when given, is checked against the backend first
     (:func:`check_method_backend`), so a combination that cannot run loads nothing.
+    ``placement``: the device and dtype of both models (default: CPU, float32).
     """
     if method is not None:
         check_method_backend(method, backend)
@@ -137,10 +140,10 @@ def load_pair(
     if method is not None:
         check_method_backend(method, backend, target_dir)
     draft_dir = resolve_draft(target_dir, model, draft) if need_draft else None
-    target = load_model(target_dir, backend)
+    target = load_model(target_dir, backend, placement)
     tokenizer = load_tokenizer(target_dir)
     draft_lm = None
     if draft_dir is not None:
         check_same_tokenizer(tokenizer, load_tokenizer(draft_dir), str(target_dir), str(draft_dir))
-        draft_lm = load_model(draft_dir, backend, head_vocab=read_draft_vocab(draft_dir, draft_vocab))
+        draft_lm = load_model(draft_dir, backend, placement, head_vocab=read_draft_vocab(draft_dir, draft_vocab))
     return ModelPair(target, tokenizer, draft_lm, target_dir, draft_dir)

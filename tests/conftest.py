@@ -10,6 +10,18 @@ import torch
 torch.set_num_threads(2)
 
 
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests skip without a CUDA device, saying so, unless
+    QUICKDRAFT_REQUIRE_GPU=1 (``make test-gpu``), where a missing GPU must fail them."""
+    import os
+
+    if torch.cuda.is_available() or os.environ.get("QUICKDRAFT_REQUIRE_GPU") == "1":
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (make test-gpu on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def private_cache_dir(tmp_path_factory):

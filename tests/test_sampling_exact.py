@@ -28,7 +28,8 @@ PROMPT = torch.tensor([0, 3, 1])
 N_SAMPLES = 4000
 
 
-def tiny_lm(seed: int, sharpness: float, head_vocab: list[int] | None = None) -> NativeLM:
+def tiny_lm(seed: int, sharpness: float, head_vocab: list[int] | None = None,
+            dtype: torch.dtype = torch.float32) -> NativeLM:
     config = ModelConfig(
         family="llama", model_type="llama", vocab_size=VOCAB, hidden_size=16, n_layers=1, n_heads=2,
         n_kv_heads=2, head_dim=8, intermediate_size=32, max_position_embeddings=32,
@@ -41,7 +42,7 @@ def tiny_lm(seed: int, sharpness: float, head_vocab: list[int] | None = None) ->
         model.lm_head.weight.mul_(sharpness)
     if head_vocab is not None:  # a draft vocabulary: q is zero outside it
         model.restrict_head(torch.tensor(head_vocab))
-    return NativeLM(model.eval())
+    return NativeLM(model.to(dtype).eval())
 
 
 def exact_distribution(lm: NativeLM, params: SamplingParams, n: int = 3) -> dict[tuple, float]:

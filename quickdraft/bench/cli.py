@@ -7,6 +7,7 @@ import shlex
 import sys
 import time
 
+from ..cli import add_placement_options
 from ..quiet import quiet_transformers
 from .config import (
     BACKENDS,
@@ -71,6 +72,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--draft-vocab", type=int, metavar="N",
                    help="the draft scores only its N most frequent tokens (default: its draft_vocab.json "
                         "size; 0 = all)")
+    add_placement_options(p)
     p.add_argument("--threads", type=int, help=f"torch CPU threads (default {DEFAULT_THREADS})")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run_bench)
@@ -114,6 +116,9 @@ def command_line(args) -> str:
         parts += ["--temperature", str(args.temperature)]
         if getattr(args, "seed", None) is not None:
             parts += ["--seed", str(args.seed)]
+    for flag, dest, default in [("--device", "device", "cpu"), ("--dtype", "dtype", "auto")]:
+        if getattr(args, dest, default) != default:
+            parts += [flag, str(getattr(args, dest))]
     if getattr(args, "threads", None) is not None:
         parts += ["--threads", str(args.threads)]
     if getattr(args, "quick", False):
@@ -156,7 +161,7 @@ def _run(args, started: float) -> int:
         quick=args.quick, model=args.model, draft=args.draft, backend=args.backend, methods=methods,
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, temperature=args.temperature,
         seed=args.seed, k=args.k, sweep=_parse_sweep(args.sweep), threads=args.threads,
-        draft_vocab=args.draft_vocab,
+        draft_vocab=args.draft_vocab, device=args.device, dtype=args.dtype,
     )
     per_category = QUICK.prompts if args.quick else FULL.prompts
     if args.prompts:

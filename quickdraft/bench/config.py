@@ -51,6 +51,17 @@ class BenchConfig:
     threads: int | None = DEFAULT_THREADS  # None: leave torch's setting
     warmup_tokens: int = 32
     draft_vocab: int | None = None  # the draft's scored tokens: None its default, 0 all
+    device: str = "cpu"  # cpu, cuda or cuda:N
+    dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+
+    def placement(self):
+        """The resolved device and dtype (:class:`BenchError` for one this machine lacks)."""
+        from ..models.placement import PlacementError, resolve_placement
+
+        try:
+            return resolve_placement(self.device, self.dtype)
+        except PlacementError as exc:
+            raise BenchError(str(exc)) from None
 
     @classmethod
     def create(cls, quick: bool = False, **given) -> BenchConfig:
@@ -95,6 +106,7 @@ class BenchConfig:
             raise BenchError(f"--draft-vocab must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab}")
         if self.threads is not None and self.threads < 1:
             raise BenchError(f"--threads must be >= 1, got {self.threads}")
+        self.placement()
 
     def to_json(self) -> dict:
         d = dict(self.__dict__)

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..models.lm import CausalLM, eos_token_ids
+from ..models.placement import Placement
 from .call_counter import CallCounter
 from .config import BenchConfig, BenchError, needs_draft
 from .prompts import BenchPrompt
@@ -27,21 +28,23 @@ class BenchContext:
         self.target_dir = Path(target_dir or target.model_dir)
         self.draft_dir = Path(draft_dir or draft.model_dir) if (draft_dir or draft is not None) else None
         self.eos_token_ids = eos_token_ids(target, tokenizer)
+        self.placement = Placement()  # where the transformers copies go: the models' own
         self._hf: dict[str, object] = {}
         self.counters: dict[str, CallCounter] = {}
         # seconds of each prompt's prefill, per transformers row (see HFMethod)
         self.prefill_timings: dict[tuple, list[float]] = {}
 
     def hf_model(self, which: str):
-        """The transformers model ("target" or "draft") loaded from the same directory, fp32,
-        its forward calls counted in ``counters[which]``."""
+        """The transformers model ("target" or "draft") loaded from the same directory, on
+        the same device and in the same dtype as ours, its forward calls counted in ``counters[which]``."""
         if which not in self._hf:
             from ..models.lm import load_hf_model
 
             path = self.target_dir if which == "target" else self.draft_dir
             if path is None:
                 raise BenchError("hf-assisted needs a draft model; pass --draft")
-            model = load_hf_model(path, torch.float32).eval()
+            placement = self.placement
+            model = load_hf_model(path, placement.dtype).to(placement.device).eval()
             self.counters[which] = CallCounter(model)
             self._hf[which] = model
         return self._hf[which]
@@ -54,9 +57,12 @@ def load_context(config: BenchConfig) -> BenchContext:
     transformers, same tokenizer check)."""
     from ..pair import load_pair
 
+    placement = config.placement()
     pair = load_pair(config.model, config.draft, needs_draft(config.methods), config.backend,
-                     draft_vocab=config.draft_vocab)
-    return BenchContext(pair.target, pair.tokenizer, pair.draft, pair.target_dir, pair.draft_dir)
+                     draft_vocab=config.draft_vocab, placement=placement)
+    ctx = BenchContext(pair.target, pair.tokenizer, pair.draft, pair.target_dir, pair.draft_dir)
+    ctx.placement = placement
+    return ctx
 
 
 @dataclass

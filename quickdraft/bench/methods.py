@@ -128,7 +128,7 @@ class HFMethod:
         )
         if not params.greedy:
             torch.manual_seed(params.seed if params.seed is not None else 0)
-        ids = prompt.view(1, -1)
+        ids = prompt.view(1, -1).to(target.device)
         with torch.inference_mode():
             out = target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **kwargs)
         return out[0, ids.shape[1]:].tolist()
@@ -140,7 +140,10 @@ class HFMethod:
         self._generate(ctx, prompt, 1, params)
         if self.k:
             with torch.inference_mode():
-                ctx.hf_model("draft")(prompt.view(1, -1), use_cache=True)
+                draft = ctx.hf_model("draft")
+                draft(prompt.view(1, -1).to(draft.device), use_cache=True)
+                if draft.device.type == "cuda":
+                    torch.cuda.synchronize(draft.device)  # the pass has run, not only been queued
         return time.perf_counter() - started
 
     def run(self, ctx, prompt, max_new_tokens, params, prompt_key=""):

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from ..decoding.sampling import SamplingParams
-from ..machine import machine_info
+from ..machine import device_info, machine_info
 from ..policy.autok import StepCostSampler, calibrate
 from .config import BenchConfig, BenchError
 from .context import BenchContext, EncodedPrompt, encode_prompts
@@ -158,7 +158,7 @@ def run_benchmark(
     ar_step = median([o.decode_seconds / o.stats.decode_passes
                       for runs in results[rows[0].label] for o in runs if o.stats and o.stats.decode_passes])
     return {
-        "machine": {**machine_info(config.threads), "device": "cpu",
+        "machine": {**machine_info(config.threads), **device_info(config.placement()),
                     "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
         "config": {**config.to_json(), "k": k, "k_source": "given" if config.k else "cost model",
                    "backend_requested": config.backend, "backend": ctx.target.backend,

@@ -71,8 +71,16 @@ def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The sampling distribution for ``logits`` under ``params`` (not for greedy)."""
+    """The sampling distribution for ``logits`` under ``params`` (not for greedy), in
+    float32 whatever the model's dtype (``warp_logits`` casts first)."""
     return warp_logits(logits, params).softmax(dim=-1)
+
+
+def host_probabilities(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator) -> torch.Tensor:
+    """:func:`probabilities` on the sampling generator's device (the CPU), where draws
+    are made and a proposal's q meets the target's p: computed where the logits are (a
+    GPU), then one copy; nothing moves on the CPU."""
+    return probabilities(logits, params).to(generator.device)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
@@ -90,5 +98,5 @@ def choose(
     """Pick the next token from 1-D ``logits``; also return its distribution when sampling."""
     if params.greedy:
         return int(logits.argmax()), None
-    probs = probabilities(logits, params)
+    probs = host_probabilities(logits, params, generator)
     return sample(probs, generator), probs

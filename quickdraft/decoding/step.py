@@ -75,4 +75,6 @@ def accepted_states(states: dict[int, torch.Tensor], fed_before: int, path: list
     if path == list(range(len(path))):
         return {layer: state[: fed_before + len(path)] for layer, state in states.items()}
     rows = torch.tensor(list(range(fed_before)) + [fed_before + node for node in path], dtype=torch.long)
+    if states:  # to the states' device without waiting for it
+        rows = rows.to(next(iter(states.values())).device, non_blocking=True)
     return {layer: state[rows] for layer, state in states.items()}

@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from .proposal import Proposal
-from .sampling import SamplingParams, probabilities, sample
+from .sampling import SamplingParams, host_probabilities, sample
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,8 @@ class SpeculativeSampling:
         return residual_distribution(p, q)
 
     def __call__(self, proposal: Proposal, target_logits: torch.Tensor) -> Verdict:
-        p_all = probabilities(target_logits, self.params)
+        # float32 on the CPU whatever the model's device and dtype: one copy of p per step.
+        p_all = host_probabilities(target_logits, self.params, self.generator)
         tokens = proposal.tokens.tolist()
         kids = proposal.children()
         path, node = [], -1
@@ -164,7 +165,7 @@ class SpecTrSampling:
     def __call__(self, proposal: Proposal, target_logits: torch.Tensor) -> Verdict:
         if proposal.size and proposal.probs is None:
             raise ValueError("SpecTr verifies sampled drafts; this drafter proposes deterministic tokens")
-        p_all = probabilities(target_logits, self.params)
+        p_all = host_probabilities(target_logits, self.params, self.generator)
         tokens = proposal.tokens.tolist()
         counts = [1] * proposal.size if proposal.counts is None else proposal.counts.tolist()
         kids = proposal.children()

@@ -114,6 +114,7 @@ class EarlyExitDrafter:
         """Layers [0, L) (and the head's extra block) over ``tokens`` at positions
         ``start..``: their hidden states ``[T, H]`` and the exit head's logits of the last."""
         cache = self.lm.cache if self.share_kv else self.base_cache
+        tokens = tokens.to(cache.k.device, non_blocking=True)
         hidden = self.net(tokens[None], start, cache, layers=(0, self.exit_layer), logits="none").hidden
         if not logits:
             # The last drafted token (sharing): verification needs its layer-L state, but

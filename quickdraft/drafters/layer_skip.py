@@ -183,10 +183,11 @@ class LayerSkipLM:
             return None
         if start < target.length:
             raise ValueError("layer-skip drafting writes only past the target's verified tokens")
-        positions = start if positions is None else positions.view(1, -1)
+        device = target.cache.k.device
+        positions = start if positions is None else positions.to(device).view(1, -1)
         with torch.inference_mode():
-            out = target.model(tokens.view(1, -1), positions, target.cache, slots=start,
-                               mask=None if mask is None else mask[None], logits=logits, **self._skip)
+            out = target.model(tokens.to(device).view(1, -1), positions, target.cache, slots=start,
+                               mask=None if mask is None else mask.to(device)[None], logits=logits, **self._skip)
         self.length = end
         return out.logits[0]
 

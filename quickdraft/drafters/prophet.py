@@ -71,7 +71,8 @@ class ProphetDrafter:
     @row_dependent_rounding()
     def _draft(self, newest: torch.Tensor, k: int) -> Proposal:
         self.lm.reset(self.n + k)  # the cache restarts each round
-        x = self.prophet.inputs(self._states[None].to(self.lm.model.embed.weight.dtype), newest[None])[0]
+        x = self.prophet.inputs(self._states[None].to(self.lm.model.embed.weight.dtype),
+                                newest[None].to(self._states.device))[0]
         logits = self._feed(torch.zeros(x.shape[0], dtype=torch.long), x)
         tokens, probs = [], []
         for i in range(k):

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..decoding.sampling import SamplingParams, choose, probabilities
+from ..decoding.sampling import SamplingParams, choose, host_probabilities
 
 
 @dataclass
@@ -82,7 +82,7 @@ class StaticTree(Shape):
     def children(self, depth, parent, index, logits, params, generator):
         w = self.widths[depth]
         if self.sample and not params.greedy:
-            q = probabilities(logits, params)
+            q = host_probabilities(logits, params, generator)
             return [Node(index, t, q, c) for t, c in draws(q, w, generator)]
         return [Node(index, t, None) for t in torch.topk(logits, w).indices.tolist()]
 
@@ -107,7 +107,7 @@ class MultiDraft(Shape):
     def children(self, depth, parent, index, logits, params, generator):
         count = parent.count if parent is not None else self.n
         if not params.greedy:
-            q = probabilities(logits, params)
+            q = host_probabilities(logits, params, generator)
             return [Node(index, t, q, c) for t, c in draws(q, count, generator)]
         counts: dict[int, int] = {}
         on_chain = parent is None or parent.chain
@@ -115,7 +115,7 @@ class MultiDraft(Shape):
             counts[int(logits.argmax())] = 1
             count -= 1
         if count > 0:
-            for t, c in draws(logits.float().softmax(-1), count, generator):
+            for t, c in draws(logits.float().softmax(-1).to(generator.device), count, generator):
                 counts[t] = counts.get(t, 0) + c
         argmax = next(iter(counts)) if on_chain else None
         return [Node(index, t, None, c, chain=t == argmax) for t, c in counts.items()]

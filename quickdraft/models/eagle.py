@@ -111,7 +111,12 @@ class EagleHead(nn.Module):
                ) -> torch.Tensor:
         """Inference: feed ``tokens`` ``[T]`` with ``features`` ``[T, H]`` at ``positions``,
         keys into ``cache`` at ``slots`` (``mask`` ``[T, S]`` as in ``Transformer.forward``);
-        the outputs ``[T, H]``."""
+        the outputs ``[T, H]``. Tokens and mask may be on the CPU (moved to the features'
+        device); tensor positions and slots stay where they are (indices: on the CPU, their
+        largest value is read without waiting for a GPU)."""
+        tokens = tokens.to(features.device, non_blocking=True)
+        if mask is not None:
+            mask = mask.to(features.device, non_blocking=True)
         x = self.inputs(tokens[None], features[None], target)
         if not isinstance(positions, int):
             positions, slots = positions[None], slots if isinstance(slots, int) else slots[None]

@@ -24,6 +24,8 @@ from .loading import (
     resolve_model_dir,
     safetensors_files,
 )
+from .placement import Placement
+from .static_step import StaticStep
 from .transformer import Transformer
 
 
@@ -107,6 +109,9 @@ class NativeLM:
 
     With ``decode_linears`` (the default) its linear layers are swapped, in place, for
     CPU decode kernels (``DecodeLinear``) where the device and dtype allow it.
+
+    Inputs may live on the CPU (the engine's sequence buffer, drafters' masks): ``extend``
+    moves them to the model's device; logits and hidden states stay there.
     """
 
     backend = "native"
@@ -114,6 +119,7 @@ class NativeLM:
     def __init__(self, model: Transformer, model_dir: Path | None = None, decode_linears: bool = True) -> None:
         self.model = model
         self.decode_linears = decode_linears and use_decode_linears(model)
+        self.device = model.embed.weight.device
         self.config: ModelConfig = model.config
         self.model_dir = model_dir
         self.vocab_size = self.config.vocab_size
@@ -122,12 +128,26 @@ class NativeLM:
         self.length = 0
         self.cache = None
         self.hidden_states: dict[int, torch.Tensor] = {}
+        self.static_width, self.static_compile = 0, False
+        self.static: StaticStep | None = None
+
+    def use_static_step(self, width: int, compile: bool = False) -> None:
+        """Run chain passes of up to ``width`` tokens (plain steps, verify passes) through a
+        fixed-shape :class:`~quickdraft.models.static_step.StaticStep`, compiled with
+        ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) when ``compile``; 0 turns it
+        off. Other passes (prefills, trees, early exit, hidden states) stay eager."""
+        if (width, compile) != (self.static_width, self.static_compile):
+            self.static_width, self.static_compile, self.static = width, compile, None
 
     def reset(self, max_len: int | None = None) -> None:
-        # Slots may run a tree's width past the context (positions never do).
-        max_len = max_len or self.context_length
+        # Slots may run a tree's width past the context (positions never do), and a static
+        # step's padding rows its width past the sequence.
+        max_len = (max_len or self.context_length) + self.static_width
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = self.model.new_cache(1, max_len)
+            self.static = None
+        if self.static_width and self.static is None:
+            self.static = StaticStep(self.model, self.cache, self.static_width, self.static_compile)
         self.length = 0
 
     @torch.inference_mode()
@@ -144,12 +164,25 @@ class NativeLM:
         if self.cache is None:
             self.reset()
         end = self.length + tokens.shape[-1]
+        if (self.static is not None and positions is None and mask is None and hidden is None
+                and not output_hidden_states and tokens.shape[-1] <= self.static_width
+                and self.length + self.static_width <= self.cache.max_len):
+            out = self.static(tokens, self.length)
+            self.hidden_states = {}
+            self.length = end
+            if logits == "none":
+                return None
+            return out if logits == "all" else out[-(1 if logits == "last" else logits) :]
         # Slots are always contiguous after the cache (an int: slice writes, no gathers);
         # positions too, except in a token tree.
         slots = self.length
-        positions = slots if positions is None else positions.view(1, -1)
+        # No-ops on the CPU; on a GPU, host-to-device copies (no host synchronisation).
+        tokens = tokens.to(self.device, non_blocking=True)
+        positions = slots if positions is None else positions.to(self.device, non_blocking=True).view(1, -1)
         if mask is not None:
-            mask = mask[None]
+            mask = mask.to(self.device, non_blocking=True)[None]
+        if hidden is not None:
+            hidden = hidden.to(self.device, non_blocking=True)
         if hidden is None:
             out = self.model(tokens.view(1, -1), positions, self.cache, slots=slots, mask=mask, logits=logits,
                              output_hidden_states=output_hidden_states)
@@ -166,7 +199,8 @@ class NativeLM:
 
     def compact(self, length: int, keep: list[int]) -> None:
         if keep != list(range(len(keep))):
-            self.cache.move(torch.tensor(keep) + length, length)
+            # (a non-blocking copy: torch.tensor(..., device=cuda) would wait for the GPU)
+            self.cache.move(torch.tensor(keep).to(self.device, non_blocking=True) + length, length)
         self.length = min(self.length, length + len(keep))
 
 
@@ -213,6 +247,7 @@ class HFCausalLM:
         if self.past is None:
             self.reset()
         keep = 0 if logits == "all" else (1 if isinstance(logits, str) else logits)  # 0 keeps all
+        tokens = tokens.to(self.model.device, non_blocking=True)
         out, self.past = forward_with_cache(self.model, tokens.view(1, -1), self.past, logits_to_keep=keep)
         self.length += tokens.shape[-1]
         return None if logits == "none" else out[0].float()
@@ -242,7 +277,7 @@ def load_hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
 
 
 def load_model(
-    name_or_path: str | Path, backend: str = "auto", dtype: torch.dtype = torch.float32,
+    name_or_path: str | Path, backend: str = "auto", placement: Placement | None = None,
     head_vocab: torch.Tensor | None = None,
 ) -> CausalLM:
     """Load a model for decoding.
@@ -252,16 +287,19 @@ def load_model(
             a GGUF file or a hub id.
         backend: ``"native"``, ``"hf"`` or ``"auto"`` (native whenever it supports the
             checkpoint, transformers otherwise).
-        dtype: compute dtype; keep float32 on CPU.
+        placement: device and compute dtype (default: CPU, float32;
+            :func:`~quickdraft.models.placement.resolve_placement` makes one from
+            ``--device`` / ``--dtype``).
         head_vocab: token ids the LM head scores (a draft's vocabulary,
             :meth:`Transformer.restrict_head`); native runtime only, ignored by transformers.
     """
     if backend not in ("auto", "native", "hf"):
         raise ValueError(f"unknown backend {backend!r}; choose auto, native or hf")
+    placement = placement or Placement()
     model_dir = resolve_model_dir(name_or_path)
     if backend in ("auto", "native"):
         try:
-            model = load_native(model_dir, dtype)
+            model = load_native(model_dir, placement.dtype, placement.device)
             if head_vocab is not None:
                 model.restrict_head(head_vocab)
             return NativeLM(model, model_dir)
@@ -270,7 +308,7 @@ def load_model(
                 raise
     read_hf_config(model_dir)  # refuses remote-code models with a clear message
     try:
-        return HFCausalLM(load_hf_model(model_dir, dtype), model_dir)
+        return HFCausalLM(load_hf_model(model_dir, placement.dtype).to(placement.device), model_dir)
     # RuntimeError: transformers' verdict on weights that do not fit the model it built
     # (a GGUF architecture whose tensors it maps differently, say).
     except (OSError, ValueError, KeyError, RuntimeError) as exc:

@@ -275,9 +275,11 @@ def _no_init() -> Iterator[None]:
 
 
 def build_native(
-    config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
+    config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
 ) -> Transformer:
-    """Instantiate the native transformer and load Hugging Face-named weights into it."""
+    """Instantiate the native transformer and load Hugging Face-named weights into it, in
+    ``dtype`` on ``device`` (cast on the CPU first: half the bytes to copy to a GPU)."""
     convert = _gpt2_weights if config.family == "gpt2" else _llama_weights
     try:
         weights = convert(state, config)
@@ -296,7 +298,7 @@ def build_native(
         missing = [m for m in missing if m != "lm_head.weight"]
     if missing:
         raise CheckpointError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")
-    return model.to(dtype).eval().requires_grad_(False)
+    return model.to(dtype).to(device).eval().requires_grad_(False)
 
 
 def read_model_config(model_dir: Path) -> ModelConfig:
@@ -310,9 +312,10 @@ def read_model_config(model_dir: Path) -> ModelConfig:
         raise CheckpointError(f"{model_dir}/config.json lacks {exc.args[0]!r}; is it a complete HF config?") from None
 
 
-def load_native(model_dir: Path, dtype: torch.dtype = torch.float32) -> Transformer:
+def load_native(model_dir: Path, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu") -> Transformer:
     """Load a Hugging Face checkpoint directory or a llama GGUF file into the native runtime."""
     config = read_model_config(model_dir)
     if gguf.is_gguf(model_dir):
-        return build_native(config, gguf.load_state_dict(model_dir, config), dtype)
-    return build_native(config, load_state_dict(model_dir), dtype)
+        return build_native(config, gguf.load_state_dict(model_dir, config), dtype, device)
+    return build_native(config, load_state_dict(model_dir), dtype, device)

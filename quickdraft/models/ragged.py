@@ -87,7 +87,9 @@ def _ragged(model: Transformer, cache: KVCache, feeds: Sequence[Feed], layers: t
     if width > total:
         tokens = torch.cat([tokens, tokens.new_zeros(width - total)])
         positions = torch.cat([positions, positions.new_zeros(width - total)])
-    tokens, positions = tokens.view(1, width), positions.view(1, width)
+    device = model.embed.weight.device  # rows' buffers live on the CPU: one copy to a GPU
+    tokens = tokens.view(1, width).to(device, non_blocking=True)
+    positions = positions.view(1, width).to(device, non_blocking=True)
     out = model(tokens, positions, cache, layers=layers, logits="none", ragged=ragged, output_hidden_states=keep)
     hidden = out.hidden
     kept = [{i: out.hidden_states[i][0, r.offset : r.offset + r.tokens] for i in keep} for r in ragged]
@@ -99,7 +101,7 @@ def _ragged(model: Transformer, cache: KVCache, feeds: Sequence[Feed], layers: t
     if picks == list(range(picks[0], picks[-1] + 1)):  # one run (e.g. every token of every row): a view
         flat = hidden[0, picks[0] : picks[-1] + 1]
     else:
-        flat = hidden[0, torch.tensor(picks)]
+        flat = hidden[0, torch.tensor(picks).to(hidden.device, non_blocking=True)]
     count = canonical_rows(len(picks), invariant)
     if count > len(picks):
         flat = torch.cat([flat, flat.new_zeros(count - len(picks), flat.shape[-1])])

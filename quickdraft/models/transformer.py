@@ -246,7 +246,12 @@ class Transformer(nn.Module):
     def _rope(self, positions: torch.Tensor | int, length: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """cos / sin for ``positions`` (``[B, T]``; an int ``p``: ``p .. p + length - 1`` in
         every row), shaped ``[B or 1, 1, T, head_dim]``."""
-        needed = (positions + length) if isinstance(positions, int) else int(positions.max()) + 1
+        if isinstance(positions, int):
+            needed = positions + length
+        elif positions.device.type == "cpu":
+            needed = int(positions.max()) + 1
+        else:  # reading the largest position would wait for the GPU: cover every position once
+            needed = self.config.max_position_embeddings
         # A table built under inference mode (decoding) cannot enter a graph autograd
         # records: a model trained after it decoded (a drafter probed while it trains)
         # builds its own once.

@@ -11,7 +11,6 @@ per-position acceptance of the head on the calibration prompts. The cost model
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -24,6 +23,7 @@ from ..models.exit_head import ExitHead
 from ..models.lm import NativeLM, eos_token_ids
 from .autok import CALIBRATION_PROMPTS
 from .cost_model import StepCosts, best_k, speedup_curve
+from .timing import device_clock
 
 
 @dataclass
@@ -43,9 +43,9 @@ def _median_seconds(fn, repeats: int) -> float:
     fn()  # warm
     times = []
     for _ in range(repeats):
-        started = time.perf_counter()
+        started = device_clock()
         fn()
-        times.append(time.perf_counter() - started)
+        times.append(device_clock() - started)
     return statistics.median(times)
 
 

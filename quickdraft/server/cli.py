@@ -12,6 +12,7 @@ import threading
 from ..cli import (
     CliError,
     add_method_options,
+    add_placement_options,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -44,6 +45,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--remeasure", action="store_true", help="measure the cost model's k again")
     p.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",
                    help="model runtime: native (default when supported) or transformers")
+    add_placement_options(p)
     p.add_argument("--engine", choices=["auto", "batch", "solo"], default="auto",
                    help="batch = rows verified together in one pass (draft, ngram, hybrid, early-exit, ar on "
                    "the native runtime); solo = each row its own decode loop, stepped in turn (every method and "

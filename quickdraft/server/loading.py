@@ -99,6 +99,8 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
             remeasure=args.remeasure,
             log=log,
             draft_vocab=args.draft_vocab,
+            device=getattr(args, "device", None),
+            dtype=getattr(args, "dtype", None),
         )
     k, k_source = choose_k(args, gen)
     plan = gen.plan

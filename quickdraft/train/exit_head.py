@@ -96,14 +96,15 @@ def make_exit_loss(target_pass: TargetPass, kl_weight: float, ce_weight: float):
 
 
 def resolve_device(name: str) -> torch.device:
-    """``--device`` as a torch device; one line when it does not exist on this machine."""
+    """``--device`` as a torch device; one line when it does not exist on this machine (the
+    inference commands' check, :func:`~quickdraft.models.placement.resolve_device`)."""
+    from ..models.placement import PlacementError
+    from ..models.placement import resolve_device as resolve
+
     try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise TrainInputError(f"--device {name!r} is not a torch device; pass cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise TrainInputError(f"--device {name}: this torch has no CUDA device; pass --device cpu")
-    return device
+        return resolve(name)
+    except PlacementError as exc:
+        raise TrainInputError(str(exc)) from None
 
 
 def check_out_dir(out: Path, force: bool, holds_ours=is_exit_head_dir, what: str = "exit head") -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_tune_parser(sub) -> None:
-    from ..cli import positive_int
+    from ..cli import add_placement_options, positive_int
 
     tune = sub.add_parser("tune", help="fit a method to a model (layer-skip profiles)",
                           description="Search settings of a method for a model.")
@@ -32,6 +32,7 @@ def add_tune_parser(sub) -> None:
     ls.add_argument("--measure-best", type=int, default=3,
                     help="decode the best N profiles for real against plain decoding (default 3; 0 = none)")
     ls.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
+    add_placement_options(ls)
     ls.set_defaults(func=cmd_tune_layer_skip)
 
 
@@ -57,7 +58,7 @@ def calibration_prompts(args, tokenizer) -> list:
 def cmd_tune_layer_skip(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ..cli import CliError, notice
+    from ..cli import CliError, notice, placement_of
     from ..drafters.layer_skip import model_fingerprint
     from ..models.lm import NativeLM, eos_token_ids, load_model
     from ..models.loading import resolve_model_dir
@@ -65,9 +66,10 @@ def cmd_tune_layer_skip(args: argparse.Namespace) -> int:
     from ..quiet import quiet_transformers
     from .layer_skip import measured_speedup, profile_from_params, run_study
 
+    placement = placement_of(args)  # an unusable device fails before anything loads
     model_dir = resolve_model_dir(args.model)
     with quiet_transformers():
-        target = load_model(model_dir, "native")
+        target = load_model(model_dir, "native", placement)
         tokenizer = load_tokenizer(model_dir)
     if not isinstance(target, NativeLM):
         raise CliError("layer skip needs the native runtime")
