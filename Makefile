@@ -45,8 +45,12 @@ real-model: install
 	$(VENV)/bin/quickdraft models install smollm2-135m
 
 # CI has no GPU: the GPU tests are deselected explicitly (they would skip anyway).
+# One pytest-xdist worker per core (each runs torch on one thread: tests/conftest.py);
+# TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
+
 test: install browser
-	$(PY) -m pytest -q -m "not gpu" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not gpu" tests
 
 # On a machine with a CUDA GPU and a CUDA build of torch (make install TORCH_INDEX=.../cu128):
 # only the GPU tests; they fail, not skip, when CUDA is missing (QUICKDRAFT_REQUIRE_GPU=1).

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# Under pytest-xdist (`make test` runs two workers on CI's two cores) each worker gets one
+# core; run alone, a test may use both.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.gpu`` tests skip without a CUDA device, saying so, unless
     QUICKDRAFT_REQUIRE_GPU=1 (``make test-gpu``), where a missing GPU must fail them."""
-    import os
-
     if torch.cuda.is_available() or os.environ.get("QUICKDRAFT_REQUIRE_GPU") == "1":
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (make test-gpu on a GPU machine)")
