@@ -6,6 +6,7 @@ arguments below); :mod:`.gguf` reads it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -254,6 +255,25 @@ def _gpt2_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[s
     return out
 
 
+_INIT_FUNCTIONS = ("normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_",
+                   "xavier_uniform_", "xavier_normal_", "zeros_", "ones_", "constant_")
+
+
+@contextlib.contextmanager
+def _no_init():
+    """Build modules without initialising their parameters: every one is assigned from the
+    checkpoint next, and on the meta device torch's init functions go through its Python
+    reference kernels, whose first use imports ``torch._dynamo`` (2.5 s of start-up)."""
+    saved = {name: getattr(torch.nn.init, name) for name in _INIT_FUNCTIONS}
+    for name in _INIT_FUNCTIONS:
+        setattr(torch.nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
+
+
 def build_native(
     config: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32
 ) -> Transformer:
@@ -266,7 +286,7 @@ def build_native(
             f"checkpoint lacks weight {exc.args[0]!r} expected for a {config.model_type} model; "
             "is the checkpoint complete?"
         ) from None
-    with torch.device("meta"):
+    with torch.device("meta"), _no_init():
         model = Transformer(config)
     model = model.to_empty(device="cpu")
     if config.tie_word_embeddings:
