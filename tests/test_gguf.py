@@ -150,3 +150,39 @@ def test_unpermute_inverts_llamacpp_row_order():
     weight = np.arange(8 * 3 * 5, dtype=np.float32).reshape(24, 5)
     back = gguf.unpermute_rope_rows(torch.from_numpy(llamacpp_rows(weight, 3)), 3)
     assert torch.equal(back, torch.from_numpy(weight))
+
+
+def test_converted_weights_and_header_are_cached(tmp_path, monkeypatch):
+    """The first load keeps the header's findings and the converted weights in the cache;
+    the next load reads them without opening the file, and a rewritten file is converted
+    again (the key has its size and mtime)."""
+    import os
+
+    path = tmp_path / "tiny.gguf"
+    write_tiny_gguf(path, "Q4_1")
+    config = gguf.native_config(path)
+    first = gguf.load_state_dict(path, config)
+    entry = gguf.cache_entry(path)
+    assert (entry / gguf.WEIGHTS_FILE).is_file() and (entry / gguf.HEADER_FILE).is_file()
+    gguf._open_gguf.cache_clear()
+    gguf._header.cache_clear()
+
+    def refuse(*args):
+        raise AssertionError("the GGUF file was opened although the cache holds it")
+
+    monkeypatch.setattr(gguf, "_open_gguf", refuse)
+    assert gguf.native_config(path) == config
+    again = gguf.load_state_dict(path, config)
+    assert again.keys() == first.keys() and all(torch.equal(again[k], first[k]) for k in first)
+    monkeypatch.undo()
+    # A damaged entry is converted again.
+    (entry / gguf.WEIGHTS_FILE).write_bytes(b"not safetensors")
+    assert all(torch.equal(v, first[k]) for k, v in gguf.load_state_dict(path, config).items())
+    # A rewritten file gets its own entry.
+    write_tiny_gguf(path, "Q8_0")
+    os.utime(path, ns=(1, 1))
+    assert gguf.cache_entry(path) != entry
+    changed = gguf.load_state_dict(path, gguf.native_config(path))
+    fresh = gguf.convert_state_dict(path, config)
+    assert all(torch.equal(changed[k], v) for k, v in fresh.items())
+    assert not torch.equal(changed["lm_head.weight"], first["lm_head.weight"])

@@ -22,7 +22,7 @@ from ..decoding.stats import GenerationStats
 from ..decoding.stopping import StopConditions
 from ..drafters.factory import BATCH_METHODS
 from .config import BenchConfig, BenchError
-from .context import BenchContext, encode_prompts
+from .context import BenchContext, encode_prompts, stop_at_end_of_turn
 from .prompts import BenchPrompt
 
 
@@ -68,6 +68,8 @@ def run_batch_benchmark(ctx: BenchContext, prompts: Sequence[BenchPrompt], confi
     if bad:
         raise BenchError(f"--batch-size runs {', '.join(BATCH_METHODS)}; {bad[0]} is batch 1 only")
     room = config.max_new_tokens + MAX_BATCH_K + 2
+    if any(p.is_chat for p in prompts):
+        stop_at_end_of_turn(ctx)
     encoded = encode_prompts(ctx, prompts, room)
     categories: dict[str, list] = {}
     for p, e in zip(prompts, encoded):

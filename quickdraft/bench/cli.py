@@ -19,7 +19,7 @@ from .config import (
     BenchConfig,
     BenchError,
 )
-from .prompts import CATEGORIES, PromptFileError
+from .prompts import ALL_CATEGORIES, CATEGORIES, INSTRUCT_CATEGORIES, PromptFileError
 
 
 def _span(values) -> str:
@@ -44,8 +44,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                         f"when it supports the checkpoint, else transformers (default {BenchConfig.backend})")
     p.add_argument("--methods", help=f"comma-separated methods (default: {','.join(DEFAULT_METHODS)})")
     p.add_argument("--categories", metavar="NAMES",
-                   help=f"comma-separated prompt categories: {', '.join(CATEGORIES)} (default: all; with "
-                        "--prompts, the file's 'category' values)")
+                   help=f"comma-separated prompt categories: {', '.join(ALL_CATEGORIES)} (default: "
+                        f"{','.join(CATEGORIES)}; for a packaged instruct model such as smollm2-135m: "
+                        f"{','.join(INSTRUCT_CATEGORIES)}; with --prompts, the file's 'category' values)")
     p.add_argument("--prompts", metavar="FILE.jsonl",
                    help="JSON lines with 'id' and 'prompt', optionally 'category' (default: the built-in "
                         "categories)")
@@ -126,6 +127,14 @@ def command_line(args) -> str:
     return shlex.join(parts)
 
 
+def default_categories(model: str | None) -> tuple[str, ...]:
+    """The built-in categories a model is benched on by default: chat and code for the
+    packaged instruct models (what users ask of them), else the embedded family's."""
+    from ..models.registry import find_packaged
+
+    return INSTRUCT_CATEGORIES if model is not None and find_packaged(str(model)) else CATEGORIES
+
+
 def run_bench(args) -> int:
     """Run the benchmark; bad input prints one line to stderr and returns 2."""
     started = time.perf_counter()
@@ -167,7 +176,7 @@ def _run(args, started: float) -> int:
     if args.prompts:
         prompts = select(load_prompts(args.prompts), parse_categories(args.categories, None), per_category)
     else:
-        prompts = builtin_prompts(parse_categories(args.categories) or CATEGORIES, per_category)
+        prompts = builtin_prompts(parse_categories(args.categories) or default_categories(args.model), per_category)
 
     log = (lambda msg: None) if args.quiet else (lambda msg: print(f"[bench] {msg}", file=sys.stderr, flush=True))
     log("loading models")

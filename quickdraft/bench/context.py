@@ -65,6 +65,26 @@ def load_context(config: BenchConfig) -> BenchContext:
     return ctx
 
 
+def chat_ids(ctx: BenchContext, prompt: BenchPrompt) -> list[int]:
+    """A chat prompt's ids through the model's own template (as ``generate --chat`` renders
+    it); every row, transformers' included, gets these ids."""
+    from ..chat import ChatTemplateError, chat_prompt_ids
+
+    try:
+        return chat_prompt_ids(ctx.tokenizer, prompt.messages, str(ctx.target_dir.name))
+    except ChatTemplateError as exc:
+        raise BenchError(f"chat prompt {prompt.id}: {exc}; leave out the chat category "
+                         "(--categories) for a model without one") from None
+
+
+def stop_at_end_of_turn(ctx: BenchContext) -> None:
+    """Add the chat template's end-of-turn tokens to the ids that end a generation, as
+    ``generate --chat`` does (for every prompt of the run: the rows must stop alike)."""
+    from ..chat import end_of_turn_ids
+
+    ctx.eos_token_ids = list(dict.fromkeys([*ctx.eos_token_ids, *end_of_turn_ids(ctx.tokenizer)]))
+
+
 @dataclass
 class EncodedPrompt:
     """A prompt's token ids as run, and whether its beginning was cut to fit the context."""
@@ -89,7 +109,10 @@ def encode_prompts(ctx: BenchContext, prompts: Sequence[BenchPrompt], room: int)
         )
     out = []
     for p in prompts:
-        ids = ctx.tokenizer(p.prompt)["input_ids"] or [ctx.eos_token_ids[0] if ctx.eos_token_ids else 0]
+        if p.is_chat:
+            ids = chat_ids(ctx, p)
+        else:
+            ids = ctx.tokenizer(p.prompt)["input_ids"] or [ctx.eos_token_ids[0] if ctx.eos_token_ids else 0]
         kept = ids[-limit:]  # keep the end: it is what the continuation depends on
         out.append(EncodedPrompt(torch.tensor(kept, dtype=torch.long), len(ids), len(kept) < len(ids)))
     return out

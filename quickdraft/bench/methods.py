@@ -90,16 +90,26 @@ class EngineMethod:
 
 
 class HFMethod:
-    """transformers ``generate()``, plain or with ``assistant_model`` (same draft, same k,
-    constant schedule, confidence threshold 0)."""
+    """transformers ``generate()``: plain, with ``assistant_model`` (same draft, same k,
+    constant schedule, confidence threshold 0), or with ``lookup`` its prompt-lookup
+    decoding (``prompt_lookup_num_tokens=k``, n-grams up to ``lookup`` tokens: the n-gram
+    baseline, no draft model)."""
 
     kind = "transformers"
 
-    def __init__(self, name: str, k: int | None = None) -> None:
+    def __init__(self, name: str, k: int | None = None, lookup: int | None = None) -> None:
         self.name = name
         self.k = k
+        self.lookup = lookup
         self.speculative = k is not None
-        self.settings = {"k": k, "schedule": "constant", "confidence_threshold": 0} if k else {}
+        if lookup:
+            self.settings = {"k": k, "ngram_max": lookup}
+        else:
+            self.settings = {"k": k, "schedule": "constant", "confidence_threshold": 0} if k else {}
+
+    @property
+    def uses_draft(self) -> bool:
+        return bool(self.k) and not self.lookup
 
     @property
     def label(self) -> str:
@@ -110,7 +120,10 @@ class HFMethod:
 
         target = ctx.hf_model("target")
         kwargs = {}
-        if self.k:
+        if self.lookup:
+            kwargs["prompt_lookup_num_tokens"] = self.k
+            kwargs["max_matching_ngram_size"] = self.lookup
+        elif self.k:
             assistant = ctx.hf_model("draft")
             assistant.generation_config.num_assistant_tokens = self.k
             assistant.generation_config.num_assistant_tokens_schedule = "constant"
@@ -138,7 +151,7 @@ class HFMethod:
         forward pass over the prompt, which transformers runs inside its first step)."""
         started = time.perf_counter()
         self._generate(ctx, prompt, 1, params)
-        if self.k:
+        if self.uses_draft:
             with torch.inference_mode():
                 draft = ctx.hf_model("draft")
                 draft(prompt.view(1, -1).to(draft.device), use_cache=True)
@@ -154,9 +167,9 @@ class HFMethod:
         for _ in range(1 if samples else 2):
             samples.append(self._prefill_sample(ctx, prompt, params))
         ctx.hf_model("target")
-        if self.k:
+        if self.uses_draft:
             ctx.hf_model("draft")
-        target, draft = ctx.counters["target"], ctx.counters.get("draft") if self.k else None
+        target, draft = ctx.counters["target"], ctx.counters.get("draft") if self.uses_draft else None
         t0, d0 = target.calls, draft.calls if draft is not None else 0
         started = time.perf_counter()
         tokens = self._generate(ctx, prompt, max_new_tokens, params)

@@ -350,7 +350,30 @@ def build_category(category: str, **kwargs) -> list[BenchPrompt]:
         return build_long(exclude_sources=short_sources, **kwargs)
     if category == "out-of-domain":
         return build_out_of_domain(**kwargs)
-    raise ValueError(f"unknown category {category!r}; choose from: {', '.join(CATEGORIES)}")
+    if category == "code":
+        return build_code(**kwargs)
+    if category == "chat":
+        raise ValueError("the chat prompts are written by hand (quickdraft/assets/bench/chat.jsonl); edit that file")
+    raise ValueError(f"unknown category {category!r}; choose from: {', '.join(CATEGORIES)}, code")
+
+
+CODE_KINDS = ("function-body", "docstring")
+
+
+def build_code() -> list[BenchPrompt]:
+    """The ``code`` category (completions for an instruct model): the stored short
+    function-body and docstring prompts of ``short`` and ``out-of-domain``, renamed. Same
+    text and sources, so they stay out of every training split as those do."""
+    from dataclasses import replace
+
+    from .prompts import load_prompts
+
+    out = []
+    for category, suffix in (("short", ""), ("out-of-domain", "-ood")):
+        for p in load_prompts(category_file(category)):
+            if p.kind in CODE_KINDS and p.size in ("", "short"):
+                out.append(replace(p, id=f"code-{p.id.removeprefix('ood-short-')}{suffix}", category="code", size=""))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

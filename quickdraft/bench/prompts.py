@@ -3,8 +3,10 @@
 A prompt file is JSON lines, one object per line with ``id`` and ``prompt`` (strings) and
 optionally ``kind`` (the task: ``function-body``, ``docstring``, ``repetitive``, ...),
 ``source``, ``category`` (results are reported per category; default ``custom``),
-``size`` (``short`` or ``long``) and ``origin`` (an object saying where the text comes
-from). Blank lines are ignored.
+``size`` (``short`` or ``long``), ``origin`` (an object saying where the text comes
+from) and ``messages`` (a chat: a list of ``{"role", "content"}`` objects, run through the
+model's chat template; ``prompt`` then repeats the last message, for display). Blank lines
+are ignored.
 
 The built-in categories (``quickdraft bench --categories``), each a stored JSONL file in
 ``quickdraft/assets/bench/`` built by :mod:`.prompt_sets`:
@@ -16,6 +18,13 @@ The built-in categories (``quickdraft bench --categories``), each a stored JSONL
 - ``out-of-domain``: Python the family never trained on, from third-party packages
   (package, version, file and licence in each prompt's ``origin``), short and long.
 
+For instruct models (the default categories of a packaged model such as ``smollm2-135m``):
+
+- ``chat``: one-turn user messages written for this bench (programming and general
+  questions), rendered by the model's chat template; generation stops at its end-of-turn;
+- ``code``: completions, the short function-body and docstring prompts of ``short`` and
+  ``out-of-domain`` (same sources, so never in any training split).
+
 A prompt longer than the model's context allows is cut to its end by the benchmark, which
 says so in its output.
 """
@@ -26,10 +35,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..chat import ChatTemplateError, check_messages
 from ..jsonl import read_objects
 from ..sources import BENCH_ASSETS_DIR
 
-CATEGORIES = ("short", "long", "out-of-domain")
+CATEGORIES = ("short", "long", "out-of-domain")  # the embedded models' default
+INSTRUCT_CATEGORIES = ("chat", "code")  # a packaged instruct model's default
+ALL_CATEGORIES = CATEGORIES + INSTRUCT_CATEGORIES
 CUSTOM = "custom"
 
 
@@ -48,6 +60,11 @@ class BenchPrompt:
     category: str = CUSTOM
     size: str = ""  # "short" or "long" where a set has both
     origin: dict | None = None  # where the text comes from (package, version, file, license)
+    messages: tuple[dict, ...] | None = None  # a chat, rendered by the model's template
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
 
     def to_json(self) -> dict:
         out = {"id": self.id, "prompt": self.prompt, "kind": self.kind, "source": self.source,
@@ -56,6 +73,8 @@ class BenchPrompt:
             out["size"] = self.size
         if self.origin:
             out["origin"] = self.origin
+        if self.messages is not None:
+            out["messages"] = list(self.messages)
         return out
 
 
@@ -81,9 +100,16 @@ def load_prompts(path: str | Path) -> list[BenchPrompt]:
         origin = obj.get("origin")
         if origin is not None and not isinstance(origin, dict):
             raise PromptFileError(f"{where}: 'origin' must be a JSON object")
+        messages = obj.get("messages")
+        if messages is not None:
+            try:
+                messages = tuple(check_messages(messages))
+            except ChatTemplateError as exc:
+                raise PromptFileError(f"{where}: 'messages': {exc}") from None
         seen.add(pid)
         prompts.append(BenchPrompt(pid, prompt, str(obj.get("kind", CUSTOM)), str(obj.get("source", "")),
-                                   str(obj.get("category") or CUSTOM), str(obj.get("size", "")), origin))
+                                   str(obj.get("category") or CUSTOM), str(obj.get("size", "")), origin,
+                                   messages))
     if not prompts:
         raise PromptFileError(f"prompt file {path} has no prompts")
     return prompts
@@ -97,7 +123,7 @@ def save_prompts(prompts: list[BenchPrompt], path: str | Path) -> None:
             f.write(json.dumps(p.to_json(), ensure_ascii=False) + "\n")
 
 
-def parse_categories(text: str | None, available: tuple[str, ...] | None = CATEGORIES) -> tuple[str, ...] | None:
+def parse_categories(text: str | None, available: tuple[str, ...] | None = ALL_CATEGORIES) -> tuple[str, ...] | None:
     """``--categories`` text (comma-separated) as names; None when not given. ``available``
     None accepts any name (a prompt file's categories are checked when selecting)."""
     if text is None:

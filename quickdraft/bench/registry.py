@@ -60,6 +60,8 @@ register_method("hf-ar", lambda ctx, config, k: [HFMethod("hf-ar")],
                 help="transformers generate(), plain")
 register_method("hf-assisted", lambda ctx, config, k: [HFMethod("hf-assisted", k)],
                 needs_draft=True, help="transformers generate() with assistant_model (same draft and k)")
+register_method("hf-lookup", lambda ctx, config, k: [HFMethod("hf-lookup", k, lookup=3)],
+                help="transformers generate() with prompt_lookup_num_tokens=k (n-grams up to 3, as ngram's)")
 
 
 # Token trees, multi-draft and n-gram drafting (issue 10): one row per setting worth comparing.

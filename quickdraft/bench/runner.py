@@ -20,7 +20,7 @@ from ..decoding.sampling import SamplingParams
 from ..machine import device_info, machine_info
 from ..policy.autok import StepCostSampler, calibrate
 from .config import BenchConfig, BenchError
-from .context import BenchContext, EncodedPrompt, encode_prompts
+from .context import BenchContext, EncodedPrompt, encode_prompts, stop_at_end_of_turn
 from .prompts import BenchPrompt
 from .registry import make_rows
 from .results import (
@@ -91,6 +91,8 @@ def run_benchmark(
     methods = list(dict.fromkeys(["ar", *config.methods]))  # ar is the baseline
     max_sweep = max(config.sweep, default=0)
     room = config.max_new_tokens + max(config.k or 0, max_sweep, 8) + 2
+    if any(p.is_chat for p in prompts):
+        stop_at_end_of_turn(ctx)
     encoded = encode_prompts(ctx, prompts, room)
     prompt_ids = [e.ids for e in encoded]
     categories = _categories(prompts)

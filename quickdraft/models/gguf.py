@@ -6,12 +6,20 @@ configuration (``llama.*`` keys, read into the Hugging Face ``config.json`` shap
 package and renamed to Hugging Face names, and transformers builds its tokenizer from the
 metadata. Llama-architecture files run on the native runtime; others go to transformers,
 which reads GGUF itself.
+
+Parsing a real file's header (a 49k-token vocabulary, element by element) and
+dequantizing its tensors take seconds, so the first load of a file keeps what it found in
+the user's cache (``~/.cache/quickdraft/gguf/``, keyed by the file's path, size and mtime):
+the header's configuration and checks as JSON, the converted weights as safetensors (never
+pickles). Later loads read those and never open the file; a damaged or unwritable cache
+only costs the time of converting again.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
 import shutil
 import tempfile
@@ -94,6 +102,12 @@ def type_name(tensor) -> str:
 def check_gguf(path: Path) -> None:
     """Refuse, from the header alone, a GGUF file loading would refuse: unreadable, a
     tensor type we cannot dequantize, or no tokenizer in its metadata."""
+    error = header(path).get("check_error")
+    if error:
+        raise CheckpointError(error)
+
+
+def _check_reader(path: Path) -> None:
     reader = open_gguf(path)
     for tensor in reader.tensors:
         name = type_name(tensor)
@@ -110,6 +124,13 @@ def check_gguf(path: Path) -> None:
 def hf_config(path: Path) -> dict[str, Any]:
     """The file's configuration in ``config.json`` form. Only the Llama keys are mapped;
     for other architectures just ``model_type`` (transformers reads those files itself)."""
+    found = header(path)
+    if found.get("config_error"):
+        raise CheckpointError(found["config_error"])
+    return dict(found["hf_config"])
+
+
+def _hf_config(path: Path) -> dict[str, Any]:
     reader = open_gguf(path)
     arch = architecture(reader)
     if arch not in NATIVE_ARCHITECTURES:
@@ -150,22 +171,27 @@ def hf_config(path: Path) -> dict[str, Any]:
 def native_config(path: Path) -> ModelConfig:
     """The native runtime's configuration of the file; :class:`UnsupportedModelError` when
     only transformers can run it (another architecture, RoPE variants we lack)."""
+    cfg = hf_config(path)
+    error = header(path).get("native_error")
+    if error:
+        raise UnsupportedModelError(error)
+    return ModelConfig.from_hf(cfg)
+
+
+def _native_error(path: Path) -> str | None:
+    """Why the native runtime cannot run the file (None: it can)."""
     reader = open_gguf(path)
     arch = architecture(reader)
     if arch not in NATIVE_ARCHITECTURES:
-        raise UnsupportedModelError(
-            f"GGUF architecture {arch!r} is not supported by the native runtime (supported: "
-            f"{', '.join(NATIVE_ARCHITECTURES)}); use --backend hf to run it through transformers"
-        )
-    cfg = hf_config(path)
+        return (f"GGUF architecture {arch!r} is not supported by the native runtime (supported: "
+                f"{', '.join(NATIVE_ARCHITECTURES)}); use --backend hf to run it through transformers")
+    cfg = _hf_config(path)
     scaling = metadata(reader, f"{arch}.rope.scaling.type", "none")
     rope_dim = metadata(reader, f"{arch}.rope.dimension_count", cfg["head_dim"])
     if scaling != "none" or rope_dim != cfg["head_dim"] or any(t.name == "rope_freqs.weight" for t in reader.tensors):
-        raise UnsupportedModelError(
-            f"{path.name} uses RoPE scaling or partial rotary dimensions, which the native runtime "
-            "does not read from GGUF files; use --backend hf"
-        )
-    return ModelConfig.from_hf(cfg)
+        return (f"{path.name} uses RoPE scaling or partial rotary dimensions, which the native runtime "
+                "does not read from GGUF files; use --backend hf")
+    return None
 
 
 def unpermute_rope_rows(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -199,8 +225,27 @@ def hf_tensor_name(name: str) -> str | None:
 
 def load_state_dict(path: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
     """Every tensor of a llama GGUF file, fp32, under its Hugging Face name, with the q/k
-    rows back in Hugging Face order."""
+    rows back in Hugging Face order: converted once, then read from the cache."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, save_file
+
     check_gguf(path)
+    error = header(path).get("native_error")
+    if error:
+        raise UnsupportedModelError(error)
+    cached = cache_entry(path) / WEIGHTS_FILE
+    if cached.is_file():
+        try:
+            return load_file(str(cached))
+        except (OSError, SafetensorError):
+            pass  # a damaged entry: convert again
+    state = convert_state_dict(path, config)
+    _write_atomic(cached, lambda tmp: save_file(state, str(tmp)))
+    return state
+
+
+def convert_state_dict(path: Path, config: ModelConfig) -> dict[str, torch.Tensor]:
+    """:func:`load_state_dict` without the cache: dequantize every tensor of the file."""
     state: dict[str, torch.Tensor] = {}
     for tensor in open_gguf(path).tensors:
         name = hf_tensor_name(tensor.name)
@@ -243,8 +288,79 @@ def load_tokenizer(path: Path):
 
 def tokenizer_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/quickdraft/gguf-tokenizers`` (``~/.cache`` without it)."""
+    return _cache_base() / "gguf-tokenizers"
+
+
+def _cache_base() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "quickdraft" / "gguf-tokenizers"
+    return Path(base) / "quickdraft"
+
+
+#: Bumped when what the cache holds changes meaning (conversion or header fields).
+CACHE_VERSION = 1
+WEIGHTS_FILE = "model.safetensors"
+HEADER_FILE = "header.json"
+
+
+def cache_entry(path: Path) -> Path:
+    """The cache directory of one GGUF file: ``~/.cache/quickdraft/gguf/<key>``, the key a
+    hash of the file's resolved path, size and mtime (a rewritten file gets a new entry)."""
+    stat = path.stat()
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CACHE_VERSION}"
+    return _cache_base() / "gguf" / hashlib.sha256(key.encode()).hexdigest()[:24]
+
+
+def header(path: Path) -> dict[str, Any]:
+    """What the file's header says that loading needs: ``check_error`` (why loading would
+    refuse it), ``hf_config`` or ``config_error``, and ``native_error`` (why the native
+    runtime cannot run it). Read once per file and kept in the cache; an unreadable file is
+    a :class:`CheckpointError` and is not cached."""
+    stat = path.stat()
+    return dict(_header(path.resolve(), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _header(path: Path, mtime_ns: int, size: int) -> dict[str, Any]:
+    cached = cache_entry(path) / HEADER_FILE
+    try:
+        found = json.loads(cached.read_text())
+        if isinstance(found, dict) and found.get("version") == CACHE_VERSION:
+            return found
+    except (OSError, ValueError):
+        pass
+    open_gguf(path)  # unreadable: raise here, cache nothing
+    found: dict[str, Any] = {"version": CACHE_VERSION, "check_error": None, "config_error": None,
+                             "hf_config": None, "native_error": None}
+    try:
+        _check_reader(path)
+    except CheckpointError as exc:
+        found["check_error"] = str(exc)
+    try:
+        found["hf_config"] = _hf_config(path)
+    except CheckpointError as exc:
+        found["config_error"] = str(exc)
+    if not found["config_error"]:
+        found["native_error"] = _native_error(path)
+    text = json.dumps(found)
+    _write_atomic(cached, lambda tmp: tmp.write_text(text))
+    return found
+
+
+def _write_atomic(target: Path, write) -> None:
+    """``write(tmp)`` a file beside ``target``, then rename it into place: a reader never
+    sees half a file. A cache that cannot be written only costs time."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        os.close(fd)
+    except OSError:
+        return
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def save_tokenizer(tok, target: Path) -> None:

@@ -256,7 +256,8 @@ def _gpt2_weights(state: dict[str, torch.Tensor], config: ModelConfig) -> dict[s
     return out
 
 
-_INITS = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "zeros_", "ones_")
+_INITS = ("normal_", "uniform_", "trunc_normal_", "kaiming_uniform_", "kaiming_normal_",
+          "xavier_uniform_", "xavier_normal_", "zeros_", "ones_", "constant_")
 
 
 @contextmanager

@@ -39,7 +39,10 @@ def make_norm(config: ModelConfig) -> nn.Module:
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     """RoPE inverse frequencies, with Llama 3 frequency-dependent scaling when configured."""
     dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    # On the CPU whatever the default device: a model built on the meta device (loading)
+    # would otherwise run this through torch's reference kernels, which import torch._dynamo
+    # (2 s); the table is a plain attribute, on the CPU like the tables built from it.
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim))
     scaling = config.rope_scaling
     if not scaling:
         return inv_freq
