@@ -82,8 +82,11 @@ def _configure_distill(p: argparse.ArgumentParser, steps: int = 1000, lr: float 
     p.add_argument("--batch-size", type=positive_int, default=4, help="windows per step (default 4)")
     p.add_argument("--lr", type=float, default=lr, help=f"peak learning rate (default {lr:g})")
     p.add_argument("--warmup", type=int, default=20, help="warmup steps (default 20)")
-    p.add_argument("--kl-weight", type=float, default=1.0)
-    p.add_argument("--ce-weight", type=float, default=0.1)
+    p.add_argument("--kl-weight", type=float, default=1.0,
+                   help="weight of KL(target || student), a target pass per window (default 1); draft: 0 "
+                        "trains on hard labels alone, no target pass, the right choice on data the target "
+                        "generated itself (`train data`), scoring only the draft vocabulary")
+    p.add_argument("--ce-weight", type=float, default=0.1, help="weight of the CE on the text (default 0.1)")
     p.add_argument("--ckpt-every", type=positive_int, default=50, help="checkpoint interval (steps)")
     p.add_argument("--log-every", type=positive_int, default=10, help="log interval (steps)")
     p.add_argument("--probe-every", type=non_negative_int, default=50, metavar="N",
@@ -166,6 +169,27 @@ def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _configure_data(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--target", required=True, help="the model that writes the data: name, directory or .gguf file")
+    p.add_argument("--out", type=Path, required=True,
+                   help="the shard directory (created; running again adds shards to it)")
+    p.add_argument("--tokens", type=positive_int, required=True,
+                   help="stop once the shards hold this many generated tokens")
+    p.add_argument("--batch-size", type=positive_int, default=16,
+                   help="rows generated at once by the batched engine (default 16)")
+    p.add_argument("--shard-jobs", type=positive_int, default=48,
+                   help="prompts per shard (default 48): the unit written atomically and resumed")
+    p.add_argument("--temperature", type=float, default=0.8,
+                   help="sampling temperature for diversity (default 0.8; 0 = greedy)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=160,
+                   help="tokens the target writes per answer or completion (default 160)")
+    p.add_argument("--seed", type=int, default=0, help="which prompts and samples (default 0)")
+    p.add_argument("--max-seconds", type=positive_int, default=None,
+                   help="start no shard that would end after this many seconds (run again to continue)")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    return p
+
+
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``train`` sub-command (and ``train draft``) to an argparse ``subparsers``."""
     p = subparsers.add_parser(
@@ -173,7 +197,14 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0])
     _configure(p)
     p.set_defaults(func=run_train)
-    sub = p.add_subparsers(dest="train_command", metavar="{draft,exit-head,heads}")
+    sub = p.add_subparsers(dest="train_command", metavar="{data,draft,exit-head,heads}")
+    g = sub.add_parser("data", help="the target writes its own training data (self-distillation shards)",
+                       description="Self-distillation data: the target answers built-in instructions and "
+                                   "instructions it writes itself through its chat template, and continues "
+                                   "stdlib code, sampled with the batched engine into resumable shards. "
+                                   "Train a draft on them with `quickdraft train draft --data OUT`.")
+    _configure_data(g)
+    g.set_defaults(func=run_train_data)
     d = sub.add_parser("draft", help="distil a draft model for any target",
                        description="Distil a draft for a target: KL(target || draft) + CE on "
                                    "your text, with the target's tokenizer.")
@@ -215,6 +246,13 @@ def _command(args) -> str:
     if argv and argv[0] == "train":
         argv = argv[1:]
     return ("quickdraft train " + shlex.join(argv)).strip()
+
+
+def run_train_data(args) -> int:
+    from .selfdistill import run_train_data as run
+
+    check_out(args.out, False)
+    return run(args, log=lambda m: print(m, file=sys.stderr, flush=True))
 
 
 def run_train_draft(args) -> int:

@@ -47,6 +47,7 @@ from .trainer import (
     llama_config,
     load_model_fp32,
     make_distill_loss,
+    make_label_loss,
     measure_decode,
     save_model_bf16,
 )
@@ -195,8 +196,12 @@ def run_train_draft(args, command: str, log=print) -> int:
         write_meta(d, args.target, target_dir, count_params(student))
         write_draft_vocab(d, counts, vocab_keep)
 
-    task = DistillTask("draft", teacher, student,
-                       make_distill_loss(teacher, args.kl_weight, args.ce_weight), save,
+    if args.kl_weight == 0:  # hard labels: no target pass per window (see make_label_loss)
+        rows = torch.from_numpy(np.argsort(-counts, kind="stable")[:vocab_keep]) if vocab_keep else None
+        loss = make_label_loss(rows)
+    else:
+        loss = make_distill_loss(teacher, args.kl_weight, args.ce_weight)
+    task = DistillTask("draft", teacher, student, loss, save,
                        draft_probe(teacher, tokens.heldout))
     summary = train(task, tokens, stage, seq_len, args.seed, work, resume=args.resume,
                     progress=not args.no_progress, threads=args.threads)

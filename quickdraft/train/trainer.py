@@ -184,6 +184,35 @@ def ce_loss(model, batch: torch.Tensor) -> tuple[torch.Tensor, dict]:
     return loss, {}
 
 
+def make_label_loss(rows: torch.Tensor | None = None) -> Callable:
+    """Hard-label cross-entropy on the data's own next tokens: no teacher pass, so on data
+    the target generated (``quickdraft train data``) it is distillation at the cost of
+    plain training. With ``rows`` (a draft vocabulary, :mod:`..models.draft_vocab`) the
+    head scores only those tokens and next tokens outside them are skipped: drafting never
+    proposes them, and the head costs a fraction of the full vocabulary's."""
+    remap = None
+    if rows is not None:
+        rows = rows.long()
+
+    def loss_fn(model, batch):
+        nonlocal remap
+        inp, labels = batch[:, :-1], batch[:, 1:]
+        if rows is None:
+            logits = model(input_ids=inp).logits
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1)), {}
+        head = model.get_output_embeddings().weight
+        if remap is None:
+            remap = torch.full((head.shape[0],), -100, dtype=torch.long)
+            remap[rows] = torch.arange(rows.numel())
+        hidden = model.base_model(input_ids=inp).last_hidden_state
+        logits = F.linear(hidden, head[rows.to(head.device)])
+        y = remap.to(labels.device)[labels]
+        loss = F.cross_entropy(logits.reshape(-1, rows.numel()), y.reshape(-1), ignore_index=-100)
+        return loss, {"in_vocab": (y >= 0).float().mean().item()}
+
+    return loss_fn
+
+
 def make_distill_loss(teacher, kl_weight: float, ce_weight: float) -> Callable:
     """loss = kl_weight * KL(teacher || draft) + ce_weight * CE, temperature 1."""
     teacher.eval()
