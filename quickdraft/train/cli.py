@@ -117,6 +117,10 @@ def _configure_draft(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                             "a decode step about a tenth of the target's), small (1 layer, 256 "
                             "wide), tiny, or JSON (a file or inline) with hidden_size, "
                             "num_hidden_layers, num_attention_heads, intermediate_size")
+    p.add_argument("--from-target", action="store_true",
+                   help="start from the target's own weights (configuration, embeddings, final norm and "
+                        "evenly spaced layers) instead of random ones; the draft must be as wide as the "
+                        "target (--config auto is when the draft vocabulary leaves room)")
     p.add_argument("--draft-vocab", type=non_negative_int, default=None, metavar="N",
                    help="tokens the draft scores when drafting: the N most frequent in the training text "
                         "(written to draft_vocab.json; default: an eighth of the vocabulary, at least 1024; "
@@ -175,10 +179,11 @@ def _configure_data(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="the shard directory (created; running again adds shards to it)")
     p.add_argument("--tokens", type=positive_int, required=True,
                    help="stop once the shards hold this many generated tokens")
-    p.add_argument("--batch-size", type=positive_int, default=16,
-                   help="rows generated at once by the batched engine (default 16)")
-    p.add_argument("--shard-jobs", type=positive_int, default=48,
-                   help="prompts per shard (default 48): the unit written atomically and resumed")
+    p.add_argument("--batch-size", type=positive_int, default=48,
+                   help="rows generated at once by the batched engine (default 48: on a 2-core CPU "
+                        "SmolLM2-135M makes 93 tokens/s at 48 rows, 68 at 16, 12 at 1)")
+    p.add_argument("--shard-jobs", type=positive_int, default=64,
+                   help="prompts per shard (default 64): the unit written atomically and resumed")
     p.add_argument("--temperature", type=float, default=0.8,
                    help="sampling temperature for diversity (default 0.8; 0 = greedy)")
     p.add_argument("--max-new-tokens", type=positive_int, default=160,

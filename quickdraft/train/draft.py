@@ -94,12 +94,57 @@ def build_student(args, teacher, target_dir: Path, tok, arch: Arch | None):
         if not learned:  # rotary positions extend to any length; a learned table does not
             student.config.max_position_embeddings = context
         return student.train().requires_grad_(True)
+    if getattr(args, "from_target", False):
+        if arch is None:
+            raise TrainInputError("--from-target starts a new draft from the target; it cannot be combined "
+                                  "with --init")
+        return student_from_target(teacher, arch, args.seed)
     eos = teacher.config.eos_token_id
     eos = tok.eos_token_id if eos is None else eos
     bos = teacher.config.bos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if isinstance(eos, int) else None)
     cfg = llama_config(arch, vocab, context, bos_id=bos, eos_id=eos, pad_id=pad)
     return build_llama(cfg, args.seed)
+
+
+def target_layers(total: int, keep: int) -> list[int]:
+    """``keep`` of ``total`` layers, evenly spaced, the first and the last included."""
+    if keep == 1:
+        return [0]
+    return sorted({round(i * (total - 1) / (keep - 1)) for i in range(keep)})
+
+
+def student_from_target(teacher, arch: Arch, seed: int):
+    """A draft of ``arch``'s depth made of the target's own weights: its configuration
+    (width, heads, RoPE, norms), embeddings, final norm and evenly spaced layers. On little
+    data this starts far ahead of random weights: the embeddings and head of a 49k-token
+    vocabulary are most of what a small draft would otherwise have to learn."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    cfg = teacher.config
+    layers = getattr(getattr(teacher, "model", None), "layers", None)
+    if layers is None or arch.hidden_size != cfg.hidden_size:
+        raise TrainInputError(
+            f"--from-target needs a draft as wide as the target ({cfg.hidden_size}) and a Llama-style "
+            f"target; this draft is {arch.hidden_size} wide: pass --config with hidden_size "
+            f"{cfg.hidden_size}, or leave --from-target out")
+    keep = target_layers(len(layers), arch.num_hidden_layers)
+    student_cfg = copy.deepcopy(cfg)
+    student_cfg.num_hidden_layers = len(keep)
+    if hasattr(student_cfg, "layer_types") and student_cfg.layer_types is not None:
+        student_cfg.layer_types = [student_cfg.layer_types[i] for i in keep]
+    torch.manual_seed(seed)
+    student = AutoModelForCausalLM.from_config(student_cfg).float()
+    student.model.embed_tokens.load_state_dict(teacher.model.embed_tokens.state_dict())
+    student.model.norm.load_state_dict(teacher.model.norm.state_dict())
+    for mine, theirs in zip(student.model.layers, keep):
+        mine.load_state_dict(layers[theirs].state_dict())
+    if not cfg.tie_word_embeddings:
+        student.lm_head.load_state_dict(teacher.lm_head.state_dict())
+    student.config.quickdraft_init = f"target layers {keep}"
+    return student.train().requires_grad_(True)
 
 
 def check_out_dir(out: Path, target_dir: Path, force: bool) -> None:
@@ -136,8 +181,7 @@ def write_meta(out: Path, target: str, target_dir: Path, params: int) -> None:
     target_name = read_meta(target_dir).get("name") or target
     meta = {"name": out.name, "role": "draft", "default": False, "draft": None,
             "params": int(params),
-            "description": f"Draft distilled from {target_name} by `quickdraft train draft` "
-                           "(KL(target || draft) + CE).",
+            "description": f"Draft distilled from {target_name} by `quickdraft train draft`.",
             "target": target_name, "target_path": str(target_dir.resolve())}
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -170,6 +214,7 @@ def run_train_draft(args, command: str, log=print) -> int:
         "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
         "init": str(args.init) if args.init else None,
         "config": None if arch is None else asdict(arch),
+        "from_target": bool(getattr(args, "from_target", False)),
         "seq_len": seq_len, "batch_size": args.batch_size, "lr": args.lr,
         "warmup": args.warmup, "seed": args.seed, "kl_weight": args.kl_weight,
         "ce_weight": args.ce_weight}, args.resume)
@@ -177,7 +222,8 @@ def run_train_draft(args, command: str, log=print) -> int:
     auto = arch is not None and args.config == "auto"
     named = args.config if args.config == "auto" or args.config in DRAFT_SIZES else "JSON"
     shape = (f"from {args.init}" if arch is None else
-             f"{arch.num_hidden_layers} x {arch.hidden_size} (--config {named})")
+             f"{arch.num_hidden_layers} x {arch.hidden_size} (--config {named}"
+             + (f", {student.config.quickdraft_init} of the target" if args.from_target else "") + ")")
     ratio = sizing.cost_ratio(student, teacher, vocab_keep)
     log(f"[train draft] target {target_dir} ({count_params(teacher):,} params, context "
         f"{context}); draft {shape}, {count_params(student):,} params, estimated step cost "
@@ -216,6 +262,7 @@ def run_train_draft(args, command: str, log=print) -> int:
               "params": count_params(student), "init": str(args.init) if args.init else None,
               "seq_len": seq_len, "seed": args.seed, "stage": asdict(stage),
               "kl_weight": args.kl_weight, "ce_weight": args.ce_weight,
+              "from_target": getattr(student.config, "quickdraft_init", None) if args.from_target else None,
               "train": summary, "data": {k: v for k, v in tokens.manifest.items()
                                          if k != "file_list"},
               "files": tokens.manifest["file_list"], "hardware": machine_info()}
