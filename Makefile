@@ -46,7 +46,7 @@ real-model: install
 
 # The shipped SmolLM2-135M draft, from scratch: the target writes its training data
 # (resumable shards; the committed ones are reused, TOKENS raises the amount), then the draft
-# trains on them. Both steps continue where they stopped when run again.
+# trains on them (add --resume to continue a stopped training run).
 SMOL_DATA ?= data/selfdistill/smollm2-135m
 TOKENS ?= 18000
 smollm2-draft: real-model
