@@ -131,6 +131,9 @@ def test_a_draft_from_the_target_is_its_embeddings_and_evenly_spaced_layers():
         for (name, p), q in zip(mine.state_dict().items(), teacher.model.layers[theirs].state_dict().values()):
             assert torch.equal(p, q), name
     assert torch.equal(student.get_output_embeddings().weight, teacher.get_output_embeddings().weight)
-    assert student.training and all(p.requires_grad for p in student.parameters())
+    # the embedding is the target's own tensor, frozen (shared, not shipped); the rest trains
+    assert student.model.embed_tokens.weight is teacher.model.embed_tokens.weight
+    assert not student.model.embed_tokens.weight.requires_grad
+    assert student.training and all(p.requires_grad for n, p in student.named_parameters() if "embed" not in n)
     with pytest.raises(TrainInputError, match="as wide as the target"):
         student_from_target(teacher, Arch(width // 2, 2, 4, 64), seed=0)

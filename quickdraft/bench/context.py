@@ -37,11 +37,14 @@ class BenchContext:
         its forward calls counted in ``counters[which]``."""
         if which not in self._hf:
             from ..models.lm import load_hf_model
+            from ..models.shared_embed import shared_tensors
 
             path = self.target_dir if which == "target" else self.draft_dir
             if path is None:
                 raise BenchError("hf-assisted needs a draft model; pass --draft")
-            model = load_hf_model(path, torch.float32).eval()
+            # a draft sharing the target's embeddings takes them from the loaded target
+            shared = shared_tensors(path, self.target) if which == "draft" else None
+            model = load_hf_model(path, torch.float32, shared).eval()
             self.counters[which] = CallCounter(model)
             self._hf[which] = model
         return self._hf[which]

@@ -26,6 +26,7 @@ from ..models.draft_vocab import VOCAB_FILE, default_vocab_size, read_draft_voca
 from ..models.gguf import is_gguf
 from ..models.loading import resolve_model_dir
 from ..models.registry import META_FILE, PACKAGE_DIR, read_meta, register_draft
+from ..models.shared_embed import EMBED_NAME, SHARED_KEY, shared_spec
 from ..pair import check_same_tokenizer
 from . import card, sizing
 from .distill import (
@@ -137,14 +138,21 @@ def student_from_target(teacher, arch: Arch, seed: int):
         student_cfg.layer_types = [student_cfg.layer_types[i] for i in keep]
     torch.manual_seed(seed)
     student = AutoModelForCausalLM.from_config(student_cfg).float()
-    student.model.embed_tokens.load_state_dict(teacher.model.embed_tokens.state_dict())
     student.model.norm.load_state_dict(teacher.model.norm.state_dict())
     for mine, theirs in zip(student.model.layers, keep):
         mine.load_state_dict(layers[theirs].state_dict())
     if not cfg.tie_word_embeddings:
         student.lm_head.load_state_dict(teacher.lm_head.state_dict())
     student.config.quickdraft_init = f"target layers {keep}"
-    return student.train().requires_grad_(True)
+    student.train().requires_grad_(True)
+    # The target's embedding matrix itself, frozen: the draft ships without it and takes it
+    # from the loaded target (models/shared_embed.py), so it must stay exactly the target's.
+    shared = teacher.model.embed_tokens.weight
+    student.model.embed_tokens.weight = shared
+    if cfg.tie_word_embeddings:
+        student.lm_head.weight = shared
+    shared.requires_grad_(False)
+    return student
 
 
 def check_out_dir(out: Path, target_dir: Path, force: bool) -> None:
@@ -177,12 +185,16 @@ def copy_tokenizer(target_dir: Path, out: Path, tok) -> None:
             shutil.copyfile(target_dir / name, out / name)
 
 
-def write_meta(out: Path, target: str, target_dir: Path, params: int) -> None:
+def write_meta(out: Path, target: str, target_dir: Path, params: int,
+               shared: torch.Tensor | None = None) -> None:
+    """``quickdraft.json``; ``shared``: the target's embedding the draft leaves out."""
     target_name = read_meta(target_dir).get("name") or target
     meta = {"name": out.name, "role": "draft", "default": False, "draft": None,
             "params": int(params),
             "description": f"Draft distilled from {target_name} by `quickdraft train draft`.",
             "target": target_name, "target_path": str(target_dir.resolve())}
+    if shared is not None:
+        meta[SHARED_KEY] = shared_spec(shared, target_name)
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -236,10 +248,14 @@ def run_train_draft(args, command: str, log=print) -> int:
 
     counts = np.bincount(tokens.train.astype(np.int64), minlength=vocab_size)[:vocab_size]
 
+    # --from-target: the embedding is the target's own tensor, left out of the draft's files
+    shared = teacher.model.embed_tokens.weight if getattr(args, "from_target", False) else None
+    own_params = count_params(student) - (shared.numel() if shared is not None else 0)
+
     def save(d: Path) -> None:
-        save_model_bf16(student, d)
+        save_model_bf16(student, d, omit=(EMBED_NAME,) if shared is not None else ())
         copy_tokenizer(target_dir, d, tok)
-        write_meta(d, args.target, target_dir, count_params(student))
+        write_meta(d, args.target, target_dir, own_params, shared)
         write_draft_vocab(d, counts, vocab_keep)
 
     if args.kl_weight == 0:  # hard labels: no target pass per window (see make_label_loss)
@@ -275,7 +291,7 @@ def run_train_draft(args, command: str, log=print) -> int:
     # Held-out agreement and decode cost of the saved (bf16 -> fp32) weights: what users run.
     if args.threads == "auto":  # the tuner's last choice is no basis for a timing
         torch.set_num_threads(min(2, os.cpu_count() or 1))
-    saved = load_model_fp32(out)
+    saved = load_model_fp32(out, None if shared is None else {EMBED_NAME: shared})
     head_vocab = read_draft_vocab(out)
     heldout = evaluate(saved, tokens.heldout, None, seq_len, args.eval_tokens, teacher=teacher,
                        head_vocab=head_vocab)
