@@ -46,14 +46,16 @@ real-model: install
 
 # The shipped SmolLM2-135M draft, from scratch: the target writes its training data
 # (resumable shards; the committed ones are reused, TOKENS raises the amount), then the draft
-# trains on them (add --resume to continue a stopped training run).
+# trains on them, its embeddings the target's own, frozen and not shipped. Both steps resume:
+# stop either (Ctrl-C) and run `make smollm2-draft` again to continue where it stopped.
 SMOL_DATA ?= data/selfdistill/smollm2-135m
-TOKENS ?= 18000
+TOKENS ?= 36000
 smollm2-draft: real-model
 	$(PY) -m quickdraft train data --target smollm2-135m --out $(SMOL_DATA) --tokens $(TOKENS)
 	$(PY) -m quickdraft train draft --target smollm2-135m --data $(SMOL_DATA) \
 	  --out quickdraft/assets/models/qd-smollm2-135m-draft --force --from-target --kl-weight 0 \
-	  --steps 300 --seq-len 256 --batch-size 4 --lr 5e-4 --ckpt-every 20 --probe-every 100 --eval-tokens 4096
+	  --steps 150 --seq-len 256 --batch-size 4 --lr 5e-4 --ckpt-every 10 --log-every 10 \
+	  --probe-every 75 --eval-tokens 4096 --threads 2 --resume
 
 test: install browser
 	$(PY) -m pytest -q tests

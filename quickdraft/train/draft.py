@@ -275,7 +275,7 @@ def run_train_draft(args, command: str, log=print) -> int:
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": "draft", "command": command, "target": args.target,
               "target_dir": str(target_dir), "target_params": count_params(teacher),
-              "params": count_params(student), "init": str(args.init) if args.init else None,
+              "params": count_params(student), "stored_params": own_params, "init": str(args.init) if args.init else None,
               "seq_len": seq_len, "seed": args.seed, "stage": asdict(stage),
               "kl_weight": args.kl_weight, "ce_weight": args.ce_weight,
               "from_target": getattr(student.config, "quickdraft_init", None) if args.from_target else None,
