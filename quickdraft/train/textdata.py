@@ -5,6 +5,8 @@ Each ``--data`` argument is a file, a directory (read recursively; hidden entrie
 family's corpus, :mod:`.corpus`; its validation split becomes the held-out text).
 
 - ``*.jsonl``: one JSON object per line; its ``"text"`` string is one document.
+- a directory of self-distillation shards (``quickdraft train data``, :mod:`.shards`):
+  its documents as the target's own token ids, used as they are (never re-tokenised).
 - any other file: one document if it is UTF-8 text (source code, prose, ...); files that
   do not decode or hold NUL bytes (binaries) are skipped and counted.
 
@@ -20,6 +22,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
+from . import shards
 from .corpus import is_validation, load_corpus
 
 STDLIB = "stdlib"
@@ -39,12 +44,17 @@ class TextData:
     files: list[dict] = field(default_factory=list)  # {"path", "bytes", "documents"}
     skipped: list[str] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
+    # documents given as token ids (self-distillation shards), split like the text
+    train_ids: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    heldout_ids: list[tuple[str, np.ndarray]] = field(default_factory=list)
 
     def manifest(self) -> dict:
         """Sources, files, bytes and the sha256 of the documents (tokens are added later)."""
         h = hashlib.sha256()
         for name, text in sorted(self.train + self.heldout):
             h.update(name.encode() + b"\0" + text.encode() + b"\0")
+        for name, ids in sorted(self.train_ids + self.heldout_ids, key=lambda d: d[0]):
+            h.update(name.encode() + b"\0" + ids.astype(np.uint32).tobytes() + b"\0")
         nbytes = lambda docs: sum(len(t.encode()) for _, t in docs)  # noqa: E731
         return {
             "sources": self.sources,
@@ -53,9 +63,11 @@ class TextData:
             "sha256": h.hexdigest(),
             "skipped": len(self.skipped),
             "split": {"method": "sha256(document name)[:8] / 2**64 < 0.05",
-                      "train_documents": len(self.train), "train_bytes": nbytes(self.train),
-                      "heldout_documents": len(self.heldout),
-                      "heldout_bytes": nbytes(self.heldout)},
+                      "train_documents": len(self.train) + len(self.train_ids),
+                      "train_bytes": nbytes(self.train),
+                      "heldout_documents": len(self.heldout) + len(self.heldout_ids),
+                      "heldout_bytes": nbytes(self.heldout),
+                      "token_id_documents": len(self.train_ids) + len(self.heldout_ids)},
             "file_list": self.files,
         }
 
@@ -115,6 +127,20 @@ def read_text_data(sources: list[str]) -> TextData:
         if not path.exists():
             raise TrainInputError(f"data path {src} does not exist; pass text, source or "
                                   "JSONL files, directories of them, or 'stdlib'")
+        if shards.is_shard_dir(path):  # the target's own tokens: kept as ids
+            try:
+                docs = shards.read_documents(path)
+            except (OSError, ValueError, KeyError) as exc:
+                raise TrainInputError(f"cannot read the shards in {src}: {exc}") from None
+            if not docs:
+                raise TrainInputError(f"{src} holds no complete shard yet; generate some with "
+                                      "`quickdraft train data --out` that directory")
+            for name, ids in docs:
+                name = f"{path.name}/{name}"
+                (data.heldout_ids if is_validation(name) else data.train_ids).append((name, ids))
+            data.files.append({"path": str(path), "bytes": sum(int(i.nbytes) for _, i in docs),
+                               "documents": len(docs), "shards": len(shards.done_shards(path))})
+            continue
         files = _walk(path) if path.is_dir() else [path]
         root = path if path.is_dir() else path.parent
         for f in files:
@@ -139,6 +165,12 @@ def read_text_data(sources: list[str]) -> TextData:
 
 def _ensure_heldout(data: TextData) -> None:
     """Small data sets: hold out the last document, or the end of the only one."""
+    if not data.train and not data.heldout:  # shards only: split their documents
+        if not data.heldout_ids and len(data.train_ids) > 1:
+            data.heldout_ids.append(data.train_ids.pop())
+        if not data.train_ids:
+            data.train_ids.append(data.heldout_ids.pop())
+        return
     if not data.train:
         data.train.append(data.heldout.pop())
     if data.heldout:

@@ -70,8 +70,9 @@ def count_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def save_model_bf16(model, out_dir: Path) -> None:
-    """``save_pretrained`` as bf16 safetensors (config.json + model.safetensors)."""
+def save_model_bf16(model, out_dir: Path, omit: tuple[str, ...] = ()) -> None:
+    """``save_pretrained`` as bf16 safetensors (config.json + model.safetensors), less the
+    tensors named in ``omit`` (a draft's shared embeddings: :mod:`..models.shared_embed`)."""
     from transformers import GenerationConfig
 
     out_dir = Path(out_dir)
@@ -83,16 +84,22 @@ def save_model_bf16(model, out_dir: Path) -> None:
     eot = m.config.eos_token_id
     m.generation_config = GenerationConfig(bos_token_id=eot, eos_token_id=eot, pad_token_id=eot)
     m.save_pretrained(str(out_dir), safe_serialization=True)
+    if omit:
+        from safetensors.torch import load_file, save_file
+
+        file = out_dir / "model.safetensors"
+        state = {k: v for k, v in load_file(str(file)).items() if k not in omit}
+        save_file(state, str(file), metadata={"format": "pt"})
     for f in out_dir.iterdir():  # save_pretrained may create 0600 files; ship them readable
         f.chmod(0o644)
 
 
-def load_model_fp32(model_dir: Path):
+def load_model_fp32(model_dir: Path, shared: dict[str, torch.Tensor] | None = None):
     """A checkpoint as an fp32 ``transformers`` model in eval mode, through the runtime's
-    loader (safetensors only, never remote code)."""
+    loader (safetensors only, never remote code); ``shared``: tensors from its target."""
     from ..models.lm import load_hf_model
 
-    return load_hf_model(Path(model_dir), torch.float32).eval()
+    return load_hf_model(Path(model_dir), torch.float32, shared).eval()
 
 
 # ---------------------------------------------------------------------------- schedule
@@ -111,6 +118,8 @@ def lr_at(step: int, stage: Stage) -> float:
 def make_optimizer(model, stage: Stage):
     decay, no_decay = [], []
     for name, p in model.named_parameters():
+        if not p.requires_grad:  # frozen (a draft's shared embeddings): never updated nor decayed
+            continue
         (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
     return torch.optim.AdamW(
         [{"params": decay, "weight_decay": stage.weight_decay},
@@ -182,6 +191,35 @@ def ce_loss(model, batch: torch.Tensor) -> tuple[torch.Tensor, dict]:
     logits = model(input_ids=batch[:, :-1]).logits
     loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), batch[:, 1:].reshape(-1))
     return loss, {}
+
+
+def make_label_loss(rows: torch.Tensor | None = None) -> Callable:
+    """Hard-label cross-entropy on the data's own next tokens: no teacher pass, so on data
+    the target generated (``quickdraft train data``) it is distillation at the cost of
+    plain training. With ``rows`` (a draft vocabulary, :mod:`..models.draft_vocab`) the
+    head scores only those tokens and next tokens outside them are skipped: drafting never
+    proposes them, and the head costs a fraction of the full vocabulary's."""
+    remap = None
+    if rows is not None:
+        rows = rows.long()
+
+    def loss_fn(model, batch):
+        nonlocal remap
+        inp, labels = batch[:, :-1], batch[:, 1:]
+        if rows is None:
+            logits = model(input_ids=inp).logits
+            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1)), {}
+        head = model.get_output_embeddings().weight
+        if remap is None:
+            remap = torch.full((head.shape[0],), -100, dtype=torch.long)
+            remap[rows] = torch.arange(rows.numel())
+        hidden = model.base_model(input_ids=inp).last_hidden_state
+        logits = F.linear(hidden, head[rows.to(head.device)])
+        y = remap.to(labels.device)[labels]
+        loss = F.cross_entropy(logits.reshape(-1, rows.numel()), y.reshape(-1), ignore_index=-100)
+        return loss, {"in_vocab": (y >= 0).float().mean().item()}
+
+    return loss_fn
 
 
 def make_distill_loss(teacher, kl_weight: float, ce_weight: float) -> Callable:

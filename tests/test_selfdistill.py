@@ -1,0 +1,139 @@
+"""quickdraft train data: the target writes its own training data in resumable shards, and
+quickdraft train draft trains on those token ids (issue #24 point 4)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from quickdraft import cli
+from quickdraft.train import shards
+from quickdraft.train.instructions import instruction
+from quickdraft.train.selfdistill import job_kind
+
+TARGET = "qd-stdlib-target"  # the embedded target: it has a chat template
+
+
+@pytest.fixture(autouse=True)
+def user_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("QUICKDRAFT_CONFIG_DIR", str(tmp_path / "config"))
+
+
+def make_data(out, tokens: int, *extra: str) -> int:
+    return cli.main(["train", "data", "--target", TARGET, "--out", str(out), "--tokens", str(tokens),
+                     "--shard-jobs", "5", "--batch-size", "5", "--max-new-tokens", "12", "--no-progress",
+                     *extra])
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """Two shards (greedy), the second made by a second run that continued the first."""
+    out = tmp_path_factory.mktemp("selfdistill") / "data"
+    assert make_data(out, 1, "--temperature", "0") == 0
+    assert shards.done_shards(out) == [0]
+    assert make_data(out, 2 * 5 * 12 - 20, "--temperature", "0") == 0  # more than one shard holds
+    return out
+
+
+def test_shards_hold_the_targets_own_greedy_tokens(data):
+    from quickdraft.generator import SpeculativeGenerator
+
+    assert shards.done_shards(data) == [0, 1]
+    assert not list(data.glob("*.tmp"))
+    docs = shards.read_shard(data, 0) + shards.read_shard(data, 1)
+    kinds = {rec["kind"] for rec, _ in docs}
+    assert kinds == {"chat", "self-instruct-question", "self-instruct", "code"}
+    plain = SpeculativeGenerator.from_pretrained(TARGET, method="ar")
+    checked = 0
+    for rec, ids in docs:
+        assert ids.size == rec["prompt_tokens"] + rec["new_tokens"] and rec["new_tokens"] > 0
+        if rec["kind"] == "chat":  # a built-in instruction through the chat template, then the answer
+            prompt = plain.chat_ids([{"role": "user", "content": instruction(rec["job"])}])
+            assert ids[: len(prompt)].tolist() == prompt
+            out = plain.generate(prompt, max_new_tokens=12)
+            assert ids[len(prompt):].tolist() == out.token_ids and rec["text"] == out.text
+            checked += 1
+        if rec["kind"] == "code":
+            assert rec["source"].startswith("stdlib:")
+    assert checked >= 2
+
+
+def test_jobs_are_a_fixed_mix_and_reruns_with_other_settings_refuse(data, capsys):
+    assert [job_kind(j) for j in range(10)] == ["chat"] * 4 + ["self-instruct"] * 2 + ["code"] * 4
+    meta = json.loads((data / shards.META_FILE).read_text())
+    assert meta["temperature"] == 0 and meta["shard_jobs"] == 5
+    capsys.readouterr()
+    assert make_data(data, 10_000, "--temperature", "0.8") == 2  # other settings: one line, exit 2
+    err = capsys.readouterr().err.strip()
+    assert "other settings" in err and "\n" not in err
+    assert shards.done_shards(data) == [0, 1]
+    assert make_data(data, 1, "--temperature", "0") == 0  # enough already: nothing to do
+    assert "nothing to do" in capsys.readouterr().err
+
+
+def test_train_draft_reads_the_shards_as_token_ids(data, tmp_path):
+    from quickdraft.models.loading import resolve_model_dir
+    from quickdraft.pair import load_tokenizer
+    from quickdraft.train.distill import tokenize
+    from quickdraft.train.textdata import read_text_data
+
+    text = read_text_data([str(data)])
+    docs = shards.read_documents(data)
+    assert len(text.train_ids) + len(text.heldout_ids) == len(docs) and text.heldout_ids
+    tok = load_tokenizer(resolve_model_dir(TARGET))
+    tokens = tokenize(text, tok, 16)
+    stored = sum(ids.size for _, ids in docs)
+    assert tokens.train.size + tokens.heldout.size == stored + len(docs)  # one EOS before each
+    first = dict(text.train_ids)[text.train_ids[0][0]]
+    assert np.array_equal(tokens.train[1 : 1 + first.size], first)
+    out = tmp_path / "draft"
+    assert cli.main(["train", "draft", "--target", TARGET, "--out", str(out), "--data", str(data),
+                     "--config", "tiny", "--steps", "2", "--seq-len", "32", "--batch-size", "2",
+                     "--kl-weight", "0", "--draft-vocab", "64", "--eval-tokens", "64", "--probe-every", "0",
+                     "--threads", "1", "--no-progress"]) == 0
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    train = [r for r in log if r["event"] == "train"]
+    assert json.loads((out / "draft_vocab.json").read_text())["size"] == 64
+    assert train and all("kl" not in r and 0 < r["in_vocab"] <= 1 for r in train)  # hard labels, draft vocab
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "a.txt").write_text("x")
+    assert make_data(tmp_path / "junk", 10) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not empty" in err and "\n" not in err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / shards.META_FILE).write_text(json.dumps({"format": shards.FORMAT}))
+    assert cli.main(["train", "draft", "--target", TARGET, "--out", str(tmp_path / "d"), "--data", str(empty),
+                     "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no complete shard" in err and "\n" not in err
+
+
+def test_a_draft_from_the_target_is_its_embeddings_and_evenly_spaced_layers():
+    from quickdraft.train.distill import load_teacher
+    from quickdraft.train.draft import student_from_target, target_layers
+    from quickdraft.train.presets import Arch
+    from quickdraft.train.textdata import TrainInputError
+
+    assert target_layers(30, 2) == [0, 29] and target_layers(8, 3) == [0, 4, 7] and target_layers(8, 1) == [0]
+    teacher, _, _ = load_teacher(TARGET)
+    width = teacher.config.hidden_size
+    student = student_from_target(teacher, Arch(width, 2, teacher.config.num_attention_heads, 64), seed=0)
+    cfg, target_cfg = student.config.to_dict(), teacher.config.to_dict()
+    assert len(student.model.layers) == 2 and cfg.get("rope_parameters") == target_cfg.get("rope_parameters")
+    for mine, theirs in zip(student.model.layers, (0, 7)):
+        for (name, p), q in zip(mine.state_dict().items(), teacher.model.layers[theirs].state_dict().values()):
+            assert torch.equal(p, q), name
+    assert torch.equal(student.get_output_embeddings().weight, teacher.get_output_embeddings().weight)
+    # the embedding is the target's own tensor, frozen (shared, not shipped); the rest trains
+    assert student.model.embed_tokens.weight is teacher.model.embed_tokens.weight
+    assert not student.model.embed_tokens.weight.requires_grad
+    assert student.training and all(p.requires_grad for n, p in student.named_parameters() if "embed" not in n)
+    with pytest.raises(TrainInputError, match="as wide as the target"):
+        student_from_target(teacher, Arch(width // 2, 2, 4, 64), seed=0)
