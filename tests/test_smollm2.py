@@ -6,17 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from smollm2 import FILE, NEEDS_SMOLLM2
 
-from quickdraft.models.registry import find_packaged, packaged_file
-
-MODEL = find_packaged("smollm2-135m")
-FILE = packaged_file(MODEL)
-
-pytestmark = [
-    pytest.mark.skipif(FILE is None, reason=f"smollm2-135m is not installed (`{MODEL.install_command}` "
-                       "or `make real-model`)"),
-    pytest.mark.slow,
-]
+pytestmark = NEEDS_SMOLLM2
 
 
 def test_smollm2_greedy_tokens_equal_transformers(monkeypatch):

@@ -4,18 +4,11 @@ with it by default, and greedy speculative output equals plain greedy output, on
 
 from __future__ import annotations
 
-import pytest
+from smollm2 import FILE, MODEL, NEEDS_SMOLLM2
 
-from quickdraft.models.registry import find_embedded, find_packaged, packaged_file
+from quickdraft.models.registry import find_embedded
 
-MODEL = find_packaged("smollm2-135m")
-FILE = packaged_file(MODEL)
-
-pytestmark = [
-    pytest.mark.skipif(FILE is None, reason=f"smollm2-135m is not installed (`{MODEL.install_command}` "
-                       "or `make real-model`)"),
-    pytest.mark.slow,
-]
+pytestmark = NEEDS_SMOLLM2
 
 
 def test_smollm2_pairs_with_its_shipped_draft_and_drafting_is_lossless():

@@ -4,21 +4,13 @@ Skipped when the model is not installed (CI does not download it; ``make real-mo
 
 from __future__ import annotations
 
-import pytest
 import torch
+from smollm2 import NEEDS_SMOLLM2
 
 from quickdraft.decoding.engine import decode
 from quickdraft.decoding.stopping import StopConditions
-from quickdraft.models.registry import find_packaged, packaged_file
 
-MODEL = find_packaged("smollm2-135m")
-FILE = packaged_file(MODEL)
-
-pytestmark = [
-    pytest.mark.skipif(FILE is None, reason=f"smollm2-135m is not installed (`{MODEL.install_command}` "
-                       "or `make real-model`)"),
-    pytest.mark.slow,
-]
+pytestmark = NEEDS_SMOLLM2
 
 
 def tokens(target, prompt, drafter, k):
