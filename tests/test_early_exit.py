@@ -217,7 +217,7 @@ def test_head_for_another_target_is_one_line(capsys, tmp_path):
     assert code == 2 and len(err.splitlines()) == 1 and "hidden size" in err
     code, err = run_cli(capsys, "generate", "--method", "early-exit", "--draft", str(tmp_path),
                         "--prompt", "x", "--max-new-tokens", "2")
-    assert code == 2 and len(err.splitlines()) == 1 and "not an exit head" in err
+    assert code == 2 and len(err.splitlines()) == 1 and "holds no exit head" in err
 
 
 @pytest.fixture(scope="module")

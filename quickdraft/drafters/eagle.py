@@ -24,11 +24,11 @@ import torch
 from ..decoding.drafter import EMPTY, Proposal, check_single_slot
 from ..decoding.sampling import SamplingParams
 from ..models.decode_linear import row_dependent_rounding, use_decode_linears
-from ..models.eagle import EagleHead, is_eagle_dir, load_eagle, read_eagle_config
-from ..models.exit_head import target_fingerprint
+from ..models.eagle import FILES as EAGLE_FILES
+from ..models.eagle import EagleConfig, EagleHead, load_eagle
 from ..models.lm import HIDDEN_STATES_NEED_NATIVE, CausalLM, NativeLM
-from .early_exit import HEADS_DIR
 from .shapes import Node, Shape, StaticTree, parse_tree
+from .shipped import shipped_for
 
 #: ``--tree`` for eagle when none is given: EAGLE-2's dynamic tree, sized for a CPU verify.
 DEFAULT_TREE = "dynamic:10"
@@ -154,11 +154,7 @@ def eagle_shape(tree: str | None, tree_children: str = "sample") -> Shape:
 
 def shipped_eagle(target: CausalLM) -> Path | None:
     """The EAGLE drafter packaged for this target, if any."""
-    if not isinstance(target, NativeLM) or not HEADS_DIR.is_dir():
-        return None
-    fingerprint = target_fingerprint(target.model)
-    return next((path for path in sorted(HEADS_DIR.iterdir())
-                 if is_eagle_dir(path) and read_eagle_config(path).target_fingerprint == fingerprint), None)
+    return next(iter(shipped_for(target, EAGLE_FILES, EagleConfig)), None)
 
 
 def load_eagle_head(target: CausalLM | None, head: str | EagleHead | None) -> EagleHead:

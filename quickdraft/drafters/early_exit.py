@@ -24,16 +24,12 @@ from ..decoding.drafter import check_single_slot
 from ..decoding.proposal import EMPTY, Proposal
 from ..decoding.sampling import SamplingParams
 from ..models.decode_linear import use_decode_linears
-from ..models.exit_head import (
-    ExitHead,
-    is_exit_head_dir,
-    load_exit_head,
-    read_head_config,
-    target_fingerprint,
-)
+from ..models.exit_head import FILES as EXIT_FILES
+from ..models.exit_head import ExitHead, ExitHeadConfig, load_exit_head, read_head_config
 from ..models.kv_cache import KVCache
 from ..models.lm import EARLY_EXIT_NEEDS_NATIVE, CausalLM, NativeLM
 from .shapes import Shape
+from .shipped import shipped_for
 
 
 def check_exit_layer(target: CausalLM, exit_layer: int) -> None:
@@ -188,21 +184,14 @@ class EarlyExitDrafter:
         pass
 
 
-#: Exit heads shipped with the package, one directory each (found by target fingerprint).
-HEADS_DIR = Path(__file__).resolve().parent.parent / "assets" / "heads"
 SHARED = "shared"
 
 
 def shipped_heads(target: CausalLM) -> list[Path]:
     """The packaged exit heads trained on this target: the one marked ``default`` first,
     then head-only ones before extra-block ones."""
-    if not isinstance(target, NativeLM) or not HEADS_DIR.is_dir():
-        return []
-    fingerprint = target_fingerprint(target.model)
-    heads = [path for path in sorted(HEADS_DIR.iterdir())
-             if is_exit_head_dir(path) and read_head_config(path).target_fingerprint == fingerprint]
-    configs = {path: read_head_config(path) for path in heads}
-    return sorted(heads, key=lambda path: (not configs[path].default, configs[path].extra_block))
+    configs = {path: read_head_config(path) for path in shipped_for(target, EXIT_FILES, ExitHeadConfig)}
+    return sorted(configs, key=lambda path: (not configs[path].default, configs[path].extra_block))
 
 
 def shipped_head(target: CausalLM) -> Path | None:

@@ -24,10 +24,10 @@ import torch
 
 from ..decoding.drafter import EMPTY, Proposal, check_single_slot
 from ..decoding.sampling import SamplingParams
-from ..models.exit_head import target_fingerprint
 from ..models.lm import HIDDEN_STATES_NEED_NATIVE, CausalLM, NativeLM
-from ..models.medusa import MedusaHeads, is_medusa_dir, load_medusa, read_medusa_config
-from .early_exit import HEADS_DIR
+from ..models.medusa import FILES as MEDUSA_FILES
+from ..models.medusa import MedusaConfig, MedusaHeads, load_medusa
+from .shipped import shipped_for
 
 
 class MedusaDrafter:
@@ -87,11 +87,7 @@ class MedusaDrafter:
 
 def shipped_medusa(target: CausalLM) -> Path | None:
     """The Medusa heads packaged for this target, if any."""
-    if not isinstance(target, NativeLM) or not HEADS_DIR.is_dir():
-        return None
-    fingerprint = target_fingerprint(target.model)
-    return next((path for path in sorted(HEADS_DIR.iterdir())
-                 if is_medusa_dir(path) and read_medusa_config(path).target_fingerprint == fingerprint), None)
+    return next(iter(shipped_for(target, MEDUSA_FILES, MedusaConfig)), None)
 
 
 def medusa_drafter(target: CausalLM | None, heads: str | MedusaHeads | None, widths: Sequence[int]) -> MedusaDrafter:

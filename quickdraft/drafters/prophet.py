@@ -24,10 +24,10 @@ import torch
 from ..decoding.drafter import EMPTY, Proposal, check_single_slot
 from ..decoding.sampling import SamplingParams, choose
 from ..models.decode_linear import row_dependent_rounding
-from ..models.exit_head import target_fingerprint
 from ..models.lm import HIDDEN_STATES_NEED_NATIVE, CausalLM, NativeLM
-from ..models.prophet import Prophet, is_prophet_dir, load_prophet, read_prophet_config
-from .early_exit import HEADS_DIR
+from ..models.prophet import FILES as PROPHET_FILES
+from ..models.prophet import Prophet, ProphetConfig, load_prophet
+from .shipped import shipped_for
 
 
 class ProphetDrafter:
@@ -98,11 +98,7 @@ class ProphetDrafter:
 
 def shipped_prophet(target: CausalLM) -> Path | None:
     """The prophet packaged for this target, if any."""
-    if not isinstance(target, NativeLM) or not HEADS_DIR.is_dir():
-        return None
-    fingerprint = target_fingerprint(target.model)
-    return next((path for path in sorted(HEADS_DIR.iterdir())
-                 if is_prophet_dir(path) and read_prophet_config(path).target_fingerprint == fingerprint), None)
+    return next(iter(shipped_for(target, PROPHET_FILES, ProphetConfig)), None)
 
 
 def load_prophet_for(target: CausalLM | None, heads: str | Path | Prophet | None) -> Prophet:

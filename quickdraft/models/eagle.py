@@ -20,22 +20,20 @@ Saved as ``config.json`` + ``model.safetensors`` with the target's fingerprint.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .exit_head import target_fingerprint
+from .head_files import HeadFiles
 from .kv_cache import KVCache
 from .loading import CheckpointError
 from .transformer import Block, Transformer, apply_rope
 
 EAGLE_KIND = "quickdraft-eagle-head"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 
 
 @dataclass
@@ -194,57 +192,37 @@ def _shift(t: torch.Tensor, by: int) -> torch.Tensor:
     return torch.cat([t.new_zeros(*t.shape[:2], by, t.shape[3]), t[:, :, :-by]], dim=2)
 
 
+FILES = HeadFiles(EAGLE_KIND, "EAGLE drafter", "quickdraft train heads --kind eagle --target ...")
+
+
 def is_eagle_dir(path: str | Path) -> bool:
-    config = Path(path) / CONFIG_FILE
-    try:
-        return config.is_file() and json.loads(config.read_text()).get("kind") == EAGLE_KIND
-    except (OSError, ValueError):
-        return False
+    return FILES.is_dir(path)
 
 
 def save_eagle(head: EagleHead, target: Transformer, target_name: str, out: str | Path) -> None:
     """Write ``config.json`` + ``model.safetensors`` (fp32) to ``out``."""
-    from safetensors.torch import save_file
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     cfg = EagleConfig(target.config.hidden_size, target.config.vocab_size, head.draft_vocab, target_name,
                       target_fingerprint(target))
-    tensors = {k: v.detach().contiguous() if v.dtype == torch.long else v.detach().float().contiguous()
-               for k, v in head.state_dict().items()}
-    save_file(tensors, str(out / WEIGHTS_FILE))
-    (out / CONFIG_FILE).write_text(json.dumps(asdict(cfg), indent=2) + "\n")
-    for f in (out / WEIGHTS_FILE, out / CONFIG_FILE):
-        f.chmod(0o644)
+    FILES.save(out, cfg, head.state_dict())
 
 
 def read_eagle_config(path: str | Path) -> EagleConfig:
     """The config of the drafter in ``path``; a one-line CheckpointError when there is none."""
-    path = Path(path)
-    if not is_eagle_dir(path):
-        raise CheckpointError(f"{path} holds no EAGLE drafter ({CONFIG_FILE} of kind {EAGLE_KIND}); train one "
-                              "with `quickdraft train heads --kind eagle --target ...`")
-    values = json.loads((path / CONFIG_FILE).read_text())
-    return EagleConfig(**{k: v for k, v in values.items() if k in EagleConfig.__dataclass_fields__})
+    return FILES.read_config(path, EagleConfig)
 
 
 def load_eagle(path: str | Path, target: Transformer) -> EagleHead:
     """The drafter trained for ``target``; a one-line CheckpointError when it is not an
     EAGLE drafter or was trained on another target."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
     cfg = read_eagle_config(path)
     tc = target.config
-    if (cfg.hidden_size, cfg.vocab_size) != (tc.hidden_size, tc.vocab_size) or (
-            cfg.target_fingerprint and cfg.target_fingerprint != target_fingerprint(target)):
-        raise CheckpointError(f"EAGLE drafter {path} was trained on another target ({cfg.target or 'unnamed'}); "
-                              "train one for this target with `quickdraft train heads --kind eagle --target ...`")
+    FILES.check_target(path, cfg, (cfg.hidden_size, cfg.vocab_size) == (tc.hidden_size, tc.vocab_size),
+                       target_fingerprint(target))
+    tensors = FILES.read_weights(path)
     try:
-        tensors = load_file(str(path / WEIGHTS_FILE))
         head = EagleHead(target, tensors.get("vocab_ids"))
         head.load_state_dict(tensors)
-    except (OSError, RuntimeError) as exc:
-        raise CheckpointError(f"cannot read EAGLE drafter {path / WEIGHTS_FILE}: {str(exc).splitlines()[0]}") from None
+    except RuntimeError as exc:
+        raise CheckpointError(f"cannot read EAGLE drafter {path}: {str(exc).splitlines()[0]}") from None
     weight = target.embed.weight
     return head.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)

@@ -29,12 +29,11 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .head_files import HeadFiles
 from .kv_cache import KVCache
 from .loading import CheckpointError
 from .transformer import Block, RaggedRow, Transformer, make_norm
 
-HEAD_CONFIG = "config.json"
-HEAD_WEIGHTS = "model.safetensors"
 HEAD_KIND = "quickdraft-exit-head"
 
 
@@ -143,42 +142,25 @@ class ExitHead(nn.Module):
                               target_name, target_fingerprint(target))
 
 
+FILES = HeadFiles(HEAD_KIND, "exit head", "quickdraft train exit-head --target ...")
+
+
 def save_exit_head(head: ExitHead, target: Transformer, target_name: str, out: Path) -> None:
     """``config.json`` + ``model.safetensors`` (the head's own weights, bf16) in ``out``."""
-    from safetensors.torch import save_file
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in head.state_dict().items()}
-    save_file(state, str(out / HEAD_WEIGHTS))
-    (out / HEAD_CONFIG).write_text(json.dumps(head.config_for(target, target_name).to_json(), indent=2) + "\n")
-    for f in (out / HEAD_WEIGHTS, out / HEAD_CONFIG):
-        f.chmod(0o644)  # safetensors may create 0600 files; ship them readable
+    FILES.save(out, head.config_for(target, target_name), head.state_dict(), torch.bfloat16)
 
 
 def is_exit_head_dir(path: str | Path) -> bool:
-    config = Path(path) / HEAD_CONFIG
-    try:
-        return config.is_file() and json.loads(config.read_text()).get("kind") == HEAD_KIND
-    except (OSError, ValueError):
-        return False
+    return FILES.is_dir(path)
 
 
 def read_head_config(path: str | Path) -> ExitHeadConfig:
-    path = Path(path)
-    if not is_exit_head_dir(path):
-        raise CheckpointError(f"{path} is not an exit head directory (no {HEAD_CONFIG} of kind {HEAD_KIND}); "
-                              "train one with `quickdraft train exit-head`")
-    values = json.loads((path / HEAD_CONFIG).read_text())
-    names = {f.name for f in dataclasses.fields(ExitHeadConfig)}
-    return ExitHeadConfig(**{k: v for k, v in values.items() if k in names})
+    return FILES.read_config(path, ExitHeadConfig)
 
 
 def load_exit_head(path: str | Path, target: Transformer) -> ExitHead:
     """A trained head for ``target``; a one-line CheckpointError when it was made for
     another target (vocabulary, width, depth or weights differ)."""
-    from safetensors.torch import load_file
-
     cfg = read_head_config(path)
     tc = target.config
     if (cfg.hidden_size, cfg.vocab_size) != (tc.hidden_size, tc.vocab_size):
@@ -189,14 +171,10 @@ def load_exit_head(path: str | Path, target: Transformer) -> ExitHead:
     if not 1 <= cfg.exit_layer < tc.n_layers:
         raise CheckpointError(f"exit head {path} exits after layer {cfg.exit_layer}, but the target has "
                               f"{tc.n_layers} layers; train one for this target")
-    if cfg.target_fingerprint and cfg.target_fingerprint != target_fingerprint(target):
-        raise CheckpointError(
-            f"exit head {path} was trained on another target ({cfg.target or 'unnamed'}, weights differ); "
-            "train one for this target with `quickdraft train exit-head --target ...`")
+    FILES.check_target(path, cfg, True, target_fingerprint(target))
     head = ExitHead(tc, cfg.exit_layer, trained=True, extra_block=cfg.extra_block)
     try:
-        state = load_file(str(Path(path) / HEAD_WEIGHTS))
-        head.load_state_dict({k: v.to(target.embed.weight.dtype) for k, v in state.items()})
-    except (OSError, RuntimeError, ValueError) as exc:
+        head.load_state_dict({k: v.to(target.embed.weight.dtype) for k, v in FILES.read_weights(path).items()})
+    except RuntimeError as exc:
         raise CheckpointError(f"cannot load the exit head in {path}: {str(exc).splitlines()[0][:160]}") from None
     return head.to(target.embed.weight.device).eval().requires_grad_(False)

@@ -11,8 +11,7 @@ reasonable first guess that training improves. Saved as ``config.json`` +
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -20,12 +19,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .exit_head import target_fingerprint
+from .head_files import HeadFiles
 from .loading import CheckpointError
 from .transformer import Transformer
 
 MEDUSA_KIND = "quickdraft-medusa-heads"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 
 
 @dataclass
@@ -75,54 +73,36 @@ class MedusaHeads(nn.Module):
         return torch.stack([self.head_logits(i, hidden, target) for i in range(self.num_heads)])
 
 
+FILES = HeadFiles(MEDUSA_KIND, "Medusa heads", "quickdraft train heads --kind medusa --target ...")
+
+
 def is_medusa_dir(path: str | Path) -> bool:
-    config = Path(path) / CONFIG_FILE
-    try:
-        return config.is_file() and json.loads(config.read_text()).get("kind") == MEDUSA_KIND
-    except (OSError, ValueError):
-        return False
+    return FILES.is_dir(path)
 
 
 def save_medusa(heads: MedusaHeads, target: Transformer, target_name: str, out: str | Path) -> None:
     """Write ``config.json`` + ``model.safetensors`` (the heads' own weights, fp32) to ``out``."""
-    from safetensors.torch import save_file
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     cfg = MedusaConfig(heads.num_heads, target.config.hidden_size, target.config.vocab_size, target_name,
                        target_fingerprint(target))
-    save_file({k: v.detach().float().contiguous() for k, v in heads.state_dict().items()}, str(out / WEIGHTS_FILE))
-    (out / CONFIG_FILE).write_text(json.dumps(asdict(cfg), indent=2) + "\n")
-    for f in (out / WEIGHTS_FILE, out / CONFIG_FILE):
-        f.chmod(0o644)
+    FILES.save(out, cfg, heads.state_dict())
 
 
 def read_medusa_config(path: str | Path) -> MedusaConfig:
     """The config of the heads in ``path``; a one-line CheckpointError when there are none."""
-    path = Path(path)
-    if not is_medusa_dir(path):
-        raise CheckpointError(f"{path} holds no Medusa heads ({CONFIG_FILE} of kind {MEDUSA_KIND}); train them "
-                              "with `quickdraft train heads --kind medusa --target ...`")
-    values = json.loads((path / CONFIG_FILE).read_text())
-    return MedusaConfig(**{k: v for k, v in values.items() if k in MedusaConfig.__dataclass_fields__})
+    return FILES.read_config(path, MedusaConfig)
 
 
 def load_medusa(path: str | Path, target: Transformer) -> MedusaHeads:
     """Heads trained for ``target``; a one-line CheckpointError when they are not Medusa
     heads or were trained on another target."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
     cfg = read_medusa_config(path)
     tc = target.config
-    if (cfg.hidden_size, cfg.vocab_size) != (tc.hidden_size, tc.vocab_size) or (
-            cfg.target_fingerprint and cfg.target_fingerprint != target_fingerprint(target)):
-        raise CheckpointError(f"Medusa heads {path} were trained on another target ({cfg.target or 'unnamed'}); "
-                              "train heads for this one with `quickdraft train heads --kind medusa --target ...`")
+    FILES.check_target(path, cfg, (cfg.hidden_size, cfg.vocab_size) == (tc.hidden_size, tc.vocab_size),
+                       target_fingerprint(target))
     heads = MedusaHeads(cfg.num_heads, cfg.hidden_size)
     try:
-        heads.load_state_dict(load_file(str(path / WEIGHTS_FILE)))
-    except (OSError, RuntimeError) as exc:
-        raise CheckpointError(f"cannot read Medusa heads {path / WEIGHTS_FILE}: {str(exc).splitlines()[0]}") from None
+        heads.load_state_dict(FILES.read_weights(path))
+    except RuntimeError as exc:
+        raise CheckpointError(f"cannot read Medusa heads {path}: {str(exc).splitlines()[0]}") from None
     weight = target.embed.weight
     return heads.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)

@@ -18,7 +18,6 @@ with the fingerprint of the target it reads.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,13 +27,12 @@ from torch import nn
 from .config import ModelConfig
 from .draft_vocab import read_draft_vocab
 from .exit_head import target_fingerprint
+from .head_files import HeadFiles
 from .kv_cache import TrainingKVCache
 from .loading import CheckpointError
 from .transformer import Transformer
 
 PROPHET_KIND = "quickdraft-prophet"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 
 
 @dataclass
@@ -113,61 +111,41 @@ class Prophet(nn.Module):
                     break
 
 
+FILES = HeadFiles(PROPHET_KIND, "prophet", "quickdraft train heads --kind prophet --target ...")
+
+
 def is_prophet_dir(path: str | Path) -> bool:
-    config = Path(path) / CONFIG_FILE
-    try:
-        return config.is_file() and json.loads(config.read_text()).get("kind") == PROPHET_KIND
-    except (OSError, ValueError):
-        return False
+    return FILES.is_dir(path)
 
 
 def save_prophet(prophet: Prophet, target: Transformer, target_name: str, out: str | Path) -> None:
     """Write ``config.json`` + ``model.safetensors`` (fp32; the tied LM head stored once)."""
-    from safetensors.torch import save_file
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     cfg = ProphetConfig(**{**asdict(prophet.config), "target": target_name,
                            "target_fingerprint": target_fingerprint(target)})
-    weights = {k: v.detach().float().contiguous() for k, v in prophet.state_dict().items()
-               if k != "decoder.lm_head.weight"}
-    save_file(weights, str(out / WEIGHTS_FILE))
-    (out / CONFIG_FILE).write_text(json.dumps(asdict(cfg), indent=2) + "\n")
-    for f in (out / WEIGHTS_FILE, out / CONFIG_FILE):
-        f.chmod(0o644)
+    FILES.save(out, cfg, {k: v for k, v in prophet.state_dict().items() if k != "decoder.lm_head.weight"})
 
 
 def read_prophet_config(path: str | Path) -> ProphetConfig:
     """The config of the prophet in ``path``; a one-line CheckpointError when there is none."""
-    path = Path(path)
-    if not is_prophet_dir(path):
-        raise CheckpointError(f"{path} holds no prophet ({CONFIG_FILE} of kind {PROPHET_KIND}); train one "
-                              "with `quickdraft train heads --kind prophet --target ...`")
-    values = json.loads((path / CONFIG_FILE).read_text())
-    return ProphetConfig(**{k: v for k, v in values.items() if k in ProphetConfig.__dataclass_fields__})
+    return FILES.read_config(path, ProphetConfig)
 
 
 def load_prophet(path: str | Path, target: Transformer) -> Prophet:
     """The prophet in ``path`` for ``target`` (eval, frozen, the target's device and dtype);
     a one-line CheckpointError when it is none or was trained on another target."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
     cfg = read_prophet_config(path)
     tc = target.config
-    if (cfg.target_hidden_size, cfg.vocab_size) != (tc.hidden_size, tc.vocab_size) or (
-            cfg.target_fingerprint and cfg.target_fingerprint != target_fingerprint(target)):
-        raise CheckpointError(f"prophet {path} was trained on another target ({cfg.target or 'unnamed'}); "
-                              "train one for this target with `quickdraft train heads --kind prophet --target ...`")
+    FILES.check_target(path, cfg, (cfg.target_hidden_size, cfg.vocab_size) == (tc.hidden_size, tc.vocab_size),
+                       target_fingerprint(target))
     prophet = Prophet(cfg)
     try:
-        result = prophet.load_state_dict(load_file(str(path / WEIGHTS_FILE)), strict=False)
+        result = prophet.load_state_dict(FILES.read_weights(path), strict=False)
         # The tied LM head is the embedding, stored once; anything else missing is an error.
         if set(result.missing_keys) - {"decoder.lm_head.weight"} or result.unexpected_keys:
             raise RuntimeError(f"weights do not match the config: missing {result.missing_keys}, "
                                f"unexpected {result.unexpected_keys}")
-    except (OSError, RuntimeError) as exc:
-        raise CheckpointError(f"cannot read prophet {path / WEIGHTS_FILE}: {str(exc).splitlines()[0]}") from None
+    except RuntimeError as exc:
+        raise CheckpointError(f"cannot read prophet {path}: {str(exc).splitlines()[0]}") from None
     weight = target.embed.weight
     prophet = prophet.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
     ids = read_draft_vocab(path)

@@ -43,14 +43,16 @@ class DistillTask:
     probe: Callable[[torch.nn.Module], dict[str, float]] | None = None
 
 
-def load_checkpoint_dir(name_or_path: str | Path) -> tuple[torch.nn.Module, Path, object]:
+def load_checkpoint_dir(name_or_path: str | Path, shared: dict[str, torch.Tensor] | None = None,
+                        ) -> tuple[torch.nn.Module, Path, object]:
     """A model as ``(fp32 transformers model, directory, tokenizer)``: an embedded name, a
-    directory or a hub id. Raises CheckpointError (one line) when it cannot be loaded."""
+    directory or a hub id; ``shared``: tensors it takes from its target. Raises
+    CheckpointError (one line) when it cannot be loaded."""
     model_dir = resolve_model_dir(name_or_path)
     read_hf_config(model_dir)  # no config.json, or remote code: a clear message
     tok = load_tokenizer(model_dir)
     try:
-        model = load_model_fp32(model_dir)
+        model = load_model_fp32(model_dir, shared)
     except (OSError, ValueError, KeyError) as exc:
         if isinstance(exc, CheckpointError):
             raise

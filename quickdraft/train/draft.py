@@ -26,7 +26,7 @@ from ..models.draft_vocab import VOCAB_FILE, default_vocab_size, read_draft_voca
 from ..models.gguf import is_gguf
 from ..models.loading import resolve_model_dir
 from ..models.registry import META_FILE, PACKAGE_DIR, read_meta, register_draft
-from ..models.shared_embed import EMBED_NAME, SHARED_KEY, shared_spec
+from ..models.shared_embed import EMBED_NAME, SHARED_KEY, shared_spec, shared_tensors
 from ..pair import check_same_tokenizer
 from . import card, sizing
 from .distill import (
@@ -84,7 +84,10 @@ def build_student(args, teacher, target_dir: Path, tok, arch: Arch | None):
     vocab = teacher.get_output_embeddings().weight.shape[0]
     context = context_length(teacher)
     if args.init is not None:
-        student, init_dir, init_tok = load_checkpoint_dir(args.init)
+        # A draft sharing its target's embeddings (models/shared_embed.py) gets them from
+        # the teacher, checked by fingerprint, and keeps them frozen as they were trained.
+        shared = shared_tensors(resolve_model_dir(args.init), teacher)
+        student, init_dir, init_tok = load_checkpoint_dir(args.init, shared)
         check_same_tokenizer(tok, init_tok, str(target_dir), str(init_dir))
         rows = student.get_output_embeddings().weight.shape[0]
         if rows != vocab:
@@ -94,7 +97,11 @@ def build_student(args, teacher, target_dir: Path, tok, arch: Arch | None):
                       for n, _ in student.named_parameters())
         if not learned:  # rotary positions extend to any length; a learned table does not
             student.config.max_position_embeddings = context
-        return student.train().requires_grad_(True)
+        drop_quantization(student.config)
+        student.train().requires_grad_(True)
+        if shared is not None:
+            student.get_input_embeddings().weight.requires_grad_(False)
+        return student
     if getattr(args, "from_target", False):
         if arch is None:
             raise TrainInputError("--from-target starts a new draft from the target; it cannot be combined "
@@ -106,6 +113,19 @@ def build_student(args, teacher, target_dir: Path, tok, arch: Arch | None):
     pad = tok.pad_token_id if tok.pad_token_id is not None else (eos if isinstance(eos, int) else None)
     cfg = llama_config(arch, vocab, context, bos_id=bos, eos_id=eos, pad_id=pad)
     return build_llama(cfg, args.seed)
+
+
+def drop_quantization(config) -> None:
+    """Forget a GGUF target's ``quantization_config``: the draft is trained and saved in
+    plain floats, and transformers refuses to save a model that says it is quantized."""
+    if getattr(config, "quantization_config", None) is not None:
+        del config.quantization_config
+
+
+def shares_embedding(student, teacher) -> bool:
+    """Whether the draft's embedding matrix is the target's own tensor (not a copy)."""
+    mine, theirs = student.get_input_embeddings().weight, teacher.get_input_embeddings().weight
+    return mine.data_ptr() == theirs.data_ptr()
 
 
 def target_layers(total: int, keep: int) -> list[int]:
@@ -134,6 +154,7 @@ def student_from_target(teacher, arch: Arch, seed: int):
     keep = target_layers(len(layers), arch.num_hidden_layers)
     student_cfg = copy.deepcopy(cfg)
     student_cfg.num_hidden_layers = len(keep)
+    drop_quantization(student_cfg)
     if hasattr(student_cfg, "layer_types") and student_cfg.layer_types is not None:
         student_cfg.layer_types = [student_cfg.layer_types[i] for i in keep]
     torch.manual_seed(seed)
@@ -248,8 +269,9 @@ def run_train_draft(args, command: str, log=print) -> int:
 
     counts = np.bincount(tokens.train.astype(np.int64), minlength=vocab_size)[:vocab_size]
 
-    # --from-target: the embedding is the target's own tensor, left out of the draft's files
-    shared = teacher.model.embed_tokens.weight if getattr(args, "from_target", False) else None
+    # --from-target (or an --init draft that shares them): the embedding is the target's own
+    # tensor, left out of the draft's files
+    shared = teacher.model.embed_tokens.weight if shares_embedding(student, teacher) else None
     own_params = count_params(student) - (shared.numel() if shared is not None else 0)
 
     def save(d: Path) -> None:
