@@ -32,8 +32,6 @@ from .drafters import (
     NoDrafter,
 )
 from .drafters.draft_stop import ADAPTIVE_MAX_DEPTH
-from .drafters.eagle import DEFAULT_DEPTH as EAGLE_DEPTH
-from .drafters.eagle import EagleDrafter
 from .drafters.shapes import Shape
 from .models.lm import CausalLM, eos_token_ids
 from .resolve import MethodPlan, resolve_method
@@ -432,16 +430,15 @@ class SpeculativeGenerator:
     def _method_k(self) -> tuple[int, str] | None:
         """The k the drafter's method itself sets, with no measurement: an adaptive
         draft-stop policy's most (k caps the chain; the policy stops sooner), or the k a
-        layer-skip profile was tuned at. None for the others."""
+        layer-skip profile was tuned at, or a drafter's own (``own_k``: eagle's tree depth).
+        None for the others."""
         chain = chain_drafter(self.drafter)
         stop = chain.stop if chain is not None else getattr(self.drafter, "stop_policy", None)
         if stop is not None and stop.name != "fixed":
             return ADAPTIVE_MAX_DEPTH, "the most an adaptive --draft-stop drafts"
         if chain is not None and hasattr(chain.model, "profile"):
             return chain.model.profile.k, "skip profile"
-        if isinstance(self.drafter, EagleDrafter):
-            return EAGLE_DEPTH, "eagle's default depth"
-        return None
+        return getattr(self.drafter, "own_k", None)
 
     def tune_num_speculative_tokens(self, remeasure: bool = False, log=None):
         """Set ``num_speculative_tokens`` to the cost model's best k for this target, draft

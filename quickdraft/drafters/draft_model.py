@@ -12,7 +12,7 @@ from ..decoding.sampling import SamplingParams
 from ..models.decode_linear import row_dependent_rounding
 from ..models.lm import CausalLM
 from .draft_stop import DraftStop, FixedStop
-from .shapes import Node, Shape
+from .shapes import Node, Shape, as_proposal
 
 
 def present_logits(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -110,12 +110,7 @@ class DraftModelDrafter:
         depth_limit = self.stop.max_depth(self.shape.depth(k))
         adaptive = not isinstance(self.stop, FixedStop)
         for depth in range(depth_limit):
-            new: list[int] = []
-            for row, index in enumerate(frontier):
-                parent = nodes[index] if index >= 0 else None
-                for node in self.shape.children(depth, parent, index, logits[row], self.params, self.generator):
-                    new.append(len(nodes))
-                    nodes.append(node)
+            new = self.shape.grow(depth, nodes, frontier, logits, self.params, self.generator)
             if depth + 1 == depth_limit:
                 break
             if adaptive:  # a chain: one new node, drawn from the row's distribution
@@ -131,19 +126,11 @@ class DraftModelDrafter:
         return self._proposal(nodes, keep)
 
     def _proposal(self, nodes: list[Node], keep: list[int]) -> Proposal:
-        if len(keep) < len(nodes):  # renumber the kept nodes (their order stays topological)
+        if len(keep) < len(nodes):  # the kept nodes are renumbered: so are their cache rows
             new_index = {old: new for new, old in enumerate(keep)}
             self._kv_rows = {new_index[i]: s for i, s in self._kv_rows.items() if i in new_index}
-            nodes = [nodes[i] for i in keep]
-            for node in nodes:
-                node.parent = new_index.get(node.parent, -1)
-        tokens = torch.tensor([n.token for n in nodes], dtype=torch.long)
-        parents = torch.tensor([n.parent for n in nodes], dtype=torch.long)
-        sampled = bool(nodes) and nodes[0].q is not None
-        probs = torch.stack([n.q for n in nodes]) if sampled else None
-        counts = torch.tensor([n.count for n in nodes]) if any(n.count > 1 for n in nodes) else None
-        self._drafted = len(nodes)
-        return Proposal(tokens, parents, probs, counts)
+        self._drafted = len(keep)
+        return as_proposal(nodes, keep)
 
     def verified(self, slot: int, length: int, path: list[int]) -> None:
         keep = []

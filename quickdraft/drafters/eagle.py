@@ -27,7 +27,7 @@ from ..models.decode_linear import row_dependent_rounding, use_decode_linears
 from ..models.eagle import FILES as EAGLE_FILES
 from ..models.eagle import EagleConfig, EagleHead, load_eagle
 from ..models.lm import HIDDEN_STATES_NEED_NATIVE, CausalLM, NativeLM
-from .shapes import Node, Shape, StaticTree, parse_tree
+from .shapes import Node, Shape, StaticTree, as_proposal, parse_tree
 from .shipped import shipped_for
 
 #: ``--tree`` for eagle when none is given: EAGLE-2's dynamic tree, sized for a CPU verify.
@@ -37,6 +37,9 @@ DEFAULT_DEPTH = 6
 
 class EagleDrafter:
     """Proposes a token tree from an EAGLE drafter (batch 1, slot 0)."""
+
+    #: The k generate uses when none is given, and why: no cost model knows the tree's cost yet.
+    own_k = (DEFAULT_DEPTH, "eagle's default depth")
 
     def __init__(self, target: NativeLM, head: EagleHead, shape: Shape) -> None:
         if not isinstance(target, NativeLM):
@@ -95,12 +98,7 @@ class EagleDrafter:
         frontier, logits = [-1], self.head.logits(out[-1:], self.target)
         depth_limit = self.shape.depth(k)
         for depth in range(depth_limit):
-            new: list[int] = []
-            for row, index in enumerate(frontier):
-                parent = nodes[index] if index >= 0 else None
-                for node in self.shape.children(depth, parent, index, logits[row], self.params, self.generator):
-                    new.append(len(nodes))
-                    nodes.append(node)
+            new = self.shape.grow(depth, nodes, frontier, logits, self.params, self.generator)
             if depth + 1 == depth_limit:
                 break
             frontier = self.shape.frontier(depth, nodes, new, self.shape.width(k) - len(slot_of))
@@ -122,24 +120,13 @@ class EagleDrafter:
                                  slots, mask[None])
             outputs.update(zip(frontier, h))
             logits = self.head.logits(h, self.target)
-        return _proposal(nodes, self.shape.finish(nodes, k))
+        return as_proposal(nodes, self.shape.finish(nodes, k))
 
     def verified(self, slot: int, length: int, path: list[int]) -> None:
         pass  # the tree's keys are overwritten next step by the accepted tokens, with the target's features
 
     def leave(self, slot: int) -> None:
         self.known = self.fed = 0
-
-
-def _proposal(nodes: list[Node], keep: list[int]) -> Proposal:
-    """The kept nodes (a topological order, ancestors included) as a proposal."""
-    new_index = {old: new for new, old in enumerate(keep)}
-    nodes = [nodes[i] for i in keep]
-    tokens = torch.tensor([n.token for n in nodes], dtype=torch.long)
-    parents = torch.tensor([new_index.get(n.parent, -1) for n in nodes], dtype=torch.long)
-    probs = torch.stack([n.q for n in nodes]) if nodes and nodes[0].q is not None else None
-    counts = torch.tensor([n.count for n in nodes]) if any(n.count > 1 for n in nodes) else None
-    return Proposal(tokens, parents, probs, counts)
 
 
 def eagle_shape(tree: str | None, tree_children: str = "sample") -> Shape:

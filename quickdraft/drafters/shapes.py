@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..decoding.proposal import Proposal
 from ..decoding.sampling import SamplingParams, choose, host_probabilities
 
 
@@ -31,6 +32,17 @@ def draws(q: torch.Tensor, n: int, generator: torch.Generator) -> list[tuple[int
     for token in torch.multinomial(q, n, replacement=True, generator=generator).tolist():
         counts[token] = counts.get(token, 0) + 1
     return list(counts.items())
+
+
+def as_proposal(nodes: list[Node], keep: list[int]) -> Proposal:
+    """The kept nodes (a topological order, ancestors included), renumbered, as a proposal."""
+    new_index = {old: new for new, old in enumerate(keep)}
+    kept = [nodes[i] for i in keep]
+    tokens = torch.tensor([n.token for n in kept], dtype=torch.long)
+    parents = torch.tensor([new_index.get(n.parent, -1) for n in kept], dtype=torch.long)
+    probs = torch.stack([n.q for n in kept]) if kept and kept[0].q is not None else None
+    counts = torch.tensor([n.count for n in kept]) if any(n.count > 1 for n in kept) else None
+    return Proposal(tokens, parents, probs, counts)
 
 
 class Shape:
@@ -54,6 +66,18 @@ class Shape:
     ) -> list[Node]:
         token, q = choose(logits, params, generator)
         return [Node(index, token, q)]
+
+    def grow(self, depth: int, nodes: list[Node], frontier: list[int], logits: torch.Tensor,
+             params: SamplingParams, generator: torch.Generator) -> list[int]:
+        """Append the children of every frontier node (index -1: the root; row ``i`` of
+        ``logits`` scores ``frontier[i]``) to ``nodes``; their indices."""
+        new: list[int] = []
+        for row, index in enumerate(frontier):
+            parent = nodes[index] if index >= 0 else None
+            for node in self.children(depth, parent, index, logits[row], params, generator):
+                new.append(len(nodes))
+                nodes.append(node)
+        return new
 
     def frontier(self, depth: int, nodes: list[Node], new: list[int], budget: int) -> list[int]:
         """Which new nodes the draft scores next; at most ``budget`` (the draft's cache holds
