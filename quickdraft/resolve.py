@@ -1,7 +1,8 @@
 """What a method name means for one loaded pair on this machine: THE place methods are
 resolved, for the Python API, the CLI, the server and the bench alike.
 
-``auto`` becomes the method, k and tree the cost model picks (measured once, cached);
+``auto`` becomes the method, k and tree the cost model picks (measured once, cached; a
+head method it picks gets its heads loaded as below);
 ``early-exit`` without a head shipped for the target gets the exit layer the cost model
 predicts fastest; ``medusa``, ``prophet`` and ``eagle`` get their heads loaded (once,
 shared by every drafter of the plan); every other method is taken as given. The k a request decodes with is
@@ -79,6 +80,9 @@ def resolve_method(
     from .policy.method_choice import cached_method
 
     choice = cached_method(target, draft, tokenizer, remeasure=remeasure, log=log)
+    if choice.method in ("medusa", "prophet", "eagle"):  # their heads, loaded as above
+        plan = resolve_method(target, draft, tokenizer, choice.method, choice.options())
+        return dataclasses.replace(plan, choice=choice)
     return MethodPlan(choice.method, choice.options(), choice)
 
 

@@ -11,7 +11,10 @@ follows exactly from the ranks, with the correlation between neighbouring positi
   token at depth j is among the draft's top ``w_j`` for every j < d (each level of such a
   tree holds the top-w children of the accepted path's node, whichever path it was);
 - prompt lookup replays :class:`~quickdraft.drafters.ngram.NgramDrafter` on the reference;
-- hybrid takes the n-gram proposal when there is one, else the draft chain.
+- hybrid takes the n-gram proposal when there is one, else the draft chain;
+- the head methods with heads shipped for the target (Medusa, prophet, EAGLE) cannot be
+  replayed from ranks: they are run on the same prompts, their drafting timed
+  (:mod:`.head_choice`).
 
 Each replayed step costs what the engine will spend on it: the draft passes
 (:meth:`StepCosts.t_drafting`) plus one target pass over the proposal + 1, from costs
@@ -39,14 +42,15 @@ from ..models.lm import CausalLM, eos_token_ids
 from . import cache
 from .autok import CALIBRATION_PROMPTS, measure_quiet_step_costs, measurement_source
 from .cost_model import StepCosts
+from .head_choice import HEAD_KS, measure_head_method, shipped_head_methods
 from .timing import Noise
 
 #: Static tree shapes auto considers (the chain is ``draft``).
 TREE_SHAPES = ((2,), (2, 1), (2, 1, 1), (2, 2, 1), (3, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1),
                (2, 1, 1, 1, 1), (3, 2, 1), (2, 1, 1, 1, 1, 1))
 MAX_K = 12
-CACHE_VERSION = 4  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
-#                   4: no token trees for a transformers-backend pair
+CACHE_VERSION = 5  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
+#                   4: no token trees for a transformers-backend pair; 5: shipped head methods weighed
 
 
 @dataclass(frozen=True)
@@ -183,7 +187,10 @@ class MethodChoice:
         return Candidate(self.method, self.k, self.tree).label
 
     def options(self) -> DraftOptions:
-        """The chosen method's options (a tree's children: the draft's top-w, as replayed)."""
+        """The chosen method's options (a tree's children: the draft's top-w, as replayed; a
+        head method's defaults, as measured)."""
+        if self.method in HEAD_KS:
+            return DraftOptions()
         return DraftOptions(tree=",".join(map(str, self.tree)) or "2,2,1", tree_children="top")
 
     def best_per_method(self) -> dict[str, tuple[str, float, float]]:
@@ -240,6 +247,14 @@ def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer, prompts: 
     costs, noise = measure_quiet_step_costs(target, draft, context, sorted({*range(1, max_k + 2), *widths}),
                                             repeats=5, log=log)
     table = {c.label: replay_speedup(c, traces, costs, ngram) for c in weighed}
+    # Head methods cannot be replayed from ranks: they are run (policy/head_choice.py).
+    prompt_ids = [torch.tensor(tr.prompt, dtype=torch.long) for tr in traces]
+    for method in shipped_head_methods(target):
+        for k in HEAD_KS[method]:
+            head = Candidate(method, k)
+            weighed.append(head)
+            table[head.label] = measure_head_method(method, k, target, prompt_ids, [tr.output for tr in traces],
+                                                    costs)
     table["ar"] = (1.0, 1.0)
     by_label = {c.label: c for c in weighed}
     best = max(table, key=lambda label: table[label][0])
@@ -255,7 +270,7 @@ def cached_method(target: CausalLM, draft: CausalLM | None, tokenizer, remeasure
     log = log or (lambda msg: None)
     calibration = [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
     entry = cache.entry("method", CACHE_VERSION, {"target": target, "draft": draft if draft else "none"},
-                        calibration=cache.digest(calibration))
+                        calibration=cache.digest(calibration), heads=shipped_head_methods(target))
     if entry is not None and not remeasure:
         data = entry.load()
         if data is not None:

@@ -1,0 +1,91 @@
+"""What ``--method auto`` knows of the head methods (Medusa, prophet, EAGLE): their
+acceptance and their drafting cost, measured by running them.
+
+A draft model's acceptance can be replayed from one teacher-forced pass (its rank of each
+target token: :mod:`.method_choice`), but a head's proposals depend on the target's hidden
+states and, for EAGLE and the prophet, on the head's own outputs fed back, so nothing
+short of drafting tells what it would propose. Auto therefore decodes each calibration
+prompt greedily with the head method itself (lossless: the output is the reference
+trace's), records every proposal's size and how long the head took to propose it, and
+prices the step as the engine runs it: the head's measured drafting time plus the
+target's verify pass over the proposal + 1 (the same measured costs the draft methods
+are priced with). Only heads shipped for the target are weighed; ``--heads DIR`` names a
+method explicitly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+
+from ..decoding.engine import decode
+from ..decoding.stats import GenerationStats
+from ..decoding.stopping import StopConditions
+from ..drafters.factory import DraftOptions, make_drafter
+from ..models.lm import CausalLM, NativeLM
+from .cost_model import StepCosts
+
+#: The head methods auto weighs, and the ks tried for each (eagle's default depth is 6).
+HEAD_KS = {"medusa": (2, 3), "prophet": (2, 4), "eagle": (4, 6)}
+
+
+def shipped_head_methods(target: CausalLM) -> dict[str, str]:
+    """The head methods with heads shipped for ``target`` (native runtime only): method ->
+    the heads' directory name (part of auto's cache key: new heads are weighed again)."""
+    if not isinstance(target, NativeLM):
+        return {}
+    from ..drafters.eagle import shipped_eagle
+    from ..drafters.medusa import shipped_medusa
+    from ..drafters.prophet import shipped_prophet
+
+    found = {"medusa": shipped_medusa(target), "prophet": shipped_prophet(target), "eagle": shipped_eagle(target)}
+    return {method: path.name for method, path in found.items() if path is not None}
+
+
+class _TimedDrafter:
+    """A drafter whose proposals are timed and sized, for pricing its steps."""
+
+    def __init__(self, drafter) -> None:
+        self.inner, self.seconds, self.sizes = drafter, 0.0, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+    def propose(self, slots, sequences, ks):
+        started = time.perf_counter()
+        proposals = self.inner.propose(slots, sequences, ks)
+        self.seconds += time.perf_counter() - started
+        self.sizes.extend(p.tokens.numel() for p in proposals)
+        return proposals
+
+
+def measure_head_method(method: str, k: int, target: CausalLM, prompts: Sequence[torch.Tensor],
+                        outputs: Sequence[list[int]], costs: StepCosts, repeats: int = 2,
+                        ) -> tuple[float, float]:
+    """(predicted speedup over plain decoding, tokens per target pass) of ``method`` at
+    ``k`` on the calibration ``prompts``, whose greedy references are ``outputs``. Each
+    prompt is decoded ``repeats`` times; the least drafting time is kept (timings only
+    grow with noise)."""
+    drafter = make_drafter(method, None, target.vocab_size, DraftOptions(), target=target)
+    seconds = tokens = passes = 0.0
+    for prompt, reference in zip(prompts, outputs):
+        best: tuple[_TimedDrafter, int] | None = None
+        for _ in range(repeats):
+            timed, stats = _TimedDrafter(drafter), GenerationStats()
+            out = [t for step in decode(target, prompt, StopConditions(len(reference), []), timed,
+                                        num_speculative_tokens=k, stats=stats) for t in step.tokens]
+            if out != reference:  # greedy speculation is lossless: anything else is a bug
+                raise RuntimeError(f"{method} changed the greedy output while auto measured it")
+            if best is None or timed.seconds < best[0].seconds:
+                best = timed, stats.target_forward_passes
+        timed, step_passes = best
+        # Passes the drafter was not asked to fill (no room left to draft) are plain steps.
+        plain = step_passes - len(timed.sizes)
+        seconds += timed.seconds + sum(costs.t_verify(size + 1) for size in timed.sizes) + plain * costs.t_ar
+        passes += step_passes
+        tokens += len(reference)
+    if not seconds:
+        return 1.0, 1.0
+    return tokens * costs.t_ar / seconds, tokens / passes
