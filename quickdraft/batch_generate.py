@@ -14,9 +14,12 @@ from .decoding.stopping import StopConditions, cut_at_stop
 from .decoding.verify import acceptance_for
 from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from .drafters.batched import make_batch_drafter
+from .drafters.eagle import EagleDrafter
 from .drafters.early_exit import EarlyExitDrafter
 from .drafters.factory import BATCH_METHODS, DraftOptions
 from .drafters.hybrid import HybridDrafter
+from .drafters.medusa import MedusaDrafter
+from .drafters.prophet import ProphetDrafter
 from .drafters.shapes import Shape
 from .text import Generation
 
@@ -45,6 +48,10 @@ def batch_method(drafter) -> tuple[str, object, DraftOptions]:
         return "draft", drafter.model, DraftOptions()
     if isinstance(drafter, EarlyExitDrafter):  # batched early exit keeps its own cache (no sharing)
         return "early-exit", None, DraftOptions(exit_head=drafter.head)
+    for method, cls, heads in (("medusa", MedusaDrafter, "heads"), ("prophet", ProphetDrafter, "prophet"),
+                               ("eagle", EagleDrafter, "head")):
+        if isinstance(drafter, cls):  # the loaded heads, a chain per row
+            return method, None, DraftOptions(heads=getattr(drafter, heads))
     name = getattr(drafter, "name", type(drafter).__name__)
     raise ValueError(f"{name} does not batch: token trees, multi-draft and layer skip are batch 1; "
                      f"batched decoding supports {', '.join(BATCH_METHODS)}")
@@ -55,15 +62,18 @@ def make_batch_engine(
     num_speculative_tokens: int | None = None, options: DraftOptions = DraftOptions(), drafter=None,
     policy=None, acceptance=acceptance_for,
 ) -> BatchEngine:
-    """A :class:`BatchEngine` for ``method`` (ar, draft, ngram, hybrid or early-exit;
-    ``options`` sets the n-gram sizes and the exit head and layer): the method's batch
+    """A :class:`BatchEngine` for ``method`` (ar, draft, ngram, hybrid, early-exit, medusa,
+    prophet or eagle; ``options`` sets the n-gram sizes, the exit head and layer, the
+    heads): the method's batch
     drafter (or ``drafter``, the hook for new ones) and, when ``num_speculative_tokens`` is
     None, the batch policy measured for this target, drafter and batch size (``policy``
-    replaces it)."""
+    replaces it; a head method's rows draft its fixed k, ``drafters/per_row.py``)."""
     from .policy.batch_policy import BatchPolicy
 
     if drafter is None:
         drafter = make_batch_drafter(method, draft, target, max_batch_size, cache_length(target, max_len), options)
+    if num_speculative_tokens is None:  # a drafter whose k the batch policy cannot measure yet
+        num_speculative_tokens = getattr(drafter, "fixed_k", None)
     engine = BatchEngine(target, drafter, max_batch_size=max_batch_size, max_len=max_len,
                          num_speculative_tokens=num_speculative_tokens, policy=policy, acceptance=acceptance)
     if policy is None and num_speculative_tokens is None and method != "ar":

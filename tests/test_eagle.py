@@ -168,7 +168,7 @@ def test_the_server_serves_eagle_losslessly(tiny_family, tiny_eagle, tmp_path, c
     srv = ServerProcess(["--model", str(tiny_family["target"]), "--method", "eagle", "--heads", str(tiny_eagle),
                          "--max-batch-size", "2", "--served-model-name", "m"], tmp_path / "serve.log")
     try:
-        assert srv.health()["method"] == "eagle" and srv.health()["engine"] == "solo"
+        assert srv.health()["method"] == "eagle" and srv.health()["engine"] == "batch"
         for _ in range(2):
             status, reply = srv.post("/v1/completions", {"model": "m", "prompt": prompt, "max_tokens": 24,
                                                          "temperature": 0})

@@ -227,7 +227,7 @@ def test_the_server_serves_medusa_losslessly(tiny_family, tiny_heads, tmp_path, 
     srv = ServerProcess(["--model", str(tiny_family["target"]), "--method", "medusa", "--heads", str(tiny_heads),
                          "--max-batch-size", "2", "--served-model-name", "m"], tmp_path / "serve.log")
     try:
-        assert srv.health()["method"] == "medusa" and srv.health()["engine"] == "solo"
+        assert srv.health()["method"] == "medusa" and srv.health()["engine"] == "batch"
         bodies = [{"model": "m", "prompt": prompt, "max_tokens": 24, "temperature": 0}] * 2
         for body in bodies:
             status, reply = srv.post("/v1/completions", body)

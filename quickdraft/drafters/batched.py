@@ -12,6 +12,8 @@ proposals are chains: token trees stay batch 1.
 - :class:`BatchedEarlyExit`: early exit, the target's first L layers + an exit head,
   drafting like the draft model (both are a :class:`BatchedChain`) into cache rows of
   its own.
+- the head methods (Medusa, prophet, EAGLE): a chain drafter per row
+  (:mod:`.per_row`), their heads shared.
 
 Plain decoding (``NoDrafter``), n-gram lookup (``NgramDrafter``, no state) and the hybrid
 (``HybridDrafter`` over a ``BatchedDraftModel``) serve many rows as they are.
@@ -42,6 +44,7 @@ from .early_exit import check_exit_layer, resolve_exit_head, step_head
 from .factory import BATCH_METHODS, DraftOptions
 from .hybrid import HybridDrafter
 from .ngram import NgramDrafter
+from .per_row import HEAD_BATCH_K, per_row_head_drafter
 
 
 class BatchedChain:
@@ -209,8 +212,9 @@ class BatchedEarlyExit(BatchedChain):
 def make_batch_drafter(method: str, draft: NativeLM | None, target: NativeLM, max_batch_size: int,
                        max_len: int, options: DraftOptions = DraftOptions()) -> Drafter:
     """The drafter of ``method`` for up to ``max_batch_size`` rows of ``max_len`` tokens (ar,
-    draft, ngram, hybrid, early-exit; ``options`` gives the n-gram sizes and the exit head
-    and layer); trees, multi-draft and layer skip are batch 1 only."""
+    draft, ngram, hybrid, early-exit, and the head methods medusa, prophet and eagle drafting
+    a chain per row; ``options`` gives the n-gram sizes, the exit head and layer, the
+    heads); trees, multi-draft and layer skip are batch 1 only."""
     if method == "ar":
         return NoDrafter()
     if method == "ngram":
@@ -221,6 +225,8 @@ def make_batch_drafter(method: str, draft: NativeLM | None, target: NativeLM, ma
     if method == "early-exit":
         head = resolve_exit_head(target, options.exit_head, options.exit_layer)
         return BatchedEarlyExit(target, head, max_batch_size, max_len)
+    if method in HEAD_BATCH_K:
+        return per_row_head_drafter(method, target, max_batch_size, options)
     if draft is None:
         raise ValueError(f"--method {method} needs a draft model (--draft); ngram and ar need none")
     if not isinstance(draft, NativeLM):

@@ -63,13 +63,14 @@ METHODS: dict[str, MethodSpec] = {
                              "sharing its KV cache", needs="target", chain=True, batched=True),
     "medusa": MethodSpec("Medusa heads on the target's last hidden state propose a token tree (--heads DIR, "
                          "default: heads shipped for the target; --tree shapes it, one level per head)",
-                         needs="heads", default_k="4 (one tree level per head, at most the number of heads)"),
+                         needs="heads", batched=True,
+                         default_k="4 (one tree level per head, at most the number of heads); batched: a chain of 4"),
     "prophet": MethodSpec("a prophet transformer drafts a chain from the target's last hidden states (--heads DIR, "
-                          "default: the prophet shipped for the target)", needs="heads"),
+                          "default: the prophet shipped for the target)", needs="heads", batched=True, default_k="4"),
     "eagle": MethodSpec("an EAGLE drafter (fc([token; target feature]) + one layer + the target's LM head) grows "
                         "a token tree (--heads DIR, default: the drafter shipped for the target; --tree, default "
                         "dynamic:10, EAGLE-2's best nodes by cumulative confidence)",
-                        needs="heads", default_k="6 (the tree's depth)"),
+                        needs="heads", batched=True, default_k="6 (the tree's depth); batched: a chain of 6"),
     "auto": MethodSpec("the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
                        needs="measured", default_k="the cost model's choice with the method"),
 }
