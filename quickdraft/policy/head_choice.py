@@ -27,8 +27,10 @@ from ..drafters.factory import DraftOptions, make_drafter
 from ..models.lm import CausalLM, NativeLM
 from .cost_model import StepCosts
 
-#: The head methods auto weighs, and the ks tried for each (eagle's default depth is 6).
-HEAD_KS = {"medusa": (2, 3), "prophet": (2, 4), "eagle": (4, 6)}
+#: The head methods auto weighs, and the k tried for each: the method's own default (eagle's
+#: tree depth; medusa's tree has 3 levels). One k each: every k costs a decode of each
+#: calibration prompt, where a draft method's k costs nothing but arithmetic.
+HEAD_KS = {"medusa": (3,), "prophet": (4,), "eagle": (6,)}
 
 
 def shipped_head_methods(target: CausalLM) -> dict[str, str]:
@@ -62,7 +64,7 @@ class _TimedDrafter:
 
 
 def measure_head_method(method: str, k: int, target: CausalLM, prompts: Sequence[torch.Tensor],
-                        outputs: Sequence[list[int]], costs: StepCosts, repeats: int = 2,
+                        outputs: Sequence[list[int]], costs: StepCosts, repeats: int = 1,
                         ) -> tuple[float, float]:
     """(predicted speedup over plain decoding, tokens per target pass) of ``method`` at
     ``k`` on the calibration ``prompts``, whose greedy references are ``outputs``. Each
