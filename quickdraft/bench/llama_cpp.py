@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +40,7 @@ BINARIES = (PLAIN, SPECULATIVE)
 ENV_DIR = "QUICKDRAFT_LLAMA_CPP"
 DEFAULT_DRAFT_MAX = (4, 8, 12)
 TIMEOUT_S = 300
+ATTEMPTS = 5  # runs of one generation whose output lost its last lines (see LlamaCppMethod.run)
 BUILD_HINT = ("build llama.cpp's targets llama-completion and llama-speculative-simple (docs/llama_cpp.md) "
               "and pass their directory, e.g. --llama-cpp ~/llama.cpp/build/bin")
 
@@ -303,6 +306,32 @@ class LlamaCppMethod:
         text = ctx.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         context = len(ids) + max_new_tokens + (self.k or 0) + 8
         cmd = self.command(text, max_new_tokens, context, params.seed or 0)
+        # llama.cpp logs from a thread it does not join at exit, so a process sometimes ends
+        # before its last lines are written (seen about one run in three here; llama.cpp
+        # issue 22142): run again, the output is deterministic.
+        for attempt in range(ATTEMPTS):
+            done, stderr = self._spawn(cmd, prompt_key)
+            try:
+                out = (parse_speculative(done.stdout, stderr, text.encode(), max_new_tokens) if self.k
+                       else parse_completion(done.stdout, stderr))
+                break
+            except BenchError as exc:
+                if attempt + 1 < ATTEMPTS:
+                    continue
+                kept = Path(tempfile.mkdtemp(prefix="quickdraft-llama-cpp-"))  # for a bug report
+                (kept / "stdout").write_bytes(done.stdout)
+                (kept / "stderr").write_text(stderr)
+                (kept / "command").write_text(shlex.join(cmd))
+                raise BenchError(f"{exc} (its output is in {kept})") from None
+        if not self.k and out.prompt_ids is not None and not prompt_key.startswith("warm-up:"):
+            self.setup.prompt_ids_equal[prompt_key] = out.prompt_ids == ids
+        ours = ctx.tokenizer(out.text.decode(errors="replace"))["input_ids"]
+        return LlamaRunOutput(ours, out.decode_seconds, out.prompt_seconds + out.decode_seconds, None,
+                              target_passes=out.passes, draft_passes=out.drafted,
+                              text=out.text, generated=len(ours) if out.tokens is None else out.tokens)
+
+    @staticmethod
+    def _spawn(cmd: list[str], prompt_key: str) -> tuple[subprocess.CompletedProcess, str]:
         try:
             done = subprocess.run(cmd, capture_output=True, timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
@@ -311,16 +340,7 @@ class LlamaCppMethod:
         if done.returncode != 0:
             last = (stderr.strip().splitlines() or ["no output"])[-1]
             raise BenchError(f"{Path(cmd[0]).name} failed (exit {done.returncode}): {last[:200]}")
-        if self.k:
-            out = parse_speculative(done.stdout, stderr, text.encode(), max_new_tokens)
-        else:
-            out = parse_completion(done.stdout, stderr)
-            if out.prompt_ids is not None and not prompt_key.startswith("warm-up:"):
-                self.setup.prompt_ids_equal[prompt_key] = out.prompt_ids == ids
-        ours = ctx.tokenizer(out.text.decode(errors="replace"))["input_ids"]
-        return LlamaRunOutput(ours, out.decode_seconds, out.prompt_seconds + out.decode_seconds, None,
-                              target_passes=out.passes, draft_passes=out.drafted,
-                              text=out.text, generated=len(ours) if out.tokens is None else out.tokens)
+        return done, stderr
 
 
 def plain_rows(ctx, config, k) -> list[LlamaCppMethod]:
