@@ -141,7 +141,8 @@ def test_bench_with_llama_cpp_end_to_end(tmp_path, capsys):
     result = json.loads(out.read_text())
     rows = {r["label"]: r for r in result["overall"]["rows"]}
     assert {"llama.cpp", "llama.cpp-spec k=4"} <= set(rows)
-    assert all(result["llama_cpp"]["prompt_ids_equal"].values())
+    checked = result["llama_cpp"]["prompt_ids_equal"]
+    assert len(checked) == 2 and all(checked.values())  # llama.cpp tokenized both prompts as we do
     for label in ("llama.cpp", "llama.cpp-spec k=4"):
         assert rows[label]["tokens_per_second"] > 0 and rows[label]["greedy_agreement"]["prompts"] == 2
     assert 0 < rows["llama.cpp-spec k=4"]["acceptance_rate"] <= 1

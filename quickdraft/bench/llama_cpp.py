@@ -248,20 +248,18 @@ def gguf_of(path: Path, shared=None, head_ids=None) -> Path:
 def setup(ctx, config, need_draft: bool) -> LlamaCppSetup:
     """Find the binaries and the GGUF files of the pair (exported once, cached); kept on
     the context for all llama.cpp rows."""
-    if ctx.llama_cpp is not None and (ctx.llama_cpp.draft_gguf is not None or not need_draft):
-        return ctx.llama_cpp
-    binaries = find_binaries(config.llama_cpp)
-    draft = None
-    if need_draft:
+    if ctx.llama_cpp is None:
+        binaries = find_binaries(config.llama_cpp)
+        ctx.llama_cpp = LlamaCppSetup(binaries, gguf_of(ctx.target_dir), None, config.threads or 2,
+                                      _version(binaries[PLAIN]))
+    if need_draft and ctx.llama_cpp.draft_gguf is None:  # filled in place: the plain row shares it
         if ctx.draft is None:
             raise BenchError("llama.cpp-spec needs a draft model; pass --draft PATH")
         from ..models.draft_vocab import read_draft_vocab
         from ..models.shared_embed import shared_tensors
 
         head_ids = None if ctx.draft_dir.suffix == ".gguf" else read_draft_vocab(ctx.draft_dir, config.draft_vocab)
-        draft = gguf_of(ctx.draft_dir, shared_tensors(ctx.draft_dir, ctx.target), head_ids)
-    ctx.llama_cpp = LlamaCppSetup(binaries, gguf_of(ctx.target_dir), draft, config.threads or 2,
-                                  _version(binaries[PLAIN]))
+        ctx.llama_cpp.draft_gguf = gguf_of(ctx.draft_dir, shared_tensors(ctx.draft_dir, ctx.target), head_ids)
     return ctx.llama_cpp
 
 
