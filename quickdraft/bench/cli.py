@@ -11,9 +11,12 @@ from ..cli import add_placement_options
 from ..quiet import quiet_transformers
 from .config import (
     BACKENDS,
+    BASELINE_METHODS,
+    BASELINES,
     DEFAULT_METHODS,
     DEFAULT_THREADS,
     FULL,
+    LLAMA_CPP_DRAFT_MAX,
     MAX_K,
     QUICK,
     BenchConfig,
@@ -73,6 +76,15 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--draft-vocab", type=int, metavar="N",
                    help="the draft scores only its N most frequent tokens (default: its draft_vocab.json "
                         "size; 0 = all)")
+    p.add_argument("--baseline", choices=BASELINES,
+                   help="add another tool's rows: llama.cpp = llama-completion (plain) and "
+                        "llama-speculative-simple (same draft), same weights as GGUF (docs/llama_cpp.md)")
+    p.add_argument("--llama-cpp", metavar="DIR",
+                   help="directory of llama.cpp's binaries (default: $QUICKDRAFT_LLAMA_CPP, else "
+                        "llama-completion's on PATH)")
+    p.add_argument("--llama-cpp-draft-max", metavar="LIST",
+                   help="llama.cpp-spec rows at these --spec-draft-n-max values "
+                        f"(default {','.join(map(str, LLAMA_CPP_DRAFT_MAX))})")
     add_placement_options(p)
     p.add_argument("--threads", type=int, help=f"torch CPU threads (default {DEFAULT_THREADS})")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -102,13 +114,25 @@ def _parse_sweep(text: str | None) -> tuple[int, ...] | None:
     return tuple(dict.fromkeys(out))
 
 
+def _parse_draft_max(text: str | None) -> tuple[int, ...] | None:
+    """``--llama-cpp-draft-max`` text ('4,8,12') as ints (None when not given)."""
+    if text is None:
+        return None
+    try:
+        return tuple(dict.fromkeys(int(part) for part in text.split(",") if part.strip()))
+    except ValueError:
+        raise BenchError(f"--llama-cpp-draft-max must look like '4,8,12', got {text!r}") from None
+
+
 def command_line(args) -> str:
     """The ``quickdraft bench`` command equivalent to ``args`` (for the report)."""
     parts = ["quickdraft", "bench"]
     for flag, dest in [("--model", "model"), ("--draft", "draft"), ("--backend", "backend"), ("--methods", "methods"),
                        ("--categories", "categories"), ("--prompts", "prompts"), ("--max-new-tokens", "max_new_tokens"),
                        ("--repeats", "repeats"), ("-k", "k"), ("--sweep", "sweep"),
-                       ("--draft-vocab", "draft_vocab"), ("--json", "json"),
+                       ("--draft-vocab", "draft_vocab"), ("--baseline", "baseline"),
+                       ("--llama-cpp", "llama_cpp"), ("--llama-cpp-draft-max", "llama_cpp_draft_max"),
+                       ("--json", "json"),
                        ("--plot", "plot"), ("--markdown", "markdown")]:
         value = getattr(args, dest, None)
         if value is not None:
@@ -160,8 +184,19 @@ def _run(args, started: float) -> int:
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods is not None else None
     if methods == ():
         raise BenchError("--methods is empty")
+    baseline = getattr(args, "baseline", None)
+    llama_dir = None
+    if baseline:
+        methods = tuple(dict.fromkeys([*(methods or DEFAULT_METHODS), *BASELINE_METHODS[baseline]]))
+    if methods and any(m.startswith("llama.cpp") for m in methods):
+        from .llama_cpp import which
+
+        llama_dir = which(getattr(args, "llama_cpp", None))
+    draft_max = getattr(args, "llama_cpp_draft_max", None)
     sizes = None
     if getattr(args, "batch_size", None):
+        if llama_dir is not None:
+            raise BenchError("--baseline llama.cpp runs batch 1 only; drop --batch-size")
         from .batch import parse_batch_sizes
 
         sizes = parse_batch_sizes(args.batch_size)
@@ -171,7 +206,12 @@ def _run(args, started: float) -> int:
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, temperature=args.temperature,
         seed=args.seed, k=args.k, sweep=_parse_sweep(args.sweep), threads=args.threads,
         draft_vocab=args.draft_vocab, device=args.device, dtype=args.dtype,
+        llama_cpp=llama_dir, llama_cpp_draft_max=_parse_draft_max(draft_max),
     )
+    if llama_dir is not None or (methods and any(m.startswith("llama.cpp") for m in methods)):
+        from .llama_cpp import check_before_loading
+
+        check_before_loading(config)
     per_category = QUICK.prompts if args.quick else FULL.prompts
     if args.prompts:
         prompts = select(load_prompts(args.prompts), parse_categories(args.categories, None), per_category)

@@ -13,6 +13,9 @@ BACKENDS = ("auto", "native", "hf")
 DEFAULT_METHODS = ("ar", "draft", "hf-ar", "hf-assisted")
 MAX_K = 32
 DEFAULT_THREADS = 2  # torch CPU threads
+BASELINES = ("llama.cpp",)  # --baseline NAME adds these methods' rows
+BASELINE_METHODS = {"llama.cpp": ("llama.cpp", "llama.cpp-spec")}
+LLAMA_CPP_DRAFT_MAX = (4, 8, 12)  # llama.cpp-spec rows: its --spec-draft-n-max values
 
 
 class BenchError(ValueError):
@@ -53,6 +56,8 @@ class BenchConfig:
     draft_vocab: int | None = None  # the draft's scored tokens: None its default, 0 all
     device: str = "cpu"  # cpu, cuda or cuda:N
     dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    llama_cpp: str | None = None  # directory of llama.cpp's binaries (the llama.cpp rows)
+    llama_cpp_draft_max: Sequence[int] = LLAMA_CPP_DRAFT_MAX
 
     def placement(self):
         """The resolved device and dtype (:class:`BenchError` for one this machine lacks)."""
@@ -104,6 +109,8 @@ class BenchConfig:
             raise BenchError(f"--sweep values must be between 1 and {MAX_K}")
         if self.draft_vocab is not None and self.draft_vocab < 0:
             raise BenchError(f"--draft-vocab must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab}")
+        if not self.llama_cpp_draft_max or any(not 1 <= k <= MAX_K for k in self.llama_cpp_draft_max):
+            raise BenchError(f"--llama-cpp-draft-max values must be between 1 and {MAX_K}")
         if self.threads is not None and self.threads < 1:
             raise BenchError(f"--threads must be >= 1, got {self.threads}")
         self.placement()
@@ -112,6 +119,7 @@ class BenchConfig:
         d = dict(self.__dict__)
         d["methods"] = list(self.methods)
         d["sweep"] = list(self.sweep)
+        d["llama_cpp_draft_max"] = list(self.llama_cpp_draft_max)
         return d
 
 

@@ -33,6 +33,7 @@ class BenchContext:
         self.counters: dict[str, CallCounter] = {}
         # seconds of each prompt's prefill, per transformers row (see HFMethod)
         self.prefill_timings: dict[tuple, list[float]] = {}
+        self.llama_cpp = None  # the llama.cpp rows' binaries and GGUF files (llama_cpp.setup)
 
     def hf_model(self, which: str):
         """The transformers model ("target" or "draft") loaded from the same directory, on

@@ -64,6 +64,22 @@ register_method("hf-lookup", lambda ctx, config, k: [HFMethod("hf-lookup", k, lo
                 help="transformers generate() with prompt_lookup_num_tokens=k (n-grams up to 3, as ngram's)")
 
 
+
+def _llama_cpp_rows(speculative: bool) -> MethodFactory:
+    def factory(ctx, config, k):
+        from . import llama_cpp
+
+        return (llama_cpp.speculative_rows if speculative else llama_cpp.plain_rows)(ctx, config, k)
+
+    return factory
+
+
+register_method("llama.cpp", _llama_cpp_rows(False),
+                help="llama.cpp's llama-completion, plain greedy, same weights as GGUF (--llama-cpp DIR)")
+register_method("llama.cpp-spec", _llama_cpp_rows(True), needs_draft=True,
+                help="llama.cpp's llama-speculative-simple with the same draft, at each --llama-cpp-draft-max")
+
+
 # Token trees, multi-draft and n-gram drafting (issue 10): one row per setting worth comparing.
 def _drafter_rows(method: str, variants: list[dict]) -> MethodFactory:
     """Rows of ``method`` built by ``make_drafter``; a variant's ``rule`` (spectr) only

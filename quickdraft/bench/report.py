@@ -49,8 +49,24 @@ def _efficiency(row: dict) -> str:
     return "too noisy" if _noisy(row, "predicted_speedup") else _fmt(row["efficiency"])
 
 
-def _lossless(value) -> str:
+def _lossless(row: dict) -> str:
+    agreement = row.get("greedy_agreement")
+    if agreement:  # llama.cpp: not ours to be lossless; how far its greedy text agrees with ar
+        return f"{agreement['agreeing']}/{agreement['prompts']} agree"
+    value = row["lossless"]
     return "n/a (sampled)" if value is None else ("yes" if value else "NO")
+
+
+def agreement_lines(rows: list[dict]) -> list[str]:
+    """One line per llama.cpp row whose greedy text diverges from ar's on some prompt."""
+    lines = []
+    for r in rows:
+        a = r.get("greedy_agreement")
+        if a and a["first_divergence"]:
+            where = ", ".join(f"{pid} at token {pos}" for pid, pos in list(a["first_divergence"].items())[:5])
+            lines.append(f"{r['label']}: greedy text agrees with ar on {a['agreeing']}/{a['prompts']} prompts; "
+                         f"first divergence: {where}")
+    return lines
 
 
 def _settings(row: dict) -> str:
@@ -79,7 +95,7 @@ COLUMNS = [
     ("e2e speedup", lambda r: _fmt(r.get("e2e_speedup"), ".2f", "x")),
     ("tau", lambda r: _fmt(r["mean_accepted_tokens"])),
     ("accept", lambda r: _fmt(r["acceptance_rate"], ".0%")),
-    ("lossless", lambda r: _lossless(r["lossless"])),
+    ("lossless", _lossless),
     ("predicted", _predicted),
     ("efficiency", _efficiency),
 ]
@@ -156,6 +172,8 @@ def print_table(result: dict, console=None) -> None:
          f"{len(result['config']['prompts'])} prompts", result["overall"]["rows"], OVERALL_COLUMNS)
     for line in result.get("mismatches", []):
         console.print(f"[bold red]{escape(line)}[/]")
+    for line in agreement_lines(result["overall"]["rows"]):
+        console.print(line, highlight=False)
 
 
 def summary_lines(result: dict, group: dict) -> list[str]:
@@ -260,6 +278,13 @@ def markdown_report(result: dict, plots: list[str] | None = None, command: str |
         lines += ["", "## Per-position acceptance (all categories)", ""]
         for r in pp:
             lines.append(f"- {r['label']}: " + ", ".join(f"{a:.2f}" for a in r["per_position_acceptance"]))
+    if agreement_lines(result["overall"]["rows"]):
+        lines += ["", "## llama.cpp against ar (greedy text)", ""]
+        lines += [f"- {x}" for x in agreement_lines(result["overall"]["rows"])]
+    if result.get("llama_cpp"):
+        lc = result["llama_cpp"]
+        lines += ["", f"llama.cpp: {lc['version']}, {lc['threads']} threads, KV cache {lc['kv_cache']}; "
+                      f"target `{lc['target_gguf']}`, draft `{lc['draft_gguf']}`"]
     if result.get("warnings"):
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in result["warnings"]]
     if result.get("mismatches"):

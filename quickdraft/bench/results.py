@@ -64,6 +64,12 @@ DEFINITIONS = {
                        "as drafted tokens)",
     "per_position_acceptance": "P(draft position i accepted), pooled over all runs",
     "lossless": "greedy: token-identical to ar on every prompt and repeat; null when sampling",
+    "greedy_agreement": "llama.cpp rows: prompts whose generated text is the text of ar's tokens, "
+                        "and for the others the index of ar's first token the text does not continue",
+    "llama_cpp": "llama.cpp rows run its binaries on the same prompts and weights (GGUF), same threads, "
+                 "f32 KV cache; tokens/s = generated tokens / its decode seconds (llama-completion: "
+                 "eval + sampling time; llama-speculative-simple: its decode loop's wall time); tau = "
+                 "tokens per target pass after the prompt; process start and model load excluded",
     "predicted_speedup": "cost model: (1 + sum_{i<k} a_i) * T_ar / (k * T_draft + T_verify(k+1)), "
                          "from measured a_i and step costs, no overhead term",
     "efficiency": "speedup / predicted_speedup",
@@ -231,7 +237,7 @@ def summarise(rows, results: dict[str, list[list[RunOutput]]], prompt_ids: Seque
                       for per, ref in zip(runs, reference, strict=True)]
         tau, acceptance_rate, per_position = _acceptance(row, flat)
         lossless, mismatches = None, []
-        if greedy:
+        if greedy and row.kind != "llama.cpp":  # llama.cpp's text is compared by its runner
             mismatches, lines = _mismatches(row, runs, reference, prompt_ids)
             lossless = not mismatches
             mismatch_report += lines

@@ -144,6 +144,7 @@ def run_benchmark(
         costs, costs_spread = samplers[category].costs(), samplers[category].spread()
         sub = {label: [runs[i] for i in idx] for label, runs in results.items()}
         group_rows, _ = summarise(rows, sub, [prompts[i].id for i in idx], costs, k, greedy, costs_spread)
+        _llama_cpp_agreement(ctx, rows, group_rows, sub, [prompts[i].id for i in idx], greedy)
         groups.append({
             "category": category,
             "prompts": [prompts[i].id for i in idx],
@@ -154,6 +155,7 @@ def run_benchmark(
             "rows": group_rows,
         })
     overall_rows, mismatch_report = summarise(rows, results, [p.id for p in prompts], None, k, greedy)
+    _llama_cpp_agreement(ctx, rows, overall_rows, results, [p.id for p in prompts], greedy)
     for r in overall_rows:  # the per-prompt detail is in the category groups
         r.pop("runs_by_prompt", None)
         r.pop("per_prompt_speedup", None)
@@ -180,5 +182,27 @@ def run_benchmark(
         "results": groups,
         "overall": {"category": "all", "rows": overall_rows},
         "mismatches": mismatch_report,
-        "warnings": slower_than_plain(overall_rows, groups) + noisy_figures(groups),
+        "warnings": slower_than_plain(overall_rows, groups) + noisy_figures(groups) + _llama_cpp_warnings(ctx),
+        **({"llama_cpp": ctx.llama_cpp.to_json()} if ctx.llama_cpp is not None else {}),
     }
+
+
+def _llama_cpp_agreement(ctx, rows, out_rows, results, prompt_ids, greedy: bool) -> None:
+    """Greedy runs: add to each llama.cpp row how its text agrees with ar's tokens."""
+    if not greedy or not any(r.kind == "llama.cpp" for r in rows):
+        return
+    from .llama_cpp import greedy_agreement
+
+    reference = results[rows[0].label]
+    for row, out in zip(rows, out_rows, strict=True):
+        if row.kind == "llama.cpp":
+            out["greedy_agreement"] = greedy_agreement(results[row.label], reference, ctx.tokenizer, prompt_ids)
+
+
+def _llama_cpp_warnings(ctx) -> list[str]:
+    setup = ctx.llama_cpp
+    differ = [pid for pid, same in (setup.prompt_ids_equal.items() if setup else []) if not same]
+    if not differ:
+        return []
+    return [f"llama.cpp tokenized {len(differ)} prompt(s) differently from us ({', '.join(differ[:5])}): "
+            "its rows ran other token ids there"]
