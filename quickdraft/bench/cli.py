@@ -117,7 +117,8 @@ def command_line(args) -> str:
         parts += ["--temperature", str(args.temperature)]
         if getattr(args, "seed", None) is not None:
             parts += ["--seed", str(args.seed)]
-    for flag, dest, default in [("--device", "device", "cpu"), ("--dtype", "dtype", "auto")]:
+    for flag, dest, default in [("--device", "device", "cpu"), ("--dtype", "dtype", "auto"),
+                                ("--quantize", "quantize", "auto")]:
         if getattr(args, dest, default) != default:
             parts += [flag, str(getattr(args, dest))]
     if getattr(args, "threads", None) is not None:
@@ -171,6 +172,7 @@ def _run(args, started: float) -> int:
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, temperature=args.temperature,
         seed=args.seed, k=args.k, sweep=_parse_sweep(args.sweep), threads=args.threads,
         draft_vocab=args.draft_vocab, device=args.device, dtype=args.dtype,
+        quantize=getattr(args, "quantize", "auto"),
     )
     per_category = QUICK.prompts if args.quick else FULL.prompts
     if args.prompts:

@@ -53,13 +53,14 @@ class BenchConfig:
     draft_vocab: int | None = None  # the draft's scored tokens: None its default, 0 all
     device: str = "cpu"  # cpu, cuda or cuda:N
     dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
+    quantize: str = "auto"  # block linears: auto, none, int8, int4 (docs/quantization.md)
 
     def placement(self):
         """The resolved device and dtype (:class:`BenchError` for one this machine lacks)."""
         from ..models.placement import PlacementError, resolve_placement
 
         try:
-            return resolve_placement(self.device, self.dtype)
+            return resolve_placement(self.device, self.dtype, self.quantize)
         except PlacementError as exc:
             raise BenchError(str(exc)) from None
 
