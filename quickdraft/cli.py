@@ -175,7 +175,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                                    method_options, args.multi_draft_rule,
                                                    remeasure=args.remeasure, log=notice,
                                                    draft_vocab=args.draft_vocab, device=args.device,
-                                                   dtype=args.dtype, capture=args.capture)
+                                                   dtype=args.dtype, capture=args.capture,
+                                                   quantize=args.quantize)
     # a bad prompt, or a chat with a model without a chat template, fails first
     gen.encode_prompt(prompt if messages is None else gen.chat_ids(messages), args.truncate_prompt,
                       room=args.max_new_tokens)
@@ -259,7 +260,7 @@ def cmd_generate_batch(args: argparse.Namespace) -> int:
         gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend,
                                                    draft_options(args), args.multi_draft_rule,
                                                    draft_vocab=args.draft_vocab, device=args.device,
-                                                   dtype=args.dtype)
+                                                   dtype=args.dtype, quantize=args.quantize)
     requests = [request for request, _ in lines]
     for request in requests:  # a prompt over the context fails before decoding anything
         gen.encode_prompt(request.prompt, request.truncate_prompt, room=request.max_new_tokens)
@@ -327,9 +328,11 @@ def draft_options(args: argparse.Namespace):
 
 
 def add_placement_options(parser: argparse.ArgumentParser, device_help: str = "", capture: bool = False) -> None:
-    """``--device`` and ``--dtype``, shared by every command that loads a model; turn them
-    into a ``Placement`` with :func:`placement_of`. ``capture``: ``--capture`` too."""
+    """``--device``, ``--dtype`` and ``--quantize``, shared by every command that loads a
+    model; turn them into a ``Placement`` with :func:`placement_of`. ``capture``:
+    ``--capture`` too."""
     from .models.placement import DTYPE_CHOICES
+    from .models.quant_linear import QUANTIZE_CHOICES
 
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
                         help=device_help or "where the models run: cpu (default), cuda or cuda:N")
@@ -337,6 +340,11 @@ def add_placement_options(parser: argparse.ArgumentParser, device_help: str = ""
                         help="weights, KV caches and activations: auto (default: float32 on CPU, "
                         "bfloat16 on CUDA), float32, bfloat16 or float16; acceptance probabilities "
                         "are float32 whatever this is")
+    parser.add_argument("--quantize", default="auto", choices=QUANTIZE_CHOICES,
+                        help="weights of the transformer blocks' linears (CPU, float32 activations): auto "
+                        "(default: a GGUF file's Q4_0/Q4_1 blocks run as int4 where the kernel is fast on this "
+                        "CPU, else float32), none (float32), int8 (per channel) or int4 (groups of 32; a GGUF "
+                        "file's Q4 blocks as they are); docs/quantization.md")
     if not capture:
         return
     parser.add_argument("--capture", action="store_true",
@@ -351,7 +359,7 @@ def placement_of(args: argparse.Namespace):
     from .models.placement import PlacementError, resolve_placement
 
     try:
-        return resolve_placement(args.device, args.dtype)
+        return resolve_placement(args.device, args.dtype, getattr(args, "quantize", None))
     except PlacementError as exc:
         raise CliError(str(exc)) from None
 

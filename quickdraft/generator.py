@@ -109,6 +109,7 @@ class SpeculativeGenerator:
         draft_vocab: int | None = None,
         device: str | torch.device | None = None,
         dtype: str | torch.dtype | None = None,
+        quantize: str | None = None,
         capture: bool = False,
     ) -> SpeculativeGenerator:
         """Load a target (default: the embedded default) and, for the methods that need one
@@ -127,7 +128,8 @@ class SpeculativeGenerator:
 
         ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``; default cpu) and ``dtype``
         (``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``/None: float32 on CPU,
-        bfloat16 on CUDA) place both models; an unusable one is a ``ValueError``
+        bfloat16 on CUDA) place both models, and ``quantize`` (``"auto"``/None, ``"none"``,
+        ``"int8"``, ``"int4"``: docs/quantization.md) stores their block linears; an unusable one is a ``ValueError``
         (:class:`~quickdraft.models.placement.PlacementError`) before anything loads.
         ``capture``: the target's plain and verify passes of a chain run at one fixed width
         (``models/static_step.py``), captured with ``torch.compile(mode="reduce-overhead")``
@@ -137,7 +139,7 @@ class SpeculativeGenerator:
 
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-        placement = resolve_placement(device, dtype)
+        placement = resolve_placement(device, dtype, quantize)
         if method == "early-exit" and draft is not None:  # the draft is an exit head directory
             options, draft = dataclasses.replace(options, exit_head=str(draft)), None
         pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend, draft_vocab=draft_vocab,

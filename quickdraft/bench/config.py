@@ -58,13 +58,14 @@ class BenchConfig:
     dtype: str = "auto"  # auto = float32 on CPU, bfloat16 on CUDA
     llama_cpp: str | None = None  # directory of llama.cpp's binaries (the llama.cpp rows)
     llama_cpp_draft_max: Sequence[int] = LLAMA_CPP_DRAFT_MAX
+    quantize: str = "auto"  # block linears: auto, none, int8, int4 (docs/quantization.md)
 
     def placement(self):
         """The resolved device and dtype (:class:`BenchError` for one this machine lacks)."""
         from ..models.placement import PlacementError, resolve_placement
 
         try:
-            return resolve_placement(self.device, self.dtype)
+            return resolve_placement(self.device, self.dtype, self.quantize)
         except PlacementError as exc:
             raise BenchError(str(exc)) from None
 

@@ -261,6 +261,88 @@ def convert_state_dict(path: Path, config: ModelConfig) -> dict[str, torch.Tenso
     return state
 
 
+#: GGUF block types that map exactly onto int4 groups of 32 (``quant_linear.Int4Linear``).
+INT4_TYPES = ("Q4_0", "Q4_1")
+#: The transformer's fused linears -> the Hugging Face tensors stacked into them, in order.
+FUSED_LINEARS = {"attn.wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                 "attn.wo": ("self_attn.o_proj",), "mlp.w_in": ("mlp.gate_proj", "mlp.up_proj"),
+                 "mlp.w_out": ("mlp.down_proj",)}
+INT4_FILE = "int4.safetensors"
+
+
+def int4_blocks(path: Path, config: ModelConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The file's Q4_0/Q4_1 linears as int4 groups, by the native module name
+    (``layers.{i}.attn.wqkv``, ...): ``(q, scale, zero)`` with ``q`` uint8 in 0..15 and the
+    weight ``(q - 8) * scale + zero``, exactly the file's values (see ``quant_linear``).
+    A fused linear is listed only when all its parts are Q4. Converted once, then cached."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, save_file
+
+    cached = cache_entry(path) / INT4_FILE
+    if cached.is_file():
+        try:
+            return _unflatten_blocks(load_file(str(cached)))
+        except (OSError, SafetensorError):
+            pass  # a damaged entry: convert again
+    blocks = convert_int4_blocks(path, config)
+    flat = {f"{name}.{part}": t for name, triple in blocks.items()
+            for part, t in zip(("q", "scale", "zero"), (_pack_nibbles(triple[0]), triple[1], triple[2]))}
+    _write_atomic(cached, lambda tmp: save_file(flat, str(tmp)))
+    return blocks
+
+
+def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:
+    return (q[:, 0::2] | (q[:, 1::2] << 4)).contiguous()
+
+
+def _unflatten_blocks(flat: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    out = {}
+    for key, packed in flat.items():
+        if key.endswith(".q"):
+            name = key.removesuffix(".q")
+            q = torch.stack([packed & 0x0F, packed >> 4], -1).reshape(packed.shape[0], -1)
+            out[name] = (q, flat[name + ".scale"], flat[name + ".zero"])
+    return out
+
+
+def q4_groups(tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One Q4_0 or Q4_1 tensor as ``(q, scale, zero)``: ``q`` ``[rows, cols]`` uint8 in
+    0..15, ``scale`` and ``zero`` ``[rows, cols / 32]`` float32, the weight being
+    ``(q - 8) * scale + zero``. A block is an fp16 ``d`` (Q4_1: then an fp16 ``m``) and
+    16 bytes: element j in the low nibble of byte j, element 16 + j in its high nibble."""
+    kind = type_name(tensor)
+    rows, cols = (int(d) for d in reversed(tensor.shape.tolist()))
+    header_bytes = 4 if kind == "Q4_1" else 2
+    raw = np.asarray(tensor.data, dtype=np.uint8).reshape(rows, cols // 32, header_bytes + 16)
+    halves = raw[..., :header_bytes].copy().view(np.float16).astype(np.float32)
+    nibbles = raw[..., header_bytes:]
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, cols)
+    d = torch.from_numpy(np.ascontiguousarray(halves[..., 0]))
+    # Q4_1: w = d q + m = (q - 8) d + (m + 8 d); Q4_0: w = d (q - 8).
+    zero = torch.from_numpy(halves[..., 1] + 8 * halves[..., 0]) if kind == "Q4_1" else torch.zeros_like(d)
+    return torch.from_numpy(np.ascontiguousarray(q)), d, zero
+
+
+def convert_int4_blocks(path: Path, config: ModelConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """:func:`int4_blocks` without the cache."""
+    tensors = {hf_tensor_name(t.name): t for t in open_gguf(path).tensors}
+    out = {}
+    for i in range(config.n_layers):
+        for module, parts in FUSED_LINEARS.items():
+            names = [f"model.layers.{i}.{part}.weight" for part in parts]
+            if not all(n in tensors and type_name(tensors[n]) in INT4_TYPES for n in names):
+                continue
+            triples = []
+            for name in names:
+                triple = q4_groups(tensors[name])
+                if ".q_proj." in name or ".k_proj." in name:  # rows back in Hugging Face order
+                    heads = config.n_heads if ".q_proj." in name else config.n_kv_heads
+                    triple = tuple(unpermute_rope_rows(t, heads) for t in triple)
+                triples.append(triple)
+            out[f"layers.{i}.{module}"] = tuple(torch.cat(ts).contiguous() for ts in zip(*triples))
+    return out
+
+
 def load_tokenizer(path: Path):
     """The tokenizer transformers builds from the file's metadata (no network). Building it
     takes seconds for a real vocabulary, so it is saved once in the user's cache, keyed by

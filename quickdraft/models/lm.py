@@ -328,7 +328,7 @@ def load_model(
     model_dir = resolve_model_dir(name_or_path)
     if backend in ("auto", "native"):
         try:
-            model = load_native(model_dir, placement.dtype, placement.device, shared)
+            model = load_native(model_dir, placement.dtype, placement.device, shared, placement.quantize)
             if head_vocab is not None:
                 model.restrict_head(head_vocab)
             return NativeLM(model, model_dir)
@@ -336,6 +336,9 @@ def load_model(
             if backend == "native":
                 raise
     read_hf_config(model_dir)  # refuses remote-code models with a clear message
+    if placement.quantize in ("int8", "int4"):
+        raise CheckpointError(f"--quantize {placement.quantize} needs the native runtime; {model_dir.name} "
+                              "runs on transformers (drop --quantize)")
     try:
         return HFCausalLM(load_hf_model(model_dir, placement.dtype, shared).to(placement.device), model_dir)
     # RuntimeError: transformers' verdict on weights that do not fit the model it built

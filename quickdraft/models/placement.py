@@ -1,7 +1,8 @@
-"""Where a model runs and in what precision: THE one place device and dtype are chosen.
+"""Where a model runs and in what precision: THE one place device, dtype and weight
+quantization are chosen.
 
-The CLI's ``--device`` / ``--dtype``, the Python API's ``placement=`` and the server all
-resolve to a :class:`Placement`; loading puts the weights there, and everything built
+The CLI's ``--device`` / ``--dtype`` / ``--quantize``, the Python API's ``placement=`` and
+the server all resolve to a :class:`Placement`; loading puts the weights there, and everything built
 from a model (KV caches, RoPE tables, drafters' state, hidden-state handoffs) follows
 its weights. Acceptance-rule probabilities are computed in float32 whatever the dtype
 (``decoding/sampling.warp_logits``).
@@ -25,17 +26,20 @@ class PlacementError(ValueError):
 
 @dataclass(frozen=True)
 class Placement:
-    """A device and a compute dtype (default: CPU, float32)."""
+    """A device, a compute dtype (default: CPU, float32) and how the weights of the
+    transformer blocks are stored (``quantize``, one of ``quant_linear.QUANTIZE_CHOICES``)."""
 
     device: torch.device = torch.device("cpu")
     dtype: torch.dtype = torch.float32
+    quantize: str = "auto"
 
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
     def describe(self) -> str:
-        return f"{self.device} {str(self.dtype).removeprefix('torch.')}"
+        text = f"{self.device} {str(self.dtype).removeprefix('torch.')}"
+        return text if self.quantize in ("auto", "none") else f"{text} {self.quantize}"
 
 
 def resolve_device(name: str | torch.device | None = None) -> torch.device:
@@ -77,11 +81,34 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch
 
 
 def resolve_placement(device: str | torch.device | None = None,
-                      dtype: str | torch.dtype | None = None) -> Placement:
-    """The :class:`Placement` for a ``--device`` and ``--dtype`` (see their resolvers);
-    :class:`PlacementError` (one line, with the fix) for one that cannot be used here."""
+                      dtype: str | torch.dtype | None = None, quantize: str | None = None) -> Placement:
+    """The :class:`Placement` for a ``--device``, ``--dtype`` and ``--quantize`` (see their
+    resolvers); :class:`PlacementError` (one line, with the fix) for one that cannot be
+    used here."""
     dev = resolve_device(device)
-    return Placement(dev, resolve_dtype(dtype, dev))
+    dtype = resolve_dtype(dtype, dev)
+    return Placement(dev, dtype, resolve_quantize(quantize, dev, dtype))
+
+
+def resolve_quantize(name: str | None, device: torch.device, dtype: torch.dtype) -> str:
+    """``auto`` (None), ``none``, ``int8`` or ``int4``, checked against the device and dtype:
+    the int8/int4 kernels are PyTorch's CPU ones and take float32 activations."""
+    from .quant_linear import QUANTIZE_CHOICES, kernels_available
+
+    text = "auto" if name is None else str(name).strip().lower()
+    if text not in QUANTIZE_CHOICES:
+        raise PlacementError(f"unknown --quantize {name!r}; use {', '.join(QUANTIZE_CHOICES)}")
+    if text not in ("int8", "int4"):
+        return text
+    if device.type != "cpu":
+        raise PlacementError(f"--quantize {text} runs on the CPU only (PyTorch's CPU kernels); "
+                             "use --device cpu, or drop --quantize")
+    if dtype != torch.float32:
+        raise PlacementError(f"--quantize {text} computes in float32; drop --dtype or pass --dtype float32")
+    if not kernels_available():
+        raise PlacementError(f"--quantize {text}: this PyTorch build (torch {torch.__version__}) lacks the CPU "
+                             "int4/int8 weight-only kernels; drop --quantize or install torch >= 2.6")
+    return text
 
 
 def model_placement(module: torch.nn.Module) -> Placement:

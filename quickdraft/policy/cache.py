@@ -115,6 +115,7 @@ def model_fingerprint(lm) -> dict | None:
     (draft_vocab.json). None when it has no directory or its files cannot be read."""
     from ..models.gguf import is_gguf
     from ..models.loading import CheckpointError, safetensors_files
+    from ..models.quant_linear import QUANT_LINEARS
 
     model_dir = getattr(lm, "model_dir", None)
     if model_dir is None:
@@ -131,6 +132,9 @@ def model_fingerprint(lm) -> dict | None:
     module = getattr(lm, "model", None)
     param = next(module.parameters(), None) if isinstance(module, torch.nn.Module) else None
     head_ids = getattr(module, "head_ids", None)
+    # Quantized linears change step costs (listed only when present: old keys stay valid).
+    quantized = sorted({type(m).__name__ for m in module.modules() if isinstance(m, QUANT_LINEARS)}
+                       ) if isinstance(module, torch.nn.Module) else []
     return {
         "weights": weights,
         "config": config,
@@ -141,6 +145,7 @@ def model_fingerprint(lm) -> dict | None:
         # A draft's restricted head changes its step cost and acceptance.
         "head": None if head_ids is None else hashlib.sha256(
             head_ids.detach().cpu().to(torch.int64).numpy().tobytes()).hexdigest()[:20],
+        **({"quantized": quantized} if quantized else {}),
     }
 
 

@@ -101,6 +101,7 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
             draft_vocab=args.draft_vocab,
             device=getattr(args, "device", None),
             dtype=getattr(args, "dtype", None),
+            quantize=getattr(args, "quantize", None),
         )
     k, k_source = choose_k(args, gen)
     plan = gen.plan

@@ -1,0 +1,185 @@
+"""Weight-only quantized linear layers for CPU decoding: int4 groupwise and int8 per channel.
+
+``Int4Linear`` keeps 4-bit weights in groups of 32 along the input dimension, each group
+with a float32 scale and zero, in the layout of PyTorch's CPU kernel
+``aten._weight_int4pack_mm_for_cpu``, whose convention is ``w = (q - 8) * scale + zero``
+for ``q`` in 0..15. GGUF's 32-value blocks map onto it exactly:
+
+* Q4_1 (``w = d * q + m``): ``scale = d``, ``zero = m + 8 d``;
+* Q4_0 (``w = d * (q - 8)``): ``scale = d``, ``zero = 0``.
+
+(``tests/test_quant_linear.py`` checks both against the ``gguf`` package's dequantizer.)
+A float32 checkpoint is quantized the Q4_1 way: each group's minimum and maximum.
+
+``Int8Linear`` keeps int8 weights with one float32 scale per output channel
+(``aten._weight_int8pack_mm``), quantized symmetrically from float32 weights. GGUF's Q8_0
+has a scale per 32 values, which one scale per channel cannot hold; it stays dequantized.
+
+Lossless speculative decoding needs each row's result to be independent of how many
+rows share the product (a verify pass of k+1 rows against a plain step of one).
+:func:`kernel_rows_are_invariant` checks that on this machine, once per kind; where it
+fails, the layers multiply row by row (exact, slower).
+
+Speed depends on the CPU: PyTorch vectorizes these kernels for AVX-512 only. On AVX2
+(measured on a 2-core AMD EPYC, torch 2.13) both run scalar code, 10-30x slower than the
+float32 oneDNN product they replace, and their cost grows linearly with the row count;
+:func:`fast_kernels` says whether this machine has the vectorized path
+(docs/quantization.md has the figures).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+from torch import nn
+
+#: ``--quantize`` values: ``auto`` runs a GGUF file's Q4_0/Q4_1 linears in int4 where the
+#: kernel is vectorized (:func:`fast_kernels`), float32 otherwise; ``none`` dequantizes
+#: everything to float32; ``int8`` / ``int4`` quantize every transformer-block linear.
+QUANTIZE_CHOICES = ("auto", "none", "int8", "int4")
+GROUP = 32  # int4 group size along the input dimension: GGUF's block size
+INT4_ROW_MULTIPLE = 16  # the int4 packer's requirement on the output dimension
+
+
+def kernels_available() -> bool:
+    """Whether this PyTorch build has the CPU int4 and int8 weight-only kernels."""
+    ops = ("_weight_int4pack_mm_for_cpu", "_convert_weight_to_int4pack_for_cpu", "_weight_int8pack_mm")
+    return all(hasattr(torch.ops.aten, op) for op in ops)
+
+
+def fast_kernels() -> bool:
+    """Whether PyTorch runs the int4/int8 kernels vectorized on this CPU (AVX-512 builds
+    and CPUs); elsewhere they are scalar and slower than float32."""
+    return kernels_available() and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
+class Int4Linear(nn.Module):
+    """``y = x @ W.T + b`` with ``W`` stored as 4-bit groups of 32 (see the module docstring)."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+                 bias: torch.Tensor | None = None, row_by_row: bool | None = None) -> None:
+        """``q``: ``[out, in]`` integers in 0..15; ``scale``, ``zero``: ``[out, in / 32]``,
+        the weight being ``(q - 8) * scale + zero`` group by group. ``row_by_row``: multiply
+        one row at a time (None: where the kernel is not row-invariant here)."""
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+        # The kernel's layout: [groups, out, 2] (scale, zero).
+        self.scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().float()
+        self.bias = None if bias is None else bias.detach().float().clone()
+        self.row_by_row = not kernel_rows_are_invariant("int4") if row_by_row is None else row_by_row
+
+    @classmethod
+    def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                    row_by_row: bool | None = None) -> Int4Linear:
+        """Quantize a float weight the Q4_1 way: per group of 32, 16 levels from min to max."""
+        out_features, in_features = weight.shape
+        groups = weight.detach().float().reshape(out_features, in_features // GROUP, GROUP)
+        low, high = groups.amin(-1), groups.amax(-1)
+        scale = (high - low) / 15
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)  # a constant group: q = 0
+        q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
+        return cls(q.reshape(out_features, in_features), scale, low + 8 * scale, bias, row_by_row)
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight these layers multiply by (the identity matrix through the kernel)."""
+        eye = torch.eye(self.in_features)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scales_and_zeros).t()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if self.row_by_row and flat.shape[0] > 1:
+            y = torch.cat([self._mm(flat[i : i + 1]) for i in range(flat.shape[0])])
+        else:
+            y = self._mm(flat)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_and_zeros)
+
+
+class Int8Linear(nn.Module):
+    """``y = x @ W.T + b`` with ``W`` as int8 and one float32 scale per output channel."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 row_by_row: bool | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        w = weight.detach().float()
+        scale = w.abs().amax(1) / 127
+        self.scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        self.q = (w / self.scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+        self.bias = None if bias is None else bias.detach().float().clone()
+        self.row_by_row = not kernel_rows_are_invariant("int8") if row_by_row is None else row_by_row
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight these layers multiply by."""
+        return self.q.float() * self.scale[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if self.row_by_row and flat.shape[0] > 1:
+            y = torch.cat([self._mm(flat[i : i + 1]) for i in range(flat.shape[0])])
+        else:
+            y = self._mm(flat)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale)
+
+
+QUANT_LINEARS = (Int4Linear, Int8Linear)
+
+
+@functools.cache
+def kernel_rows_are_invariant(kind: str, in_features: int = 64, out_features: int = 208,
+                              max_rows: int = 40) -> bool:
+    """Whether the ``kind`` (``int4`` or ``int8``) kernel rounds each row alike for every
+    row count up to ``max_rows`` on this machine. Measured once per process."""
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    x = torch.randn(max_rows, in_features, generator=gen)
+    layer = Int4Linear.from_weight(weight, row_by_row=False) if kind == "int4" else Int8Linear(weight, row_by_row=False)
+    with torch.inference_mode():
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(max_rows)])
+        return all(torch.equal(layer(x[:rows]), alone[:rows]) for rows in range(1, max_rows + 1))
+
+
+def block_linears(model: nn.Module) -> dict[str, nn.Linear]:
+    """The float ``nn.Linear`` layers of the transformer blocks, by module name: what
+    quantization replaces. The LM head (and the tied embedding) stays float32: measured,
+    the kernels multiply the 49152-row head of SmolLM2 slower than float32 does."""
+    return {name: module for name, module in model.named_modules()
+            if type(module) is nn.Linear and name.startswith("layers.")}
+
+
+def quantize_linears(model: nn.Module, mode: str,
+                     int4_blocks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None) -> int:
+    """Replace ``model``'s block linears, in place: ``int8`` or ``int4`` all of them (int4
+    from ``int4_blocks``, ``{module name: (q, scale, zero)}`` where given: a GGUF file's
+    exact blocks), ``auto`` only those in ``int4_blocks``. Layers whose shape the int4
+    packer refuses (output not a multiple of 16, input not of 32) keep float32. Returns
+    how many layers were replaced."""
+    blocks = int4_blocks or {}
+    count = 0
+    for name, linear in block_linears(model).items():
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name)
+        bias = linear.bias
+        fits_int4 = linear.out_features % INT4_ROW_MULTIPLE == 0 and linear.in_features % GROUP == 0
+        if mode == "int8":
+            new: nn.Module = Int8Linear(linear.weight, bias)
+        elif name in blocks and mode in ("auto", "int4") and fits_int4:
+            new = Int4Linear(*blocks[name], bias)
+        elif mode == "int4" and fits_int4:
+            new = Int4Linear.from_weight(linear.weight, bias)
+        else:
+            continue
+        setattr(parent, child, new)
+        count += 1
+    return count

@@ -1,0 +1,111 @@
+"""Speculative decoding stays lossless relative to a quantized target: greedy output equals
+plain decoding with the same int4/int8 target, and sampled output keeps its distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf_files import write_tiny_gguf
+from test_sampling_exact import VOCAB, NoResidual, empirical_pvalue
+
+from quickdraft.decoding.engine import decode
+from quickdraft.decoding.sampling import SamplingParams
+from quickdraft.decoding.stopping import StopConditions
+from quickdraft.drafters import DraftModelDrafter
+from quickdraft.drafters.ngram import NgramDrafter
+from quickdraft.drafters.shapes import StaticTree
+from quickdraft.models.config import ModelConfig
+from quickdraft.models.lm import NativeLM, load_model
+from quickdraft.models.placement import resolve_placement
+from quickdraft.models.quant_linear import (
+    Int4Linear,
+    Int8Linear,
+    kernels_available,
+    quantize_linears,
+)
+from quickdraft.models.transformer import Transformer
+
+pytestmark = pytest.mark.skipif(not kernels_available(), reason="this torch lacks the CPU int4/int8 kernels")
+PROMPTS = [torch.tensor([5, 17, 200, 3, 99, 42, 7, 260, 1, 64]), torch.tensor([40, 41, 42, 40, 41, 42, 40])]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These products are tiny: on a loaded 2-core machine, a second thread's hand-offs
+    cost 20x the arithmetic (measured: 180 instead of 9 ms a decode)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def gguf_pair(tmp_path_factory):
+    """A Q4_1 target (its linears int4 straight from the file's blocks) and a Q8_0 draft."""
+    root = tmp_path_factory.mktemp("quant")
+    write_tiny_gguf(root / "target.gguf", "Q4_1", seed=0)
+    write_tiny_gguf(root / "draft.gguf", "Q8_0", seed=0)  # same weights, other rounding: ~agrees
+    target = load_model(root / "target.gguf", placement=resolve_placement(quantize="int4"))
+    assert isinstance(target.model.layers[0].attn.wqkv, Int4Linear)
+    return target, load_model(root / "draft.gguf", placement=resolve_placement(quantize="none"))
+
+
+def tokens(steps) -> list[int]:
+    return [t for s in steps for t in s.tokens]
+
+
+@pytest.mark.parametrize("method", ["draft", "tree", "ngram"])
+def test_greedy_speculative_equals_plain_with_an_int4_target(gguf_pair, method):
+    target, draft = gguf_pair
+    for prompt in PROMPTS:
+        reference = tokens(decode(target, prompt, StopConditions(20)))
+        for k in (1, 4, 8):
+            if method == "ngram":
+                drafter = NgramDrafter()
+            else:
+                drafter = DraftModelDrafter(draft, target.vocab_size, StaticTree((2, 2, 1)) if method == "tree" else None)
+            out = tokens(decode(target, prompt, StopConditions(20), drafter=drafter, num_speculative_tokens=k))
+            assert out == reference, (method, prompt.tolist(), k)
+
+
+def test_greedy_speculative_equals_plain_with_an_int8_target(tmp_path):
+    write_tiny_gguf(tmp_path / "m.gguf", "F32", seed=3)
+    target = load_model(tmp_path / "m.gguf", placement=resolve_placement(quantize="int8"))
+    draft = load_model(tmp_path / "m.gguf")  # the float32 model drafts for its int8 self
+    assert isinstance(target.model.layers[1].mlp.w_out, Int8Linear)
+    for prompt in PROMPTS:
+        reference = tokens(decode(target, prompt, StopConditions(20)))
+        out = tokens(decode(target, prompt, StopConditions(20), drafter=DraftModelDrafter(draft, target.vocab_size),
+                            num_speculative_tokens=6))
+        assert out == reference
+
+
+def quantized_tiny_lm(seed: int, mode: str) -> NativeLM:
+    """test_sampling_exact's tiny target, wide enough for int4 groups (32 columns)."""
+    config = ModelConfig(
+        family="llama", model_type="llama", vocab_size=VOCAB, hidden_size=32, n_layers=1, n_heads=2,
+        n_kv_heads=2, head_dim=16, intermediate_size=64, max_position_embeddings=32,
+    )
+    torch.manual_seed(seed)
+    model = Transformer(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+        model.lm_head.weight.mul_(3.0)
+    assert quantize_linears(model, mode) == 4
+    return NativeLM(model.eval())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_sampled_speculative_output_keeps_the_quantized_targets_distribution(mode):
+    target = quantized_tiny_lm(0, mode)
+    drafter = DraftModelDrafter(quantized_tiny_lm(1, mode), VOCAB)  # another model: many rejections
+    assert empirical_pvalue(target, drafter, SamplingParams(temperature=1.0), n_samples=2000) > 1e-3
+
+
+@pytest.mark.slow
+def test_a_wrong_rule_fails_through_the_quantized_path():
+    target = quantized_tiny_lm(0, "int4")
+    drafter = DraftModelDrafter(quantized_tiny_lm(1, "int4"), VOCAB)
+    assert empirical_pvalue(target, drafter, SamplingParams(temperature=1.0), NoResidual, n_samples=2000) < 1e-6
