@@ -36,13 +36,17 @@ class KVCache:
         ``rows`` (``[B, 1]``); an int ``slots`` ``s``: at slots ``s .. s + T - 1`` of rows
         ``0 .. B - 1`` (a plain slice copy: the common, contiguous case)."""
         if isinstance(slots, int):
-            end = slots + k.shape[2]
-            self.k[layer, : k.shape[0], :, slots:end] = k
-            self.v[layer, : v.shape[0], :, slots:end] = v
+            # narrow + copy_: two aten calls where indexing with a tuple makes five
+            self.k[layer][: k.shape[0]].narrow(2, slots, k.shape[2]).copy_(k)
+            self.v[layer][: v.shape[0]].narrow(2, slots, v.shape[2]).copy_(v)
             return
         # Advanced indices around a slice put the indexed dims first: target is [B, T, H, D].
         self.k[layer][rows, :, slots] = k.transpose(1, 2)
         self.v[layer][rows, :, slots] = v.transpose(1, 2)
+
+    def layer(self, layer: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values ``[B, H, kv_len, D]`` of ``layer``'s first ``kv_len`` slots (views)."""
+        return self.k[layer].narrow(2, 0, kv_len), self.v[layer].narrow(2, 0, kv_len)
 
     # Inference mode: the cache may have been allocated inside it (an inference tensor),
     # which only inference mode may update in place.
