@@ -54,7 +54,30 @@ def fast_kernels() -> bool:
     return kernels_available() and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
-class Int4Linear(nn.Module):
+class WeightOnlyLinear(nn.Module):
+    """What the int4 and int8 layers share: rows one at a time where the kernel would round
+    a row by the row count (``row_by_row``), then the bias. Subclasses give ``_mm``."""
+
+    in_features: int
+    out_features: int
+    row_by_row: bool
+    bias: torch.Tensor | None
+
+    def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features)
+        if self.row_by_row and flat.shape[0] > 1:
+            y = torch.cat([self._mm(flat[i : i + 1]) for i in range(flat.shape[0])])
+        else:
+            y = self._mm(flat)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+class Int4Linear(WeightOnlyLinear):
     """``y = x @ W.T + b`` with ``W`` stored as 4-bit groups of 32 (see the module docstring)."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
@@ -87,21 +110,11 @@ class Int4Linear(nn.Module):
         eye = torch.eye(self.in_features)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scales_and_zeros).t()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        if self.row_by_row and flat.shape[0] > 1:
-            y = torch.cat([self._mm(flat[i : i + 1]) for i in range(flat.shape[0])])
-        else:
-            y = self._mm(flat)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
-
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_and_zeros)
 
 
-class Int8Linear(nn.Module):
+class Int8Linear(WeightOnlyLinear):
     """``y = x @ W.T + b`` with ``W`` as int8 and one float32 scale per output channel."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -118,16 +131,6 @@ class Int8Linear(nn.Module):
     def dequantized(self) -> torch.Tensor:
         """The float32 weight these layers multiply by."""
         return self.q.float() * self.scale[:, None]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        if self.row_by_row and flat.shape[0] > 1:
-            y = torch.cat([self._mm(flat[i : i + 1]) for i in range(flat.shape[0])])
-        else:
-            y = self._mm(flat)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*x.shape[:-1], self.out_features)
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale)
