@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf_files import write_tiny_gguf
-from test_sampling_exact import VOCAB, NoResidual, empirical_pvalue
+from test_sampling_exact import VOCAB, NoResidual, empirical_pvalue, tiny_transformer
 
 from quickdraft.decoding.engine import decode
 from quickdraft.decoding.sampling import SamplingParams
@@ -14,7 +14,6 @@ from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftModelDrafter
 from quickdraft.drafters.ngram import NgramDrafter
 from quickdraft.drafters.shapes import StaticTree
-from quickdraft.models.config import ModelConfig
 from quickdraft.models.lm import NativeLM, load_model
 from quickdraft.models.placement import resolve_placement
 from quickdraft.models.quant_linear import (
@@ -23,7 +22,6 @@ from quickdraft.models.quant_linear import (
     kernels_available,
     quantize_linears,
 )
-from quickdraft.models.transformer import Transformer
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="this torch lacks the CPU int4/int8 kernels")
 PROMPTS = [torch.tensor([5, 17, 200, 3, 99, 42, 7, 260, 1, 64]), torch.tensor([40, 41, 42, 40, 41, 42, 40])]
@@ -82,16 +80,7 @@ def test_greedy_speculative_equals_plain_with_an_int8_target(tmp_path):
 
 def quantized_tiny_lm(seed: int, mode: str) -> NativeLM:
     """test_sampling_exact's tiny target, wide enough for int4 groups (32 columns)."""
-    config = ModelConfig(
-        family="llama", model_type="llama", vocab_size=VOCAB, hidden_size=32, n_layers=1, n_heads=2,
-        n_kv_heads=2, head_dim=16, intermediate_size=64, max_position_embeddings=32,
-    )
-    torch.manual_seed(seed)
-    model = Transformer(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.5)
-        model.lm_head.weight.mul_(3.0)
+    model = tiny_transformer(seed, 3.0, width=32)
     assert quantize_linears(model, mode) == 4
     return NativeLM(model.eval())
 

@@ -28,11 +28,11 @@ PROMPT = torch.tensor([0, 3, 1])
 N_SAMPLES = 4000
 
 
-def tiny_lm(seed: int, sharpness: float, head_vocab: list[int] | None = None,
-            dtype: torch.dtype = torch.float32) -> NativeLM:
+def tiny_transformer(seed: int, sharpness: float, width: int = 16) -> Transformer:
+    """A one-layer model over a 5-token vocabulary, its logits scaled by ``sharpness``."""
     config = ModelConfig(
-        family="llama", model_type="llama", vocab_size=VOCAB, hidden_size=16, n_layers=1, n_heads=2,
-        n_kv_heads=2, head_dim=8, intermediate_size=32, max_position_embeddings=32,
+        family="llama", model_type="llama", vocab_size=VOCAB, hidden_size=width, n_layers=1, n_heads=2,
+        n_kv_heads=2, head_dim=width // 2, intermediate_size=2 * width, max_position_embeddings=32,
     )
     torch.manual_seed(seed)
     model = Transformer(config)
@@ -40,6 +40,12 @@ def tiny_lm(seed: int, sharpness: float, head_vocab: list[int] | None = None,
         for p in model.parameters():
             p.normal_(0, 0.5)
         model.lm_head.weight.mul_(sharpness)
+    return model
+
+
+def tiny_lm(seed: int, sharpness: float, head_vocab: list[int] | None = None,
+            dtype: torch.dtype = torch.float32) -> NativeLM:
+    model = tiny_transformer(seed, sharpness)
     if head_vocab is not None:  # a draft vocabulary: q is zero outside it
         model.restrict_head(torch.tensor(head_vocab))
     return NativeLM(model.to(dtype).eval())

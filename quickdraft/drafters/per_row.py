@@ -27,8 +27,9 @@ from ..decoding.sampling import SamplingParams
 from ..models.lm import NativeLM
 from .factory import DraftOptions
 
-#: The batched head methods, and the k a row drafts when none is given (the batch policy
-#: measures draft models' steps, not heads', so it does not choose their k yet).
+#: The head methods and the k they draft with when none is given: a batched row's k (the
+#: batch policy measures draft models' steps, not heads', so it does not choose it yet) and
+#: the k ``--method auto`` measures them at (medusa's default 2,2,1 tree stops at depth 3).
 HEAD_BATCH_K = {"medusa": 4, "prophet": 4, "eagle": 6}
 
 

@@ -24,13 +24,13 @@ from ..decoding.engine import decode
 from ..decoding.stats import GenerationStats
 from ..decoding.stopping import StopConditions
 from ..drafters.factory import DraftOptions, make_drafter
+from ..drafters.per_row import HEAD_BATCH_K
 from ..models.lm import CausalLM, NativeLM
 from .cost_model import StepCosts
 
-#: The head methods auto weighs, and the k tried for each: the method's own default (eagle's
-#: tree depth; medusa's tree has 3 levels). One k each: every k costs a decode of each
-#: calibration prompt, where a draft method's k costs nothing but arithmetic.
-HEAD_KS = {"medusa": (3,), "prophet": (4,), "eagle": (6,)}
+#: The head methods auto weighs, each at the k it runs with by default (the same table as
+#: batched rows'): one k each, as every k costs a decode of each calibration prompt.
+HEAD_KS = {method: (k,) for method, k in HEAD_BATCH_K.items()}
 
 
 def shipped_head_methods(target: CausalLM) -> dict[str, str]:
