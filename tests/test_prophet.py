@@ -255,19 +255,25 @@ def test_train_prophet_end_to_end_resume_and_lossless(tmp_path, capsys):
     assert prophet.drafter.name == "prophet" and got.stats.drafted_tokens > 0
 
 
-def test_the_prophet_term_reaches_the_main_model_in_joint_training():
+def test_the_prophet_term_reaches_the_main_model_in_joint_training(tmp_path):
     """Joint mode (the source's experiment): with the prophet term the main model's gradient
-    changes (its states are not detached); without it the run is plain training."""
+    changes (its states are not detached); without it the run is plain training. The curves
+    go to TensorBoard event files, which the chart reads back."""
     import numpy as np
 
     from quickdraft.train.prophet_joint import run
+    from quickdraft.train.tracker import Tracker, read_scalars
 
     stream = np.random.default_rng(0).integers(0, 50, 4000)
     common = dict(steps=3, width=32, layers=2, seq_len=16, batch_size=2, lr=1e-2, seed=0, eval_every=3,
                   eval_tokens=256, log=lambda m: None)
     without = run(stream, stream[:600], 50, with_prophet=False, **common)
     again = run(stream, stream[:600], 50, with_prophet=False, **common)
-    joint = run(stream, stream[:600], 50, with_prophet=True, **common)
+    with Tracker(tmp_path / "tb") as tracker:
+        joint = run(stream, stream[:600], 50, with_prophet=True, tracker=tracker, **common)
+    logged = read_scalars(tmp_path / "tb")
+    assert [v for _, v in logged["eval/main_ce"]] == pytest.approx(joint["val_loss"])
+    assert len(logged["train/prophet_ce"]) == 3
     assert without["val_loss"] == again["val_loss"]  # same data, steps and seed: the same run
     assert without["val_loss"][0] == joint["val_loss"][0]  # the same initial main model
     assert without["val_loss"][-1] != joint["val_loss"][-1] and joint["prophet_loss"]

@@ -1,12 +1,14 @@
 """The source's experiment: does training a prophet jointly with the main model, from
 scratch, help the main model's own loss?
 
-``python -m quickdraft.train.prophet_joint --out DIR`` trains a small main model twice on
-the embedded corpus, same data order, steps, init and seed: once on its next-token
+``python -m quickdraft.train.prophet_joint --out DIR`` trains a small main model twice per
+seed on the embedded corpus, same data order, steps and init: once on its next-token
 cross-entropy alone, once on that plus the prophet's (the prophet reading the main
 model's final states undetached, so its loss reaches the main model, as in the source).
-It records the main model's held-out cross-entropy along the way and writes
-``results.json`` and ``val_loss.png``. A few CPU minutes at the defaults.
+It records the main model's held-out cross-entropy along the way as TensorBoard event files
+(``OUT/tensorboard/seed<S>/{with,without}``: ``eval/main_ce``, ``train/main_ce``,
+``train/prophet_ce``) and writes ``results.json`` and ``val_loss.png``, the chart drawn from
+those event files. A few CPU minutes at the defaults.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..models.transformer import Transformer
 from .data import eval_windows, sample_batch
 from .presets import Stage
 from .prophet import prophet_batch
+from .tracker import Tracker, read_scalars
 from .trainer import lr_at, make_optimizer
 
 
@@ -63,8 +66,9 @@ def heldout_ce(model: Transformer, windows: list[torch.Tensor]) -> float:
 
 def run(train: np.ndarray, heldout: np.ndarray, vocab_size: int, *, with_prophet: bool, steps: int, width: int,
         layers: int, seq_len: int, batch_size: int, lr: float, seed: int, eval_every: int, eval_tokens: int,
-        gamma: int = 4, weight: float = 1.0, log=print) -> dict:
-    """One training run; ``{"steps": [...], "val_loss": [...], "prophet_loss": [...], "seconds"}``."""
+        gamma: int = 4, weight: float = 1.0, log=print, tracker: Tracker | None = None) -> dict:
+    """One training run; ``{"steps": [...], "val_loss": [...], "prophet_loss": [...], "seconds"}``,
+    the same curves written to ``tracker`` when given."""
     torch.manual_seed(seed)
     model = Transformer(main_config(vocab_size, width, layers, seq_len))
     with torch.no_grad():  # GPT-2-style init: embeddings at 0.02, not nn.Embedding's N(0, 1)
@@ -86,6 +90,8 @@ def run(train: np.ndarray, heldout: np.ndarray, vocab_size: int, *, with_prophet
         if step % eval_every == 0 or step == steps:
             record["steps"].append(step)
             record["val_loss"].append(round(heldout_ce(model, windows), 5))
+            if tracker is not None:
+                tracker.scalars(step, "eval", {"main_ce": record["val_loss"][-1]})
             log(f"[{'with' if with_prophet else 'without'} prophet] step {step}: held-out CE "
                 f"{record['val_loss'][-1]:.4f}")
         if step == steps:
@@ -94,34 +100,48 @@ def run(train: np.ndarray, heldout: np.ndarray, vocab_size: int, *, with_prophet
             g["lr"] = lr_at(step, stage)
         batch = sample_batch(train, batch_size, seq_len, seed, step)
         logits, hidden = main_forward(model, batch[:, :-1])
-        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        loss = main_ce = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        extra = None
         if prophet is not None:
             extra = prophet_ce(prophet, batch, hidden)
             loss = loss + weight * extra
             if step % eval_every == 0:
                 record["prophet_loss"].append(round(extra.item(), 5))
+        if tracker is not None:
+            tracker.scalars(step + 1, "train", {"main_ce": main_ce.item(),
+                                                **({} if extra is None else {"prophet_ce": extra.item()})})
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params.parameters(), stage.grad_clip)
+        # Clipped apart: one norm over both would shrink the main model's step whenever the
+        # prophet's gradient is large, which alone could change its loss curve.
+        for part in params.values():
+            torch.nn.utils.clip_grad_norm_(part.parameters(), stage.grad_clip)
         opt.step()
     record["seconds"] = round(time.perf_counter() - started, 1)
     return record
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, tb_dir: Path, path: Path) -> None:
+    """The main model's held-out CE with and without the prophet term, one line per seed,
+    read back from the runs' TensorBoard event files."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    for name, label in (("without", "main CE only"), ("with", "main CE + prophet CE (joint)")):
-        r = results[name]
-        ax.plot(r["steps"], r["val_loss"], marker="o", markersize=3, label=label)
+    seeds = results["settings"]["seeds"]
+    for name, label, color in (("without", "main CE only", "tab:blue"),
+                               ("with", "main CE + prophet CE (joint)", "tab:orange")):
+        for i, seed in enumerate(seeds):
+            steps, values = zip(*read_scalars(tb_dir / f"seed{seed}" / name)["eval/main_ce"])
+            ax.plot(steps, values, color=color, marker="o", markersize=2, linewidth=1, alpha=0.8,
+                    label=label if i == 0 else None)
     s = results["settings"]
     ax.set_xlabel("step")
     ax.set_ylabel("main model held-out cross-entropy (nats/token)")
-    ax.set_title(f"Prophet term, main model {s['layers']}x{s['width']} from scratch (seed {s['seed']})", fontsize=10)
+    ax.set_title(f"Prophet term, main model {s['layers']}x{s['width']} from scratch "
+                 f"(seeds {', '.join(map(str, seeds))})", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -139,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--gamma", type=int, default=4)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
+                   help="one pair of runs per seed (init and batch order; default 0 1 2)")
     p.add_argument("--eval-every", type=int, default=15)
     p.add_argument("--eval-tokens", type=int, default=16384)
     p.add_argument("--threads", type=int, default=2)
@@ -156,15 +177,24 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"settings": settings, "data": {"train_tokens": int(tokens.train.size),
                                                     "heldout_tokens": int(tokens.heldout.size)}}
     common = dict(steps=args.steps, width=args.width, layers=args.layers, seq_len=args.seq_len,
-                  batch_size=args.batch_size, lr=args.lr, seed=args.seed, eval_every=args.eval_every,
+                  batch_size=args.batch_size, lr=args.lr, eval_every=args.eval_every,
                   eval_tokens=args.eval_tokens, gamma=args.gamma)
-    for name in ("without", "with"):
-        results[name] = run(tokens.train, tokens.heldout, len(tok), with_prophet=name == "with", **common)
-    args.out.mkdir(parents=True, exist_ok=True)
+    tb_dir = args.out / "tensorboard"
+    results["runs"] = {}
+    for seed in args.seeds:
+        pair = results["runs"][str(seed)] = {}
+        for name in ("without", "with"):
+            with Tracker(tb_dir / f"seed{seed}" / name) as tracker:
+                pair[name] = run(tokens.train, tokens.heldout, len(tok), with_prophet=name == "with", seed=seed,
+                                 tracker=tracker, **common)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    plot(results, args.out / "val_loss.png")
-    w, wo = results["with"]["val_loss"][-1], results["without"]["val_loss"][-1]
-    print(f"final held-out CE of the main model: {wo:.4f} without the prophet term, {w:.4f} with it")
+    plot(results, tb_dir, args.out / "val_loss.png")
+    gaps = []
+    for seed, pair in results["runs"].items():
+        wo, w = pair["without"]["val_loss"][-1], pair["with"]["val_loss"][-1]
+        gaps.append(wo - w)
+        print(f"seed {seed}: final held-out CE of the main model {wo:.4f} without the prophet term, {w:.4f} with it")
+    print(f"mean gain from the prophet term: {sum(gaps) / len(gaps):+.4f} nats/token over {len(gaps)} seeds")
     return 0
 
 
