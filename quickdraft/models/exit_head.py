@@ -147,7 +147,7 @@ FILES = HeadFiles(HEAD_KIND, "exit head", "quickdraft train exit-head --target .
 
 def save_exit_head(head: ExitHead, target: Transformer, target_name: str, out: Path) -> None:
     """``config.json`` + ``model.safetensors`` (the head's own weights, bf16) in ``out``."""
-    FILES.save(out, head.config_for(target, target_name), head.state_dict(), torch.bfloat16)
+    FILES.save(out, head.config_for(target, target_name), head.state_dict())
 
 
 def is_exit_head_dir(path: str | Path) -> bool:

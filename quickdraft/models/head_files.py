@@ -68,9 +68,11 @@ class HeadFiles:
             raise CheckpointError(f"cannot read {self.what} {file}: {str(exc).splitlines()[0][:160]}") from None
 
     def save(self, out: str | Path, config, tensors: dict[str, torch.Tensor],
-             dtype: torch.dtype = torch.float32) -> None:
+             dtype: torch.dtype = torch.bfloat16) -> None:
         """Write ``config`` (a dataclass) and ``tensors`` (floating ones as ``dtype``,
-        integer ones as they are) to ``out``, readable by everyone."""
+        integer ones as they are) to ``out``, readable by everyone. bf16 by default, as the
+        drafts are: half the bytes to ship, and loading casts them to the target's dtype
+        (a draft's rounding costs acceptance at most, never exactness)."""
         from safetensors.torch import save_file
 
         out = Path(out)

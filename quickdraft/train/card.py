@@ -633,7 +633,7 @@ def write_heads_card(out: Path, r: dict) -> None:
         f"{r['num_heads']} Medusa heads for the target `{r['target']}` ({r['target_params']:,} parameters): each "
         "is one residual block (x + SiLU(W x)) on the target's final hidden state, read by the target's own final "
         "norm and LM head (shared, not stored here); head i predicts the token i + 2 places ahead. "
-        f"**{r['params']:,} parameters**, fp32 safetensors; distilled from the frozen target with loss = sum over "
+        f"**{r['params']:,} parameters**, stored as bf16 safetensors (trained in fp32); distilled from the frozen target with loss = sum over "
         f"heads of 0.8^i x ({r['kl_weight']} x KL(target || head) + {r['ce_weight']} x CE). {status}",
         "",
         "`config.json` records the target's name and fingerprint; `quickdraft generate --method medusa --heads "
@@ -667,8 +667,8 @@ def write_prophet_card(out: Path, r: dict) -> None:
         f"A prophet transformer for the target `{r['target']}` ({r['target_params']:,} parameters): a causal "
         f"decoder of {p['n_layers']} layer(s), width {p['hidden_size']}, with its own token embeddings and tied LM "
         f"head, fed the target's final hidden states of the last {p['n_start']} accepted token(s) ({start}), then "
-        f"tokens; it drafts a chain, its cache restarting each round. **{r['params']:,} parameters**, fp32 "
-        f"safetensors; trained on the frozen target over windows of {p['n_start'] + p['gamma'] + 1} tokens "
+        f"tokens; it drafts a chain, its cache restarting each round. **{r['params']:,} parameters**, bf16 "
+        f"safetensors (trained in fp32); trained on the frozen target over windows of {p['n_start'] + p['gamma'] + 1} tokens "
         f"(gamma {p['gamma']}) with loss at every position = {r['kl_weight']} x KL(target || prophet) + "
         f"{r['ce_weight']} x CE. Started from the target's embeddings, final norm and last layer. {status}",
         "",
@@ -709,8 +709,8 @@ def write_eagle_card(out: Path, r: dict) -> None:
         f"An EAGLE-style feature drafter for the target `{r['target']}` ({r['target_params']:,} parameters): "
         "fc([token embedding; the target's final hidden state of the previous token]) + one decoder layer of the "
         f"target's shape, read by the target's final norm and {vocab}. It predicts the target's next feature "
-        f"and token, and drafts by feeding its own features back. **{r['params']:,} parameters**, fp32 "
-        f"safetensors; distilled from the frozen target with a training-time test of {r['ttt_steps']} unrolled "
+        f"and token, and drafts by feeding its own features back. **{r['params']:,} parameters**, bf16 "
+        f"safetensors (trained in fp32); distilled from the frozen target with a training-time test of {r['ttt_steps']} unrolled "
         f"steps, loss = sum over steps k of 0.8^k x ({r['reg_weight']} x SmoothL1(feature) + {r['kl_weight']} x "
         f"soft CE against the target). {status}",
         "",
