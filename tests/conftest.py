@@ -10,7 +10,18 @@ import torch
 
 # Under pytest-xdist (`make test` runs two workers on CI's two cores) each worker gets one
 # core; run alone, a test may use both.
-torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
+THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+torch.set_num_threads(THREADS)
+
+
+@pytest.fixture(autouse=True)
+def one_thread_per_worker():
+    """Tests that run the trainer, the bench or the server in-process let them set torch's
+    thread count (to 2, say); left so, the rest of that worker's tests ran two threads on
+    one core beside the other worker's: tiny-model decoding went ~10x slower."""
+    yield
+    if torch.get_num_threads() != THREADS:
+        torch.set_num_threads(THREADS)
 
 
 def pytest_collection_modifyitems(config, items):
