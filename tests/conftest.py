@@ -25,8 +25,11 @@ def one_thread_per_worker():
 
 
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.gpu`` tests skip without a CUDA device, saying so, unless
+    """``@pytest.mark.slow`` tests run first, so that under xdist the two workers end on
+    short tests together instead of one waiting while the other finishes a minute-long
+    one. ``@pytest.mark.gpu`` tests skip without a CUDA device, saying so, unless
     QUICKDRAFT_REQUIRE_GPU=1 (``make test-gpu``), where a missing GPU must fail them."""
+    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: file order otherwise
     if torch.cuda.is_available() or os.environ.get("QUICKDRAFT_REQUIRE_GPU") == "1":
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (make test-gpu on a GPU machine)")

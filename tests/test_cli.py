@@ -152,6 +152,7 @@ def test_padded_vocab_draft_works(tiny_family, tmp_path, capsys):
     assert spec["stats"]["acceptance_rate"] == 1.0
 
 
+@pytest.mark.slow
 def test_auto_k_picks_k_with_the_cost_model(capsys):
     # The embedded pair: a draft ~10x cheaper than its target, accepted most of the time, so
     # speculation pays at any load. (A tiny target's same-size copy may rightly get k=0: its
