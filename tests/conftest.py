@@ -10,12 +10,26 @@ import torch
 
 # Under pytest-xdist (`make test` runs two workers on CI's two cores) each worker gets one
 # core; run alone, a test may use both.
-torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
+THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+torch.set_num_threads(THREADS)
+
+
+@pytest.fixture(autouse=True)
+def one_thread_per_worker():
+    """Tests that run the trainer, the bench or the server in-process let them set torch's
+    thread count (to 2, say); left so, the rest of that worker's tests ran two threads on
+    one core beside the other worker's: tiny-model decoding went ~10x slower."""
+    yield
+    if torch.get_num_threads() != THREADS:
+        torch.set_num_threads(THREADS)
 
 
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.gpu`` tests skip without a CUDA device, saying so, unless
+    """``@pytest.mark.slow`` tests run first, so that under xdist the two workers end on
+    short tests together instead of one waiting while the other finishes a minute-long
+    one. ``@pytest.mark.gpu`` tests skip without a CUDA device, saying so, unless
     QUICKDRAFT_REQUIRE_GPU=1 (``make test-gpu``), where a missing GPU must fail them."""
+    items.sort(key=lambda item: "slow" not in item.keywords)  # stable: file order otherwise
     if torch.cuda.is_available() or os.environ.get("QUICKDRAFT_REQUIRE_GPU") == "1":
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (make test-gpu on a GPU machine)")

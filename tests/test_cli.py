@@ -152,17 +152,27 @@ def test_padded_vocab_draft_works(tiny_family, tmp_path, capsys):
     assert spec["stats"]["acceptance_rate"] == 1.0
 
 
-def test_auto_k_picks_k_with_the_cost_model(capsys):
-    # The embedded pair: a draft ~10x cheaper than its target, accepted most of the time, so
-    # speculation pays at any load. (A tiny target's same-size copy may rightly get k=0: its
-    # drafts cost as much as the target's own steps.)
+@pytest.mark.slow
+def test_auto_k_picks_k_with_the_cost_model(tmp_path, monkeypatch, capsys):
+    # The k is whatever this machine's timings make best, so the test checks the rule, not a
+    # value: k is the best predicted k, or 0 when even that is no faster than plain decoding.
+    # (It asserted k >= 1 for the embedded pair, a draft ~10x cheaper than its target; a
+    # loaded machine that slows the draft's timing alone can rightly make that k=0.)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     args = ["generate", "--method", "draft", "--prompt", "def add(a, b):", "--max-new-tokens", "10", "--auto-k",
             "--json"]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
-    assert 1 <= out["settings"]["num_speculative_tokens"] <= 16
-    assert out["settings"]["num_speculative_tokens_source"].startswith("cost model")
+    [entry] = [json.loads(f.read_text()) for f in (tmp_path / "quickdraft" / "autok").glob("k-*.json")]
+    predicted = {int(k): v for k, v in entry["predicted_speedup"].items()}
+    best = max(predicted, key=predicted.get)
+    expected = best if predicted[best] > 1.0 else 0
+    assert entry["k"] == out["settings"]["num_speculative_tokens"] == expected and 0 <= expected <= 16
+    assert out["settings"]["num_speculative_tokens_source"] == (
+        "cost model, measured now" if expected else "cost model: the draft is predicted slower, plain decoding")
     assert out["stats"]["new_tokens"] == 10
+    assert (out["stats"]["drafted_tokens"] > 0) == (expected > 0)
+
 
 def test_a_broken_subcommand_module_fails_loudly(monkeypatch):
     from quickdraft.cli import build_parser

@@ -117,6 +117,7 @@ def test_auto_weighs_no_token_tree_on_the_transformers_backend(tiny_family, tmp_
     assert gen.plan.method != "tree" and gen.plan.choice is not None
 
 
+@pytest.mark.slow
 def test_server_auto_resolves_as_generate_does(tiny_family, tmp_path):
     """`serve --method auto` goes through the same resolution as `generate --method auto`
     (one cache entry, the same choice and k), and its greedy output is plain decoding's."""

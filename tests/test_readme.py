@@ -97,6 +97,7 @@ def shims(tmp_path_factory):
     return bin_dir
 
 
+@pytest.mark.slow  # each block starts the CLI once per line (README.md:48, eleven times)
 @pytest.mark.parametrize("line,language,code,skip", BLOCKS, ids=[f"README.md:{b[0]}" for b in BLOCKS])
 def test_readme_block_runs_as_written(line, language, code, skip, shims, tmp_path):
     if skip:

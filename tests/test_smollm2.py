@@ -11,6 +11,7 @@ from smollm2 import FILE, NEEDS_SMOLLM2
 pytestmark = NEEDS_SMOLLM2
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_tokens_equal_transformers(monkeypatch):
     pytest.importorskip("accelerate", reason="transformers needs accelerate to load GGUF files")
     from quickdraft.generator import SpeculativeGenerator

@@ -4,6 +4,7 @@ with it by default, and greedy speculative output equals plain greedy output, on
 
 from __future__ import annotations
 
+import pytest
 from smollm2 import FILE, MODEL, NEEDS_SMOLLM2
 
 from quickdraft.models.registry import find_embedded
@@ -11,6 +12,7 @@ from quickdraft.models.registry import find_embedded
 pytestmark = NEEDS_SMOLLM2
 
 
+@pytest.mark.slow
 def test_smollm2_pairs_with_its_shipped_draft_and_drafting_is_lossless():
     from quickdraft.generator import SpeculativeGenerator
     from quickdraft.models.registry import find_draft_dir

@@ -4,6 +4,7 @@ Skipped when the model is not installed (CI does not download it; ``make real-mo
 
 from __future__ import annotations
 
+import pytest
 import torch
 from smollm2 import NEEDS_SMOLLM2
 
@@ -21,6 +22,7 @@ def tokens(target, prompt, drafter, k):
     return out
 
 
+@pytest.mark.slow
 def test_shipped_head_and_profile_are_defaults_and_lossless():
     from quickdraft.drafters import DraftModelDrafter, NoDrafter
     from quickdraft.drafters.early_exit import EarlyExitDrafter, resolve_exit_head, shipped_head
