@@ -3,6 +3,9 @@ the reference: same backend state, ids, text, special tokens and chat prompts; a
 that never imports transformers on the native path."""
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import jinja2
@@ -17,6 +20,7 @@ from quickdraft.models.registry import ASSETS_DIR
 from quickdraft.models.tokenizer import FastTokenizer, load_fast_tokenizer
 from quickdraft.pair import load_tokenizer
 
+REPO = Path(__file__).resolve().parents[1]
 TEXTS = [
     "", " ", "  \t\n\n   x  ", "def f(x):\n    return x ** 2  # square\n", "\tif a != b:\r\n\t\tpass",
     "héllo wörld — ünïcode ✓ 你好 🙂🙂", "\u00a0\u200b\ufeffzero width", "<|endoftext|>",
@@ -186,3 +190,38 @@ def test_a_broken_tokenizer_file_is_one_line(tokenizer_dirs, tmp_path):
     with pytest.raises(CheckpointError, match=r"the tokenizer in .* could not be loaded"):
         load_tokenizer(tmp_path)
 
+
+def _run(code: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_generate_never_imports_transformers():
+    """The start-up goal: the embedded pair generates (tokenizer, chat template, model,
+    detokenizing) without importing transformers, which costs 1-2 s."""
+    out = _run(
+        "import sys\n"
+        "from quickdraft.cli import main\n"
+        "code = main(['generate', '--prompt', 'def f', '--max-new-tokens', '4', '--method', 'draft', '-k', '2'])\n"
+        "code += main(['generate', '--chat', 'import os', '--max-new-tokens', '2', '--method', 'ar'])\n"
+        "assert code == 0, code\n"
+        "print('transformers' in sys.modules)\n")
+    assert out.strip().splitlines()[-1] == "False"
+
+
+def test_quiet_transformers_quiets_an_import_inside_it():
+    """Not imported on entry: transformers is quieted as it is imported inside the block,
+    and its settings are restored on exit."""
+    out = _run(
+        "import sys\n"
+        "from quickdraft.quiet import quiet_transformers\n"
+        "assert 'transformers' not in sys.modules\n"
+        "with quiet_transformers():\n"
+        "    from transformers.utils import logging\n"
+        "    from huggingface_hub.utils import are_progress_bars_disabled\n"
+        "    inside = (logging.get_verbosity(), logging.is_progress_bar_enabled(), are_progress_bars_disabled())\n"
+        "print(inside, (logging.get_verbosity(), logging.is_progress_bar_enabled(), are_progress_bars_disabled()))\n")
+    assert out.strip() == "(40, False, True) (30, True, False)"  # ERROR inside, WARNING (the default) after
