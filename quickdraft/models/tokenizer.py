@@ -41,7 +41,7 @@ def load_fast_tokenizer(model_dir: Path) -> FastTokenizer | None:
         return None
     if config.get("tokenizer_class") not in FAST_CLASSES or any(k in config for k in _UNHANDLED_KEYS):
         return None
-    extra = config.get("extra_special_tokens", config.get("additional_special_tokens"))
+    extra = _extra_tokens(config)
     if extra is not None and not isinstance(extra, list):
         return None
     if any(k.endswith("_token") and k not in SPECIAL_TOKENS and isinstance(v, (str, dict)) for k, v in config.items()):
@@ -69,6 +69,11 @@ def _read_json(path: Path) -> dict | None:
     return data
 
 
+def _extra_tokens(config: dict):
+    """The config's extra special tokens; the older name counts when the new one is empty."""
+    return config.get("extra_special_tokens") or config.get("additional_special_tokens")
+
+
 def _added_token(value: Any, special: bool | None = None) -> str | AddedToken:
     """A config entry (a string, or an AddedToken as a dict) as transformers reads it."""
     if not isinstance(value, dict):
@@ -84,8 +89,7 @@ def _special_tokens_map(model_dir: Path, config: dict) -> dict | None:
     config without ``added_tokens_decoder``, ``special_tokens_map.json``'s named ones over
     them. None when that file lists extra tokens (transformers' merge of those is its own)."""
     found = {k: _added_token(config[k]) for k in SPECIAL_TOKENS if config.get(k) is not None}
-    found["extra"] = [_added_token(t) for t in config.get("extra_special_tokens",
-                                                          config.get("additional_special_tokens")) or []]
+    found["extra"] = [_added_token(t) for t in _extra_tokens(config) or []]
     legacy = None if "added_tokens_decoder" in config else _read_json(model_dir / "special_tokens_map.json")
     for key, value in (legacy or {}).items():
         if key in SPECIAL_TOKENS:
