@@ -26,6 +26,7 @@ from .models.loading import (
 )
 from .models.placement import Placement
 from .models.shared_embed import shared_tensors
+from .models.tokenizer import FAST_CLASSES, load_fast_tokenizer
 
 #: The methods only the native runtime runs, and why: the transformers backend verifies a
 #: chain of tokens with the full model, nothing else.
@@ -62,13 +63,20 @@ def check_method_backend(method: str, backend: str, target_dir: Path | None = No
 
 
 def load_tokenizer(model_dir: str | Path):
-    """The checkpoint's tokenizer, loaded exactly as ``AutoTokenizer.from_pretrained`` does;
-    a directory without tokenizer files is a :class:`CheckpointError` naming them. A GGUF
-    file's tokenizer is built from its metadata."""
+    """The checkpoint's tokenizer, as ``AutoTokenizer.from_pretrained`` loads it; a directory
+    without tokenizer files is a :class:`CheckpointError` naming them. A GGUF file's tokenizer
+    is built from its metadata.
+
+    A ``tokenizer.json`` tokenizer of the plain fast class (ours, SmolLM2's, most) is built
+    on ``tokenizers`` alone (:mod:`quickdraft.models.tokenizer`): importing transformers
+    costs 1-2 s of start-up. Any other tokenizer is transformers'."""
     if gguf.is_gguf(model_dir):
         return gguf.load_tokenizer(Path(model_dir))
     check_tokenizer_files(Path(model_dir))
     try:
+        fast = load_fast_tokenizer(Path(model_dir))
+        if fast is not None:
+            return fast
         if _fast_tokenizer_class(Path(model_dir)):
             # What AutoTokenizer resolves this config to, without its detour through
             # AutoConfig, which imports torch.distributed (about 1.3 s of start-up).
@@ -89,8 +97,7 @@ def _fast_tokenizer_class(model_dir: Path) -> bool:
         config = json.loads((model_dir / "tokenizer_config.json").read_text())
     except (OSError, ValueError):
         return False
-    return (model_dir / "tokenizer.json").is_file() and config.get("tokenizer_class") in (
-        "PreTrainedTokenizerFast", "TokenizersBackend")
+    return (model_dir / "tokenizer.json").is_file() and config.get("tokenizer_class") in FAST_CLASSES
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_name: str, draft_name: str) -> None:

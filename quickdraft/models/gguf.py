@@ -346,19 +346,28 @@ def convert_int4_blocks(path: Path, config: ModelConfig) -> dict[str, tuple[torc
 def load_tokenizer(path: Path):
     """The tokenizer transformers builds from the file's metadata (no network). Building it
     takes seconds for a real vocabulary, so it is saved once in the user's cache, keyed by
-    the file (path, size, mtime) and the transformers version, and loaded from there."""
-    import transformers
-    from transformers import AutoTokenizer
+    the file (path, size, mtime) and the transformers version, and loaded from there: on
+    ``tokenizers`` alone when it is a plain fast tokenizer (no transformers import)."""
+    from importlib.metadata import version
+
+    from .tokenizer import load_fast_tokenizer
 
     check_gguf(path)
     stat = path.stat()
-    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
+    key = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{version('transformers')}"
     cached = tokenizer_cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:24]
     if (cached / "tokenizer_config.json").is_file():
         try:
+            fast = load_fast_tokenizer(cached)
+            if fast is not None:
+                return fast
+            from transformers import AutoTokenizer
+
             return AutoTokenizer.from_pretrained(str(cached))
         except (OSError, ValueError):
             pass  # a damaged cache entry: build it again
+    from transformers import AutoTokenizer
+
     try:
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except (OSError, ValueError, KeyError) as exc:
