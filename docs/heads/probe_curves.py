@@ -62,7 +62,6 @@ def run(args: argparse.Namespace) -> None:
 
 
 def plot(args: argparse.Namespace) -> None:
-    sys.path.insert(0, str(HERE.parents[1]))
     import matplotlib
 
     matplotlib.use("Agg")
