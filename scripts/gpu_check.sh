@@ -8,7 +8,10 @@
 #   3. the roofline: plain decoding on random Llama-1B / 8B-shaped bf16 models against
 #      weight bytes / HBM bandwidth, with transformers generate and assisted generation
 #   4. the 8B's plain decoding again with the step captured (--capture)
-# Results go to results/gpu/<date>-<gpu>/ (JSON, logs). Total: under 8 minutes.
+#   5. the server on the GPU: 1 and 8 concurrent streams (quickdraft.server.loadtest)
+# Results go to results/gpu/<date>-<gpu>/ (JSON, logs). Total: under 9 minutes.
+# PARTS=test-gpu,roofline (names as above) runs only those; OUT=DIR picks the folder, so
+# two calls can fill one folder (e.g. the tests beside a training job, then the timings).
 # The machine needs no network, but a CUDA build of torch in the venv: part 0 checks.
 set -u
 cd "$(dirname "$0")/.."
@@ -45,8 +48,10 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 echo "gpu_check: results in $OUT"
 status=0
 
+PARTS=${PARTS:-test-gpu,bench-embedded,roofline,roofline-captured,server}
 part() {  # part NAME SECONDS COMMAND...: run with a time limit, log, record its exit code
     local name=$1 limit=$2; shift 2
+    case ",$PARTS," in *",$name,"*) ;; *) return 0 ;; esac
     local started=$SECONDS
     echo "== $name (limit ${limit}s): $*"
     timeout --kill-after=10 "$limit" "$@" > "$OUT/$name.log" 2>&1
@@ -57,20 +62,24 @@ part() {  # part NAME SECONDS COMMAND...: run with a time limit, log, record its
 }
 
 # 1. The GPU tests (make test-gpu, with a JUnit report).
-part test-gpu 150 env QUICKDRAFT_REQUIRE_GPU=1 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider \
+part test-gpu 140 env QUICKDRAFT_REQUIRE_GPU=1 "$PY" -m pytest -q -m gpu tests -p no:cacheprovider \
     --junitxml="$OUT/test-gpu.xml"
 
 # 2. The embedded pair: our methods against transformers on the same GPU, bf16, greedy.
-part bench-embedded 100 "$PY" -m quickdraft bench --device cuda --dtype bfloat16 --quick --quiet -k 4 \
+part bench-embedded 85 "$PY" -m quickdraft bench --device cuda --dtype bfloat16 --quick --quiet -k 4 \
     --methods ar,draft,ngram,tree,hybrid,eagle,early-exit,hf-ar,hf-assisted --json "$OUT/bench-embedded.json"
 
 # 3. The roofline on Llama-shaped random models (1B, 8B; the 8B's draft is the 1B).
-part roofline 150 "$PY" scripts/gpu_roofline.py --device cuda --dtype bfloat16 --shapes llama-1b,llama-8b \
+part roofline 125 "$PY" scripts/gpu_roofline.py --device cuda --dtype bfloat16 --shapes llama-1b,llama-8b \
     --tokens 128 --out "$OUT/roofline.json"
 
 # 4. The same plain decoding with the step captured (CUDA graphs through torch.compile), 8B.
-part roofline-captured 90 "$PY" scripts/gpu_roofline.py --device cuda --dtype bfloat16 --shapes llama-8b \
+part roofline-captured 115 "$PY" scripts/gpu_roofline.py --device cuda --dtype bfloat16 --shapes llama-8b \
     --draft-shape none --no-hf --capture --tokens 128 --out "$OUT/roofline-captured.json"
+
+# 5. The server on the GPU (bf16): aggregate tokens/s of 8 concurrent streams against 1.
+part server 85 "$PY" -m quickdraft.server.loadtest --start --categories short,long --requests 16 \
+    --max-tokens 128 --concurrency 1,8 --json "$OUT/server-load.json" -- --device cuda
 
 echo "gpu_check: done (exit $status); results in $OUT"
 exit $status
