@@ -59,7 +59,7 @@ def step_costs(target: NativeLM, head: ExitHead, context: torch.Tensor, max_k: i
     length = context.numel()
     target.reset(length + max_k + 2)
     target.extend(context, logits="none")
-    one = context[-1:].view(1, 1)
+    one = context[-1:].view(1, 1).to(target.device)  # fed to the model directly, not through target.extend
     # As the drafter runs them: int positions (slice writes, no gathers) and the extra
     # block's cache allocated once per generation, not per step.
     head = step_head(target, head)

@@ -71,9 +71,9 @@ def eagle_agreement(head: EagleHead, states, stream: np.ndarray, seq_len: int, m
     """Top-1 agreement of each unrolled step with the target's greedy token, on held-out
     windows: step ``k``'s is the chance a tree node at depth ``k`` (its ancestors right)
     has the target's choice as its first candidate."""
-    hits, counts = torch.zeros(steps), torch.zeros(steps)
+    hits, counts = torch.zeros(steps, device=states.device), torch.zeros(steps, device=states.device)
     for start in range(0, min(stream.size - 1, max_tokens), seq_len):
-        window = torch.as_tensor(stream[start : start + seq_len], dtype=torch.long)[None]
+        window = torch.as_tensor(stream[start : start + seq_len], dtype=torch.long)[None].to(states.device)
         if window.shape[1] < steps + 1:
             break
         t_logits, features = states(window)

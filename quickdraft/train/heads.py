@@ -70,6 +70,7 @@ class TargetStates:
 
     def __init__(self, target) -> None:
         self.target, self.cache = target, None
+        self.device = next(target.parameters()).device  # held-out windows are built on the CPU
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,10 +116,10 @@ def head_agreement(heads: MedusaHeads, states: TargetStates, stream: np.ndarray,
     """Teacher-forced top-1 agreement of each head with the target's own greedy choice for
     the token it predicts, on held-out windows: the chance a head's first candidate is
     what greedy verification accepts at that depth (given the earlier ones were)."""
-    hits = torch.zeros(heads.num_heads)
-    counts = torch.zeros(heads.num_heads)
+    hits = torch.zeros(heads.num_heads, device=states.device)
+    counts = torch.zeros(heads.num_heads, device=states.device)
     for start in range(0, min(stream.size - 1, max_tokens), seq_len):
-        window = torch.as_tensor(stream[start : start + seq_len], dtype=torch.long)[None]
+        window = torch.as_tensor(stream[start : start + seq_len], dtype=torch.long)[None].to(states.device)
         if window.shape[1] < heads.num_heads + 2:
             break
         t_logits, hidden = states(window)
