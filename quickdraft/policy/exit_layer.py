@@ -78,8 +78,9 @@ def step_costs(target: NativeLM, head: ExitHead, context: torch.Tensor, max_k: i
     base = _median_seconds(lambda: run(one, (0, layer), logits="none"), repeats) if share_kv else 0.0
     verify = {}
     for n in range(1, max_k + 2):
-        tokens = context[-n:].view(1, -1) if n <= length else one.repeat(1, n)
-        hidden = torch.zeros(1, n, model.config.hidden_size) if share_kv else None
+        tokens = context[-n:].view(1, -1).to(target.device) if n <= length else one.repeat(1, n)
+        hidden = (torch.zeros(1, n, model.config.hidden_size, dtype=model.embed.weight.dtype,
+                              device=target.device) if share_kv else None)
         verify[n] = _median_seconds(lambda t=tokens, h=hidden: run(t, (layer if share_kv else 0, n_layers), h), repeats)
     return StepCosts(t_ar=t_ar, t_draft=t_draft, verify=verify, overhead=base)
 
