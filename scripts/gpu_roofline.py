@@ -166,7 +166,7 @@ def main() -> int:
             if args.capture:
                 target.use_static_step(1, compile=device.type == "cuda")
                 started = time.perf_counter()
-                ours(target, prompt, 8)  # compiles and captures
+                ours(target, prompt, args.tokens)  # compiles and captures at the measured run's cache size
                 row["capture_seconds"] = time.perf_counter() - started
                 captured = ours(target, prompt, args.tokens)
                 row["ours_plain_captured"] = {k: v for k, v in captured.items() if k != "tokens"}

@@ -17,7 +17,7 @@ def test_static_step_logits_equal_the_ordinary_pass(tiny_family):
     static.use_static_step(5)
     ordinary.reset(64)
     static.reset(64)
-    assert isinstance(static.static, StaticStep) and static.cache.max_len == 64 + 5
+    assert isinstance(static.static, StaticStep) and static.cache.max_len >= 64 + 5
     prompt = torch.tensor([3, 9, 27, 81, 5, 7, 11])
     ordinary.extend(prompt, logits="none")
     static.extend(prompt, logits="none")  # longer than the width: the ordinary pass
@@ -30,6 +30,34 @@ def test_static_step_logits_equal_the_ordinary_pass(tiny_family):
     static.crop(static.length - 2)
     torch.testing.assert_close(static.extend(torch.tensor([12, 13]), logits=1),
                                ordinary.extend(torch.tensor([12, 13]), logits=1), rtol=1e-4, atol=1e-4)
+
+
+def test_longer_generations_reuse_the_static_step(tiny_family):
+    """Each cache size is a separate compiled graph on a GPU (an H200 recompiled when a
+    128-token run followed an 8-token warm-up): the cache grows in powers of two."""
+    lm = load_model(tiny_family["target"])
+    lm.use_static_step(5)
+    lm.reset(40)
+    step, size = lm.static, lm.cache.max_len
+    assert size == 64
+    for longer in (41, 50, 59):
+        lm.reset(longer)
+        assert lm.static is step and lm.cache.max_len == size
+    lm.reset(60)  # past the bucket: the next power of two
+    assert lm.static is not step and lm.cache.max_len == 128
+
+
+def test_the_static_step_traces_as_one_graph(tiny_family):
+    """A graph break splits the captured step into several CUDA graphs with Python between
+    them (an H200 run broke it at the RoPE table's is_inference() check)."""
+    lm = load_model(tiny_family["target"])
+    lm.use_static_step(4)
+    lm.reset(32)
+    lm.extend(torch.tensor([3, 9, 27]), logits="none")
+    with torch.inference_mode():
+        explanation = torch._dynamo.explain(lm.static._step)(lm.static.tokens, lm.static.start)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
 
 
 @pytest.mark.parametrize("method", ["ar", "draft", "ngram"])

@@ -145,6 +145,8 @@ class NativeLM:
         # Slots may run a tree's width past the context (positions never do), and a static
         # step's padding rows its width past the sequence.
         max_len = (max_len or self.context_length) + self.static_width
+        if self.static_width:  # a new cache size is a new compiled graph: grow in powers of two
+            max_len = max(max_len, min(1 << (max_len - 1).bit_length(), self.context_length + self.static_width))
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = self.model.new_cache(1, max_len)
             self.static = None

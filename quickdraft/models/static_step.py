@@ -64,9 +64,10 @@ class StaticStep:
         self.start = torch.zeros(1, dtype=torch.long, device=device)
         self.offsets = torch.arange(width, device=device)
         self.cache_slots = torch.arange(cache.max_len, device=device)
-        # Every position the cache can hold, in the RoPE table before any capture.
+        # Every position, in the RoPE table before any capture: the traced step reads it
+        # without checking its length on the host.
         if model._inv_freq is not None:
-            model._rope(0, cache.max_len)
+            model._rope(0, max(cache.max_len, model.config.max_position_embeddings))
         self.compiled = compile
         if compile:
             # Buffers at fixed addresses, mutated in place: what a CUDA graph may capture.

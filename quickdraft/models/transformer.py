@@ -275,15 +275,17 @@ class Transformer(nn.Module):
         every row), shaped ``[B or 1, 1, T, head_dim]``."""
         if isinstance(positions, int):
             needed = positions + length
-        elif positions.device.type == "cpu":
+        elif positions.device.type == "cpu" and not torch.compiler.is_compiling():
             needed = int(positions.max()) + 1
-        else:  # reading the largest position would wait for the GPU: cover every position once
-            needed = self.config.max_position_embeddings
+        else:  # reading the largest position would wait for the GPU (or break a compiled graph):
+            needed = self.config.max_position_embeddings  # cover every position once
         # A table built under inference mode (decoding) cannot enter a graph autograd
         # records: a model trained after it decoded (a drafter probed while it trains)
         # builds its own once.
-        stale = (self._rope_cache is not None and self._rope_cache[0].is_inference()
-                 and not torch.is_inference_mode_enabled())
+        # (Not while torch.compile traces: is_inference() breaks the graph, and a captured step
+        # only decodes.)
+        stale = (not torch.compiler.is_compiling() and self._rope_cache is not None
+                 and self._rope_cache[0].is_inference() and not torch.is_inference_mode_enabled())
         if self._rope_cache is None or stale or self._rope_cache[0].shape[0] < needed:
             size = max(needed, 2 * (self._rope_cache[0].shape[0] if self._rope_cache else 1024))
             freqs = torch.outer(torch.arange(size, dtype=torch.float64), self._inv_freq)
