@@ -16,7 +16,7 @@ to its length); every later step of every row shares one pass. Batch invariance:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -29,7 +29,7 @@ from .sampling import SamplingError, SamplingParams
 from .stats import GenerationStats, RecentAcceptance
 from .step import accepted_states, check_prompt, draft_budget, emit
 from .stopping import StopConditions
-from .verify import AcceptanceRule, acceptance_for
+from .verify import AcceptanceRule, GreedyAcceptance, acceptance_for
 
 #: Most draft tokens per step the policy considers.
 MAX_BATCH_K = 8
@@ -224,11 +224,12 @@ class BatchEngine:
                                  "the batched engine verifies plain chains (trees are batch 1)")
             r.proposal = p
         logits = self._verify(rows, adopting)
+        choices = greedy_choices([r.rule for r in rows], logits)
         updates = {}
         now = time.perf_counter()
-        for r, row_logits in zip(rows, logits):
+        for i, (r, row_logits) in enumerate(zip(rows, logits)):
             try:
-                updates[r.id] = self._advance(r, row_logits, now)
+                updates[r.id] = self._advance(r, row_logits, now, choices.get(i))
             except SamplingError as exc:  # this row's numbers, not the batch's: it fails alone
                 updates[r.id] = RowUpdate([], 0, "error", r.stats, error=str(exc))
         for row_id, update in updates.items():
@@ -270,8 +271,8 @@ class BatchEngine:
                         self.drafter.adopt(rows[i].slot, states[self.drafter.adopts_layer], self.cache)
         return out
 
-    def _advance(self, r: _Row, logits: torch.Tensor, now: float) -> RowUpdate:
-        verdict = r.rule(r.proposal, logits)
+    def _advance(self, r: _Row, logits: torch.Tensor, now: float, choice: list[int] | None = None) -> RowUpdate:
+        verdict = r.rule(r.proposal, logits) if choice is None else r.rule.follow(r.proposal, choice)
         accepted = len(verdict.path)
         first = r.stats.target_forward_passes == 0
         self.pooled.record_step(r.proposal.size, accepted)  # what the policy learns from: every accepted draft
@@ -289,3 +290,17 @@ class BatchEngine:
         else:
             r.stats.decode_seconds = now - r.first_token
         return RowUpdate(emitted, min(accepted, len(emitted)), finish, r.stats)
+
+
+def greedy_choices(rules: Sequence[AcceptanceRule], logits: Sequence[torch.Tensor]) -> dict[int, list[int]]:
+    """The target's argmax for every greedy row (by index), read from the device at once: on
+    a GPU one synchronisation for the batch instead of one per row."""
+    greedy = [i for i, rule in enumerate(rules) if isinstance(rule, GreedyAcceptance)]
+    if len(greedy) < 2:
+        return {}
+    flat = torch.cat([logits[i].argmax(dim=-1) for i in greedy]).tolist()
+    out, at = {}, 0
+    for i in greedy:
+        n = logits[i].shape[0]
+        out[i], at = flat[at : at + n], at + n
+    return out

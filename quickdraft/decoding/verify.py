@@ -46,7 +46,11 @@ class GreedyAcceptance:
     """Follow the child equal to the target's argmax; then the target's argmax."""
 
     def __call__(self, proposal: Proposal, target_logits: torch.Tensor) -> Verdict:
-        choice = target_logits.argmax(dim=-1).tolist()
+        return self.follow(proposal, target_logits.argmax(dim=-1).tolist())
+
+    def follow(self, proposal: Proposal, choice: list[int]) -> Verdict:
+        """The verdict from the target's argmax per row of its logits, already on the host
+        (the batched engine reads every greedy row's at once)."""
         tokens = proposal.tokens.tolist()
         if proposal.is_chain:  # the common case, without building the child lists
             path = []
