@@ -9,7 +9,9 @@
 #      weight bytes / HBM bandwidth, with transformers generate and assisted generation
 #   4. the 8B's plain decoding again with the step captured (--capture)
 #   5. the server on the GPU: 1 and 8 concurrent streams (quickdraft.server.loadtest)
-# Results go to results/gpu/<date>-<gpu>/ (JSON, logs). Total: under 9 minutes.
+#   6. overheads: a synchronisation, a kernel launch, HBM copy, a GEMV, one profiled 1B step
+#      (the fixed ~55 ms step found on the first H200 run: scripts/gpu_overheads.py)
+# Results go to results/gpu/<date>-<gpu>/ (JSON, logs). Total: under 10 minutes.
 # PARTS=test-gpu,roofline (names as above) runs only those; OUT=DIR picks the folder, so
 # two calls can fill one folder (e.g. the tests beside a training job, then the timings).
 # The machine needs no network, but a CUDA build of torch in the venv: part 0 checks.
@@ -48,7 +50,7 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
 echo "gpu_check: results in $OUT"
 status=0
 
-PARTS=${PARTS:-test-gpu,bench-embedded,roofline,roofline-captured,server}
+PARTS=${PARTS:-test-gpu,bench-embedded,roofline,roofline-captured,server,overheads}
 part() {  # part NAME SECONDS COMMAND...: run with a time limit, log, record its exit code
     local name=$1 limit=$2; shift 2
     case ",$PARTS," in *",$name,"*) ;; *) return 0 ;; esac
@@ -80,6 +82,9 @@ part roofline-captured 115 "$PY" scripts/gpu_roofline.py --device cuda --dtype b
 # 5. The server on the GPU (bf16): aggregate tokens/s of 8 concurrent streams against 1.
 part server 85 "$PY" -m quickdraft.server.loadtest --start --categories short,long --requests 16 \
     --max-tokens 128 --concurrency 1,8 --json "$OUT/server-load.json" -- --device cuda
+
+# 6. Where a step's fixed cost goes: sync, launch, copy, GEMV, one profiled 1B step.
+part overheads 60 "$PY" scripts/gpu_overheads.py --device cuda --dtype bfloat16 --out "$OUT/overheads.json"
 
 echo "gpu_check: done (exit $status); results in $OUT"
 exit $status

@@ -39,3 +39,17 @@ def test_roofline_script_runs_on_tiny_shapes(tmp_path):
     # leave near-ties, so at least the first tokens), and the draft row is lossless.
     assert row["ours_vs_hf_agree_tokens"] >= 4 and row["ours_draft_equals_plain"]
     assert row["ours_plain_captured"]["decode_tokens_per_s"] > 0  # the static step, eager on the CPU
+
+
+def test_overheads_script_runs_on_the_cpu(tmp_path):
+    out = tmp_path / "overheads.json"
+    run = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_overheads.py"), "--device", "cpu", "--dtype",
+                          "float32", "--shape", "tiny", "--copy-mib", "8", "--out", str(out)],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    for part in ("sync", "launch", "copy", "gemv_8b_mlp", "step"):
+        assert "error" not in result[part], (part, result[part])
+    assert result["step"]["step_wall_us"] > 0 and result["step"]["top_by_cpu"]
+    assert result["launch"]["launch_us_per_kernel"] > 0 and result["copy"]["bytes_per_s_read_plus_write"] > 0
