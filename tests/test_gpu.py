@@ -50,7 +50,12 @@ def top2_gap(gen: SpeculativeGenerator, prompt: str, prefix: list[int]) -> float
 @pytest.mark.parametrize("method", METHOD_NAMES)
 def test_every_method_is_lossless_on_the_gpu(plain, method):
     dtype, ar = plain
-    gen = generator(method, dtype)
+    try:
+        gen = generator(method, dtype)
+    except ValueError as exc:  # a device copy of the tree may leave heads out (scripts/gpu_tree.sh)
+        if "--heads" in str(exc):
+            pytest.skip(f"no shipped heads for {method} in this copy of the tree")
+        raise
     assert gen.target.model.embed.weight.device.type == "cuda"
     assert gen.target.model.embed.weight.dtype == getattr(torch, dtype)
     for prompt in PROMPTS:
