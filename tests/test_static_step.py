@@ -69,6 +69,8 @@ def test_greedy_through_the_static_step_is_plain_decoding(tiny_family, method):
         want = plain.generate(prompt, max_new_tokens=40).token_ids
         assert gen.generate(prompt, max_new_tokens=40, num_speculative_tokens=3).token_ids == want, prompt
     assert gen.target.static is not None and gen.target.static.width == (1 if method == "ar" else 4)
+    if method == "draft":  # the draft's own chain steps run at a fixed width too
+        assert gen.draft.static is not None and gen.draft.static.width == 2
 
 
 def test_capture_needs_the_native_runtime(tiny_family):
