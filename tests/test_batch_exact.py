@@ -2,7 +2,8 @@
 
 The statistical test of test_sampling_exact.py, run through the batched engine: eight
 rows at a time (each its own seed, next to a row with a longer prompt), first three
-tokens of each row against the enumerated target distribution. A wrong rule fails it.
+tokens of each row against the enumerated target distribution, with the draft model and
+with each head method (a chain drafter per row, heads shared). A wrong rule fails it.
 """
 
 from collections import Counter
@@ -15,17 +16,36 @@ from test_sampling_exact import PROMPT, NoResidual, exact_distribution, tiny_lm
 from quickdraft.batch_generate import make_batch_engine
 from quickdraft.decoding.sampling import SamplingParams
 from quickdraft.decoding.stopping import StopConditions
+from quickdraft.drafters import DraftOptions
 
 TARGET, DRAFT = tiny_lm(0, 3.0), tiny_lm(1, 3.0)
 N = 1200  # fewer than test_sampling_exact.py: each batch also runs a neighbour row
 ROWS = 8
 
 
-def batched_pvalue(params: SamplingParams, rule=None, n_samples: int = N) -> float:
+def head_options(method: str) -> DraftOptions:
+    """Random heads for the tiny target, as the single-row tests of each method build them."""
+    if method == "eagle":
+        from test_eagle import random_head
+
+        return DraftOptions(heads=random_head(TARGET.model, torch.tensor([0, 1, 3])))
+    if method == "medusa":
+        from test_medusa import random_heads
+
+        return DraftOptions(heads=random_heads(2, TARGET.config.hidden_size))
+    from test_prophet import random_prophet
+
+    return DraftOptions(heads=random_prophet(TARGET.config.hidden_size, TARGET.vocab_size, n_start=1))
+
+
+def batched_pvalue(params: SamplingParams, rule=None, n_samples: int = N, method: str = "draft") -> float:
     kwargs = {"acceptance": rule} if rule else {}
-    engine = make_batch_engine(TARGET, method="draft", draft=DRAFT, max_batch_size=ROWS + 1, max_len=16,
-                         num_speculative_tokens=2, **kwargs)
+    if method != "draft":
+        kwargs["options"] = head_options(method)
+    engine = make_batch_engine(TARGET, method=method, draft=DRAFT if method == "draft" else None,
+                               max_batch_size=ROWS + 1, max_len=16, num_speculative_tokens=2, **kwargs)
     counts: Counter = Counter()
+    drafted = 0  # accepted draft tokens: the rows really speculated
     for start in range(0, n_samples, ROWS):
         rows = {}
         for seed in range(start, min(start + ROWS, n_samples)):
@@ -37,7 +57,9 @@ def batched_pvalue(params: SamplingParams, rule=None, n_samples: int = N) -> flo
             for row, update in engine.step().items():
                 if row in rows:
                     rows[row].extend(update.tokens)
+                    drafted += update.drafted
         counts.update(tuple(t) for t in rows.values())
+    assert drafted > n_samples // 10, drafted
     exact = exact_distribution(TARGET, params)
     assert sum(counts[c] for c, prob in exact.items() if prob > 0) == n_samples, "sample outside the support"
     common = [c for c, prob in exact.items() if prob * n_samples >= 5]
@@ -56,3 +78,14 @@ def test_batched_sampling_matches_target_distribution():
 @pytest.mark.slow
 def test_wrong_rule_fails_the_batched_test():
     assert batched_pvalue(SamplingParams(temperature=1.0), NoResidual, n_samples=800) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["eagle", "medusa", "prophet"])
+def test_batched_head_rows_sample_the_target_distribution(method):
+    assert batched_pvalue(SamplingParams(temperature=1.0), method=method) > 1e-3
+
+
+@pytest.mark.slow
+def test_wrong_rule_fails_the_batched_head_test():
+    assert batched_pvalue(SamplingParams(temperature=1.0), NoResidual, n_samples=800, method="eagle") < 1e-6
