@@ -276,13 +276,13 @@ class SpeculativeGenerator:
             bind_step_costs(self.drafter, self.target, self.tokenizer, k)
         if self.capture:  # one width per k: the widest pass this k feeds
             width = self.drafter.verify_width(k) if k > 0 else 1
-            compile = self.target.device.type == "cuda"
-            self.target.use_static_step(width, compile=compile)
+            graphs = self.target.device.type == "cuda"
+            self.target.use_static_step(width, compile=graphs)
             if k > 0 and hasattr(self.draft, "use_static_step"):
                 # The draft's chain steps: one token, or two to catch up after a fully
                 # accepted chain (its last token and the bonus); a prefill or a tree's
                 # masked level stays on the ordinary path.
-                self.draft.use_static_step(DRAFT_STEP_WIDTH, compile=compile)
+                self.draft.use_static_step(DRAFT_STEP_WIDTH, compile=graphs)
         return decode(self.target, ids, conditions, drafter=self.drafter, params=params,
                       num_speculative_tokens=k, acceptance=self.acceptance, stats=stats)
 

@@ -73,7 +73,7 @@ def eagle_agreement(head: EagleHead, states, stream: np.ndarray, seq_len: int, m
     has the target's choice as its first candidate."""
     hits, counts = torch.zeros(steps, device=states.device), torch.zeros(steps, device=states.device)
     for start in range(0, min(stream.size - 1, max_tokens), seq_len):
-        window = torch.as_tensor(stream[start : start + seq_len], dtype=torch.long)[None].to(states.device)
+        window = states.window(stream, start, seq_len)
         if window.shape[1] < steps + 1:
             break
         t_logits, features = states(window)

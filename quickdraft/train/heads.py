@@ -70,7 +70,11 @@ class TargetStates:
 
     def __init__(self, target) -> None:
         self.target, self.cache = target, None
-        self.device = next(target.parameters()).device  # held-out windows are built on the CPU
+        self.device = next(target.parameters()).device
+
+    def window(self, stream: np.ndarray, start: int, length: int) -> torch.Tensor:
+        """``stream[start : start + length]`` as a ``[1, T]`` batch on the target's device."""
+        return torch.as_tensor(stream[start : start + length], dtype=torch.long)[None].to(self.device)
 
     @torch.no_grad()
     def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,7 +123,7 @@ def head_agreement(heads: MedusaHeads, states: TargetStates, stream: np.ndarray,
     hits = torch.zeros(heads.num_heads, device=states.device)
     counts = torch.zeros(heads.num_heads, device=states.device)
     for start in range(0, min(stream.size - 1, max_tokens), seq_len):
-        window = torch.as_tensor(stream[start : start + seq_len], dtype=torch.long)[None].to(states.device)
+        window = states.window(stream, start, seq_len)
         if window.shape[1] < heads.num_heads + 2:
             break
         t_logits, hidden = states(window)

@@ -100,7 +100,7 @@ def depth_agreement(prophet: Prophet, states: TargetStates, stream: np.ndarray, 
     cfg = prophet.config
     hits, count = torch.zeros(cfg.gamma, device=states.device), 0
     for start in range(0, min(stream.size - 1, max_tokens), seq_len):
-        window = torch.as_tensor(stream[start : start + seq_len + 1], dtype=torch.long)[None].to(states.device)
+        window = states.window(stream, start, seq_len + 1)
         if window.shape[1] < cfg.n_start + cfg.gamma + 2:
             break
         t_logits, hidden = states(window[:, :-1])
