@@ -152,10 +152,8 @@ def test_a_token_tree_reads_once_per_scored_level_and_once_to_verify(pair):
     assert max(counts) <= 7 + 1, counts
 
 
-def test_a_batch_step_reads_the_device_once_per_draft_position_whatever_the_rows(tiny_family, monkeypatch):
-    """The batched engine with the draft model: the greedy rows' draft tokens, and the
-    target's argmax for every row, are read at once (8 server streams on an H200 ran no
-    faster than one while each row read the device on its own)."""
+def batch_step_reads(tiny_family, monkeypatch, params: SamplingParams, k: int) -> dict[int, int]:
+    """Host reads of one batched draft-model step (after the prefills), at 1 and 4 rows."""
     from quickdraft.batch_generate import make_batch_engine
     from quickdraft.decoding import batch_engine
     from quickdraft.drafters import batched
@@ -169,16 +167,32 @@ def test_a_batch_step_reads_the_device_once_per_draft_position_whatever_the_rows
     monkeypatch.setattr(batch_engine, "ragged_forward", tagged(batch_engine.ragged_forward))
     tok = load_tokenizer(tiny_family["target"])
     target, draft = load_model(tiny_family["target"]), load_model(tiny_family["perturbed"])
-    k, reads = 3, {}
+    reads = {}
     for rows in (1, 4):
         engine = make_batch_engine(target, method="draft", draft=draft, max_batch_size=rows, max_len=128,
                                    num_speculative_tokens=k)
         for i in range(rows):
-            engine.add(torch.tensor(tok(f"def f{i}(a, b):\n")["input_ids"]), SamplingParams(), StopConditions(40))
+            row_params = params if params.greedy else SamplingParams(params.temperature, seed=i)
+            engine.add(torch.tensor(tok(f"def f{i}(a, b):\n")["input_ids"]), row_params, StopConditions(40))
         engine.step(), engine.step()  # the prefills (a row's draft prefill runs alone)
         OnDevice.reads.clear()
         OnDevice.errors.clear()
         engine.step()
         assert not OnDevice.errors, OnDevice.errors[:3]
         reads[rows] = len(OnDevice.reads)
-    assert reads[4] == reads[1] <= k + 1, reads
+    return reads
+
+
+def test_a_batch_step_reads_the_device_once_per_draft_position_whatever_the_rows(tiny_family, monkeypatch):
+    """The batched engine with the draft model: the greedy rows' draft tokens, and the
+    target's argmax for every row, are read at once (8 server streams on an H200 ran no
+    faster than one while each row read the device on its own)."""
+    reads = batch_step_reads(tiny_family, monkeypatch, SamplingParams(), k=3)
+    assert reads[4] == reads[1] <= 3 + 1, reads
+
+
+def test_sampled_rows_copy_their_draft_distributions_once_per_draft_position(tiny_family, monkeypatch):
+    """Sampled rows: one copy of every row's q per draft position; the target's p is still
+    copied row by row (each row's acceptance rule)."""
+    reads = batch_step_reads(tiny_family, monkeypatch, SamplingParams(temperature=0.8), k=3)
+    assert reads[1] <= 3 + 1 and reads[4] <= 3 + 4, reads
