@@ -429,3 +429,22 @@ def test_quiet_transformers_restores_the_library_settings():
     with quiet_transformers():
         assert logging.get_verbosity() == logging.ERROR and not logging.is_progress_bar_enabled()
     assert (logging.get_verbosity(), logging.is_progress_bar_enabled()) == before
+
+
+def test_generate_imports_no_other_subcommand_module():
+    """Start-up: `quickdraft generate` builds only its own parser (the bench's module alone
+    costs ~0.2 s to import); help and unknown commands still list every sub-command."""
+    code = ("import sys\nfrom quickdraft.cli import main\n"
+            "assert main(['generate', '--prompt', 'def f', '--max-new-tokens', '2', '--method', 'ar']) == 0\n"
+            "print(sorted(m for m in ('quickdraft.bench.cli', 'quickdraft.server.cli', 'quickdraft.train.cli',"
+            " 'quickdraft.tune.cli', 'quickdraft.demo') if m in sys.modules))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().splitlines()[-1] == "[]"
+    from quickdraft.cli import build_parser
+
+    help_text = build_parser().format_help()
+    assert all(name in help_text for name in ("models", "generate", "demo", "train", "bench", "tune", "serve"))
+    unknown = subprocess.run([sys.executable, "-m", "quickdraft", "nosuch"], capture_output=True, text=True,
+                             timeout=300)
+    assert unknown.returncode == 2 and "serve" in unknown.stderr and "Traceback" not in unknown.stderr
