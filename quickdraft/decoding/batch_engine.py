@@ -296,7 +296,7 @@ def greedy_choices(rules: Sequence[AcceptanceRule], logits: Sequence[torch.Tenso
     """The target's argmax for every greedy row (by index), read from the device at once: on
     a GPU one synchronisation for the batch instead of one per row."""
     greedy = [i for i, rule in enumerate(rules) if isinstance(rule, GreedyAcceptance)]
-    if len(greedy) < 2:
+    if not greedy:
         return {}
     flat = torch.cat([logits[i].argmax(dim=-1) for i in greedy]).tolist()
     out, at = {}, 0

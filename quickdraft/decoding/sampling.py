@@ -100,3 +100,22 @@ def choose(
         return int(logits.argmax()), None
     probs = host_probabilities(logits, params, generator)
     return sample(probs, generator), probs
+
+
+def choose_rows(
+    logits: list[torch.Tensor], params: list[SamplingParams], generators: list[torch.Generator]
+) -> list[tuple[int, torch.Tensor | None]]:
+    """:func:`choose` for many rows (1-D logits of one length each), with the same tokens
+    and distributions, but reading the device once for every greedy row's argmax and once
+    for every sampled row's distribution: on a GPU two synchronisations, not one a row."""
+    out: list[tuple[int, torch.Tensor | None]] = [(0, None)] * len(logits)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    if greedy:
+        for i, token in zip(greedy, torch.stack([logits[i] for i in greedy]).argmax(dim=-1).tolist()):
+            out[i] = (token, None)
+    sampled = [i for i, p in enumerate(params) if not p.greedy]
+    if sampled:
+        probs = torch.stack([probabilities(logits[i], params[i]) for i in sampled])
+        for i, q in zip(sampled, probs.to(generators[sampled[0]].device).unbind()):
+            out[i] = (sample(q, generators[i]), q)
+    return out

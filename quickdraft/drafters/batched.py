@@ -32,7 +32,7 @@ import torch
 
 from ..decoding.drafter import Drafter, NoDrafter
 from ..decoding.proposal import EMPTY, Proposal
-from ..decoding.sampling import SamplingParams, choose, probabilities, sample
+from ..decoding.sampling import SamplingParams, choose_rows
 from ..models.decode_linear import invariant_rows, row_dependent_rounding
 from ..models.exit_head import ExitHead
 from ..models.kv_cache import KVCache
@@ -113,17 +113,9 @@ class BatchedChain:
                 feeds.append(Feed(slot, self.lengths[slot], fed, 1))
                 self.lengths[slot] += fed.numel()
             logits = self.forward(feeds)
-            greedy = self._greedy_tokens([slots[i] for i in rows], logits)
-            sampled = self._host_distributions([slots[i] for i in rows], logits)
-            for j, (i, row_logits) in enumerate(zip(rows, logits)):
-                slot = slots[i]
-                if j in greedy:
-                    token, q = greedy[j], None
-                elif j in sampled:
-                    token, q = sample(sampled[j], self.generators[slot]), sampled[j]
-                else:
-                    token, q = choose(present_logits(row_logits[0], self.vocab_size), self.params[slot],
-                                      self.generators[slot])
+            chosen = choose_rows([present_logits(row[0], self.vocab_size) for row in logits],
+                                 [self.params[slots[i]] for i in rows], [self.generators[slots[i]] for i in rows])
+            for i, (token, q) in zip(rows, chosen):
                 chains[i].append(token)
                 if q is not None:
                     probs[i].append(q)
@@ -134,27 +126,6 @@ class BatchedChain:
             else:
                 out.append(Proposal.chain(torch.tensor(chain, dtype=torch.long), torch.stack(q) if q else None))
         return out
-
-    def _greedy_tokens(self, slots: Sequence[int], logits: Sequence[torch.Tensor]) -> dict[int, int]:
-        """The greedy rows' draft tokens (by index), read from the device at once: on a GPU
-        one synchronisation per draft position instead of one per row (the same argmax
-        ``choose`` takes)."""
-        greedy = [j for j, slot in enumerate(slots) if self.params[slot].greedy]
-        if len(greedy) < 2:
-            return {}
-        rows = torch.stack([present_logits(logits[j][0], self.vocab_size) for j in greedy])
-        return dict(zip(greedy, rows.argmax(dim=-1).tolist()))
-
-    def _host_distributions(self, slots: Sequence[int], logits: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
-        """The sampled rows' draft distributions (by index), each computed where its logits
-        are with its own settings, as ``choose`` does, then copied to the host at once: on a
-        GPU one synchronisation per draft position instead of one per row."""
-        sampled = [j for j, slot in enumerate(slots) if not self.params[slot].greedy]
-        if len(sampled) < 2:
-            return {}
-        rows = torch.stack([probabilities(present_logits(logits[j][0], self.vocab_size), self.params[slots[j]])
-                            for j in sampled])
-        return dict(zip(sampled, rows.to(self.generators[slots[sampled[0]]].device).unbind()))
 
     def verified(self, slot: int, length: int, path: list[int]) -> None:
         # The cache holds the sequence's ``length`` tokens plus the chain's fed tokens; keep
