@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# SmolLM2-135M-Instruct on a GPU machine reached through the device tool, whose calls carry
+# at most 64 MiB: the 94 MiB GGUF travels in two halves, one per call, while the machine
+# stays warm (it keeps /tmp between calls for ~30 s of idleness).
+#
+# Here, once:   scripts/gpu_smollm2.sh split        (writes .gguf-a/ and .gguf-b/, ignored)
+#               scripts/gpu_tree.sh --code && git checkout gpu-tree
+# Device call 1 (carry [".whl", ".gguf-a"]):  scripts/gpu_smollm2.sh stash .gguf-a
+#   (any timing parts can follow in the same call: they need no model files)
+# Device call 2 (carry [".whl", ".gguf-b"]):  scripts/gpu_smollm2.sh run .gguf-b
+#   joins the halves (checked against the sha256 recorded at split), trains an EAGLE
+#   drafter for SmolLM2 on the GPU, then loads the server with SmolLM2 (1 vs 8 streams).
+# Results: $RES (default /tmp/qd-smol-results), tarred into $OUT when $OUT is set.
+set -u
+cd "$(dirname "$0")/.."
+STASH=/tmp/qd-gguf
+RES=${RES:-/tmp/qd-smol-results}
+GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+
+pack() {  # the results so far, into the tool's $OUT (a killed command returns only what is there)
+    [ -n "${OUT:-}" ] && tar -czf "$OUT/smollm2-results.tgz" -C "$(dirname "$RES")" "$(basename "$RES")"
+    return 0
+}
+
+case "${1:-}" in
+split)
+    src=$(.venv/bin/python -c "from quickdraft.models.loading import resolve_model_dir as r; print(r('smollm2-135m'))")
+    [ -f "$src" ] || { echo "gpu_smollm2: SmolLM2 is not installed: quickdraft models install smollm2-135m" >&2; exit 2; }
+    rm -rf .gguf-a .gguf-b && mkdir -p .gguf-a .gguf-b
+    head -c 57671680 "$src" > .gguf-a/part    # 55 MiB
+    tail -c +57671681 "$src" > .gguf-b/part
+    sha256sum "$src" | cut -d' ' -f1 | tee .gguf-a/sha256 > .gguf-b/sha256
+    du -b .gguf-a/part .gguf-b/part
+    ;;
+stash)
+    mkdir -p "$STASH" && cp "$2/part" "$STASH/a" && cp "$2/sha256" "$STASH/sha256"
+    echo "gpu_smollm2: first half kept in $STASH ($(du -b "$STASH/a" | cut -f1) bytes)"
+    ;;
+run)
+    [ -f "$STASH/a" ] || { echo "gpu_smollm2: $STASH/a is gone (the machine went cold); run call 1 again" >&2; exit 3; }
+    cat "$STASH/a" "$2/part" > "$STASH/$GGUF_NAME"
+    [ "$(sha256sum "$STASH/$GGUF_NAME" | cut -d' ' -f1)" = "$(cat "$2/sha256")" ] \
+        || { echo "gpu_smollm2: the joined GGUF does not match its sha256" >&2; exit 4; }
+    GGUF=$STASH/$GGUF_NAME
+    PY=${PY:-python3}
+    export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    # gguf (the loader) and the server's packages: the machine has torch and transformers only
+    [ -d .whl ] && "$PY" -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+    mkdir -p "$RES"
+    nvidia-smi > "$RES/nvidia-smi.txt" 2>&1
+    STEPS=${STEPS:-1200}
+    # 1. EAGLE for SmolLM2 (the CPU run's settings, 16x the tokens a step); SIGINT at the
+    #    limit still saves a usable, resumable drafter.
+    timeout -s INT --kill-after=30 "${TRAIN_LIMIT:-280}" "$PY" -m quickdraft train heads --kind eagle \
+        --target "$GGUF" --data data/selfdistill/smollm2-135m stdlib --out "$RES/smollm2-135m-eagle" \
+        --steps "$STEPS" --seq-len 512 --batch-size 16 --lr 1.5e-3 --warmup 40 --reg-weight 0.5 \
+        --ttt-steps 5 --draft-vocab 4096 --ckpt-every 250 --log-every 25 --eval-tokens 65536 \
+        --device cuda --no-progress > "$RES/eagle-train.log" 2>&1
+    echo "eagle-train: exit $?" | tee -a "$RES/parts.txt"; tail -n 8 "$RES/eagle-train.log"
+    rm -rf "$RES/smollm2-135m-eagle-work/checkpoints"   # 3x the head's size; the head is enough
+    pack
+    # 2. The server on SmolLM2, bf16 on the GPU: 8 concurrent streams against 1.
+    timeout --kill-after=10 "${SERVER_LIMIT:-100}" "$PY" -m quickdraft.server.loadtest --start \
+        --categories short,long --requests 16 --max-tokens 128 --concurrency 1,8 \
+        --json "$RES/server-load-smollm2.json" -- --model "$GGUF" --device cuda > "$RES/server.log" 2>&1
+    echo "server: exit $?" | tee -a "$RES/parts.txt"; tail -n 12 "$RES/server.log"
+    pack
+    ;;
+*)
+    echo "usage: scripts/gpu_smollm2.sh split | stash DIR | run DIR (see the top of this file)" >&2
+    exit 2
+    ;;
+esac
