@@ -9,7 +9,12 @@ read (3 ms for the 8B). This script separates the candidates, each in isolation:
 - device-to-device copy bandwidth (the HBM figure a roofline assumes);
 - one bf16 GEMV of an 8B MLP weight, timed by CUDA events (kernel time) and by the wall;
 - one plain decode step of a random Llama-1B-shaped model under ``torch.profiler``: the
-  ops with the most CPU and the most device time.
+  ops with the most CPU and the most device time (at one key length, again and again);
+- plain decode steps whose key length grows by one each step, as in generation, with
+  torch's own choice of attention kernels and with the runtime's (no cuDNN attention:
+  ``models/transformer.attention_kernels``). The first H100 run (2026-11-26) found the
+  warmed fixed-length 1B step at 6.3 ms and a generation's step at ~60 ms, with
+  ``_cudnn_attention_forward`` in the profile: cuDNN plans per key length.
 
     python scripts/gpu_overheads.py --out results/gpu/overheads.json           # on a GPU
     python scripts/gpu_overheads.py --device cpu --shape tiny --out /tmp/o.json  # smoke test
@@ -137,6 +142,38 @@ def profiled_step(shape: str, device: torch.device, dtype: torch.dtype, top: int
     return result
 
 
+def growing_steps(shape: str, device: torch.device, dtype: torch.dtype, steps: int = 48) -> dict:
+    """Median wall ms of a greedy decode step as the key length grows (a new length each
+    step), with torch's default attention kernels and with the runtime's choice."""
+    import gpu_roofline
+    from torch.nn.attention import SDPBackend
+
+    from quickdraft.models import transformer
+
+    hf = gpu_roofline.hf_model(shape, device, dtype)
+    target = gpu_roofline.native_from(hf, device, dtype)
+    del hf
+    prompt = torch.randint(0, gpu_roofline.SHAPES[shape]["vocab_size"], (64,))
+    ours = transformer.EAGER_CUDA_ATTENTION
+    every = ours + [SDPBackend.CUDNN_ATTENTION]  # all enabled: torch's own priority decides
+    result = {"shape": shape, "steps": steps}
+    for name, kernels in (("torch_default", every), ("quickdraft", ours), ("torch_default_again", every)):
+        transformer.EAGER_CUDA_ATTENTION = kernels
+        try:
+            target.reset(64 + steps + 1)
+            target.extend(prompt, logits="none")
+            token, times = prompt[-1:], []
+            for _ in range(steps):
+                sync(device)
+                started = time.perf_counter()
+                token = target.extend(token, logits=1).argmax(-1).view(1).cpu()
+                times.append(1e3 * (time.perf_counter() - started))
+            result[f"{name}_step_ms"] = statistics.median(times)
+        finally:
+            transformer.EAGER_CUDA_ATTENTION = ours
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
@@ -154,7 +191,8 @@ def main() -> int:
     parts = [("sync", lambda: sync_costs(device, 50)), ("launch", lambda: launch_cost(device)),
              ("copy", lambda: copy_bandwidth(device, dtype, args.copy_mib)),
              ("gemv_8b_mlp", lambda: gemv(device, dtype, 14336, 4096)),
-             ("step", lambda: profiled_step(args.shape, device, dtype, args.top))]
+             ("step", lambda: profiled_step(args.shape, device, dtype, args.top)),
+             ("growing", lambda: growing_steps(args.shape, device, dtype))]
     for name, fn in parts:
         try:
             result[name] = fn()

@@ -104,7 +104,11 @@ def theirs(hf, prompt, n: int, assistant=None, k: int = 4) -> dict:
     ids = prompt.view(1, -1).to(hf.device)
     sync(hf.device)
     started = time.perf_counter()
-    with torch.inference_mode():
+    from quickdraft.models.transformer import attention_kernels
+
+    # transformers gets the attention kernels ours uses (attention_kernels: no cuDNN, whose
+    # per-key-length plans cost ~50 ms a step in both runtimes on the first GPU runs)
+    with torch.inference_mode(), attention_kernels(hf.device):
         out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
                           do_sample=False, pad_token_id=0, **kwargs)
     sync(hf.device)

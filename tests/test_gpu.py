@@ -134,3 +134,16 @@ def test_captured_steps_decode_like_plain(method):
     assert step is not None and step.compiled
     if step.fn.eager:
         warnings.warn("torch.compile fell back to eager on this GPU: steps are not captured", stacklevel=1)
+
+
+def test_eager_decoding_runs_no_cudnn_attention():
+    """A generation's key length grows every step, and cuDNN attention plans each new length
+    (~50 ms a step on the first H100/H200 runs): eager passes must not use it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gen = generator("ar", "bfloat16")
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        gen.generate(PROMPTS[0], max_new_tokens=8)
+    ops = {e.key for e in prof.key_averages()}
+    assert not [op for op in ops if "cudnn_attention" in op], sorted(op for op in ops if "attention" in op)
+    assert [op for op in ops if "attention" in op]  # the profile saw attention at all

@@ -49,7 +49,8 @@ def test_overheads_script_runs_on_the_cpu(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(out.read_text())
-    for part in ("sync", "launch", "copy", "gemv_8b_mlp", "step"):
+    for part in ("sync", "launch", "copy", "gemv_8b_mlp", "step", "growing"):
         assert "error" not in result[part], (part, result[part])
     assert result["step"]["step_wall_us"] > 0 and result["step"]["top_by_cpu"]
     assert result["launch"]["launch_us_per_kernel"] > 0 and result["copy"]["bytes_per_s_read_plus_write"] > 0
+    assert all(result["growing"][f"{name}_step_ms"] > 0 for name in ("torch_default", "quickdraft"))

@@ -16,6 +16,7 @@ from ..decoding.stats import GenerationStats
 from ..decoding.stopping import StopConditions
 from ..decoding.verify import AcceptanceRule
 from ..drafters import NoDrafter
+from ..models.transformer import attention_kernels
 from .context import BenchContext
 from .results import RunOutput
 
@@ -142,7 +143,8 @@ class HFMethod:
         if not params.greedy:
             torch.manual_seed(params.seed if params.seed is not None else 0)
         ids = prompt.view(1, -1).to(target.device)
-        with torch.inference_mode():
+        # the attention kernels our runtime uses on this device: a like-for-like baseline
+        with torch.inference_mode(), attention_kernels(target.device):
             out = target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, **kwargs)
         return out[0, ids.shape[1]:].tolist()
 

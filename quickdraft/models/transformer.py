@@ -8,6 +8,7 @@ arbitrary attention masks for token trees, per-row lengths for batches).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .config import ModelConfig
 from .kv_cache import KVCache
@@ -85,6 +87,21 @@ def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask.logical_not(), float("-inf"))
+
+
+# Attention kernels for eager passes on CUDA: every backend but cuDNN's. cuDNN attention
+# builds an execution plan for each new key length, and a decode step's key length grows
+# by one each step: on the first GPU runs (H200 and H100, torch 2.11) that plan cost
+# ~50 ms a step whatever the model's size, where the whole warmed 1B step took ~6 ms
+# (docs/gpu.md, "Results"). A captured step has fixed shapes, so it keeps torch's choice.
+EAGER_CUDA_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def attention_kernels(device: torch.device) -> contextlib.AbstractContextManager:
+    """The attention backends a pass on ``device`` may use (see ``EAGER_CUDA_ATTENTION``)."""
+    if device.type != "cuda" or torch.compiler.is_compiling():
+        return contextlib.nullcontext()
+    return sdpa_kernel(EAGER_CUDA_ATTENTION)
 
 
 @dataclass(frozen=True)
@@ -425,11 +442,12 @@ class Transformer(nn.Module):
         states: dict[int, torch.Tensor] = {}
         if start in output_hidden_states:
             states[start] = x
-        for i in range(start, stop):
-            x = self.layers[i](x, rope, cache, i, rows, slots, mask, kv_len, i not in skip_attn, i not in skip_mlp,
-                               row_masks)
-            if i + 1 in output_hidden_states:
-                states[i + 1] = x
+        with attention_kernels(x.device):
+            for i in range(start, stop):
+                x = self.layers[i](x, rope, cache, i, rows, slots, mask, kv_len, i not in skip_attn,
+                                   i not in skip_mlp, row_masks)
+                if i + 1 in output_hidden_states:
+                    states[i + 1] = x
         out = None
         if logits == "all":
             out = self.head(x)
