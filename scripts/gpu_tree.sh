@@ -23,6 +23,7 @@ git worktree add -q --detach "$tmp" HEAD
     git rm -rq --ignore-unmatch docs data \
         quickdraft/assets/models/qd-smollm2-135m-draft \
         quickdraft/assets/heads/smollm2-135m-exit8x \
+        quickdraft/assets/heads/smollm2-135m-eagle \
         quickdraft/assets/heads/qd-stdlib-target-prophet1 \
         quickdraft/assets/heads/qd-stdlib-target-medusa4 \
         quickdraft/assets/heads/qd-stdlib-target-exit1x
