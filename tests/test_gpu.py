@@ -147,3 +147,27 @@ def test_eager_decoding_runs_no_cudnn_attention():
     ops = {e.key for e in prof.key_averages()}
     assert not [op for op in ops if "cudnn_attention" in op], sorted(op for op in ops if "attention" in op)
     assert [op for op in ops if "attention" in op]  # the profile saw attention at all
+
+
+def test_train_data_and_train_draft_run_on_the_gpu(tmp_path, monkeypatch):
+    """`train data --device cuda` writes bf16 shards; `train draft --device cuda` trains on
+    them (with its probe on the GPU) and saves a draft the CPU loads."""
+    import json
+
+    from quickdraft import cli
+    from quickdraft.train import shards
+
+    monkeypatch.setenv("QUICKDRAFT_CONFIG_DIR", str(tmp_path / "config"))
+    data = tmp_path / "data"
+    assert cli.main(["train", "data", "--target", "qd-stdlib-target", "--out", str(data), "--tokens", "100",
+                     "--shard-jobs", "5", "--batch-size", "5", "--max-new-tokens", "24", "--no-progress",
+                     "--device", "cuda"]) == 0
+    assert json.loads((data / shards.META_FILE).read_text())["dtype"] == "bfloat16"
+    out = tmp_path / "draft"
+    assert cli.main(["train", "draft", "--target", "qd-stdlib-target", "--out", str(out), "--data", str(data),
+                     "--config", "tiny", "--steps", "4", "--seq-len", "32", "--batch-size", "2",
+                     "--probe-every", "2", "--eval-tokens", "256", "--no-progress", "--device", "cuda"]) == 0
+    plain = SpeculativeGenerator.from_pretrained(method="ar")  # on the CPU
+    drafted = SpeculativeGenerator.from_pretrained(method="draft", draft=str(out))
+    assert drafted.generate(PROMPTS[0], max_new_tokens=8, num_speculative_tokens=2).token_ids == plain.generate(
+        PROMPTS[0], max_new_tokens=8).token_ids

@@ -137,3 +137,26 @@ def test_a_draft_from_the_target_is_its_embeddings_and_evenly_spaced_layers():
     assert student.training and all(p.requires_grad for n, p in student.named_parameters() if "embed" not in n)
     with pytest.raises(TrainInputError, match="as wide as the target"):
         student_from_target(teacher, Arch(width // 2, 2, 4, 64), seed=0)
+
+
+def test_data_records_its_precision_and_reads_older_shards_as_float32(data, tmp_path, capsys):
+    import shutil
+
+    assert json.loads((data / shards.META_FILE).read_text())["dtype"] == "float32"
+    older = tmp_path / "older"
+    shutil.copytree(data, older)
+    meta = json.loads((older / shards.META_FILE).read_text())
+    del meta["dtype"]  # written before the record had it: made on the CPU, in float32
+    (older / shards.META_FILE).write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert make_data(older, 1, "--temperature", "0") == 0
+    assert "nothing to do" in capsys.readouterr().err
+
+
+def test_data_on_a_missing_device_is_one_line(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert make_data(tmp_path / "d", 10, "--device", "cuda") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "cuda" in err.lower()
+    assert not (tmp_path / "d").exists()

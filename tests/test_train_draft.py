@@ -387,3 +387,14 @@ def test_a_poor_measured_ratio_warns_when_the_estimate_did_not(setup, tmp_path, 
     assert train_draft(setup, tmp_path / "d", "--steps", "1") == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "0.90 x the target's (measured" in warnings[0], warnings
+
+
+@pytest.mark.parametrize("device", ["warp-drive", "cuda"])
+def test_train_draft_bad_device_is_one_line(setup, tmp_path, capsys, device):
+    """``--device`` (shared by draft, exit-head and heads) is checked before any training."""
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code = train_draft(setup, tmp_path / "d", "--device", device)
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and ("not a torch device" in err or "CUDA" in err), err
+    assert not (tmp_path / "d").exists()

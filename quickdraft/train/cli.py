@@ -104,6 +104,9 @@ def _configure_distill(p: argparse.ArgumentParser, steps: int = 1000, lr: float 
     p.add_argument("--threads", type=_threads, default=None,
                    help="torch CPU threads, or 'auto' (1 or 2 per step by measured speed)")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
+    p.add_argument("--device", default="cpu",
+                   help="where the target and the student run while training, e.g. 'cuda' (default cpu); "
+                        "the saved files are the same either way")
     return p
 
 
@@ -135,9 +138,6 @@ def _configure_exit_head(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--extra-block", action="store_true",
                    help="put one trainable transformer block (initialised from the target's next layer) "
                         "in front of the head")
-    p.add_argument("--device", default="cpu",
-                   help="where the target and head run while training, e.g. 'cuda' (default cpu); the "
-                        "saved head is the same file either way")
     return p
 
 
@@ -168,8 +168,6 @@ def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--draft-vocab", type=non_negative_int, default=None, metavar="N",
                    help="eagle: its LM head scores the N most frequent tokens of the training text (default: "
                         "an eighth of the vocabulary, at least 1024; 0 = all)")
-    p.add_argument("--device", default="cpu",
-                   help="where the target and heads run while training, e.g. 'cuda' (default cpu)")
     return p
 
 
@@ -191,6 +189,9 @@ def _configure_data(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="which prompts and samples (default 0)")
     p.add_argument("--max-seconds", type=positive_int, default=None,
                    help="start no shard that would end after this many seconds (run again to continue)")
+    p.add_argument("--device", default="cpu",
+                   help="where the target generates, e.g. 'cuda' (there in bfloat16; default cpu, float32); "
+                        "a shard directory keeps one precision")
     p.add_argument("--no-progress", action="store_true", help="no tqdm progress bar")
     return p
 

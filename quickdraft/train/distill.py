@@ -105,6 +105,18 @@ def join_ids(stream: np.ndarray, docs: list[tuple[str, np.ndarray]], tok) -> np.
     return np.concatenate(parts)
 
 
+def resolve_device(name: str) -> torch.device:
+    """``--device`` as a torch device; one line when it does not exist on this machine (the
+    inference commands' check, :func:`~quickdraft.models.placement.resolve_device`)."""
+    from ..models.placement import PlacementError
+    from ..models.placement import resolve_device as resolve
+
+    try:
+        return resolve(name)
+    except PlacementError as exc:
+        raise TrainInputError(str(exc)) from None
+
+
 def check_settings(work_dir: Path, settings: dict, resume: bool) -> None:
     """Record the settings batches and weights depend on; ``resume`` must not change them."""
     path = Path(work_dir) / "run.json"

@@ -27,7 +27,7 @@ from ..models.loading import load_native, resolve_model_dir
 from ..models.registry import read_meta
 from ..pair import load_tokenizer
 from . import card
-from .distill import DistillTask, check_settings, tokenize, train
+from .distill import DistillTask, check_settings, resolve_device, tokenize, train
 from .draft import default_work_dir
 from .presets import Stage
 from .probe import acceptance_probe, as_lm, probe_prompts, snapshot
@@ -93,18 +93,6 @@ def make_exit_loss(target_pass: TargetPass, kl_weight: float, ce_weight: float):
         return distill_objective(t_logits, logits, labels, kl_weight, ce_weight)
 
     return loss_fn
-
-
-def resolve_device(name: str) -> torch.device:
-    """``--device`` as a torch device; one line when it does not exist on this machine (the
-    inference commands' check, :func:`~quickdraft.models.placement.resolve_device`)."""
-    from ..models.placement import PlacementError
-    from ..models.placement import resolve_device as resolve
-
-    try:
-        return resolve(name)
-    except PlacementError as exc:
-        raise TrainInputError(str(exc)) from None
 
 
 def check_out_dir(out: Path, force: bool, holds_ours=is_exit_head_dir, what: str = "exit head") -> None:

@@ -34,9 +34,9 @@ from ..models.eagle import EagleHead, is_eagle_dir, load_eagle, save_eagle
 from ..models.medusa import MedusaHeads, is_medusa_dir, load_medusa, save_medusa
 from ..models.registry import read_meta
 from . import card
-from .distill import DistillTask, check_settings, tokenize, train
+from .distill import DistillTask, check_settings, resolve_device, tokenize, train
 from .draft import default_work_dir
-from .exit_head import check_out_dir, load_native_teacher, resolve_device
+from .exit_head import check_out_dir, load_native_teacher
 from .presets import Stage
 from .probe import acceptance_probe, as_lm, probe_prompts, snapshot
 from .textdata import TrainInputError, read_text_data

@@ -28,9 +28,9 @@ from ..models.draft_vocab import default_vocab_size, write_draft_vocab
 from ..models.prophet import Prophet, ProphetConfig, is_prophet_dir, load_prophet, save_prophet
 from ..models.registry import read_meta
 from . import card
-from .distill import DistillTask, check_settings, tokenize, train
+from .distill import DistillTask, check_settings, resolve_device, tokenize, train
 from .draft import default_work_dir
-from .exit_head import check_out_dir, load_native_teacher, resolve_device
+from .exit_head import check_out_dir, load_native_teacher
 from .heads import TargetStates, multi_head_backward
 from .presets import Stage
 from .probe import acceptance_probe, as_lm, probe_prompts, snapshot

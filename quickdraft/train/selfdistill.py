@@ -84,13 +84,14 @@ def _code_files() -> list[tuple[str, str]]:
     return files
 
 
-def check_settings(out: Path, settings: DataSettings, target_dir: Path) -> None:
-    """Write ``selfdistill.json``, or check that the shards already there match it."""
+def check_settings(out: Path, settings: DataSettings, target_dir: Path, dtype: str = "float32") -> None:
+    """Write ``selfdistill.json``, or check that the shards already there match it (``dtype``:
+    the target's precision, which changes what it samples; older files made in float32)."""
     record = {"format": shards.FORMAT, **asdict(settings), "target_path": str(target_dir),
-              "mix": dict(MIX)}
+              "mix": dict(MIX), "dtype": dtype}
     path = out / shards.META_FILE
     if path.exists():
-        old = shards.read_meta(out)
+        old = {"dtype": "float32", **shards.read_meta(out)}
         changed = [f"{k}: {old.get(k)} -> {v}" for k, v in record.items()
                    if k != "target_path" and old.get(k) != v]
         if changed:
@@ -176,19 +177,23 @@ def run_train_data(args, log=print) -> int:
 
     from ..generator import SpeculativeGenerator
     from ..models.loading import resolve_model_dir
+    from ..models.placement import resolve_dtype
+    from .distill import resolve_device
 
     out = Path(args.out)
+    device = resolve_device(getattr(args, "device", "cpu"))
+    dtype = str(resolve_dtype(None, device)).removeprefix("torch.")  # the runtime's default there
     target_dir = resolve_model_dir(args.target)
     settings = DataSettings(target=str(args.target), seed=args.seed, shard_jobs=args.shard_jobs,
                             temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                             question_tokens=min(48, args.max_new_tokens))
-    check_settings(out, settings, target_dir)
+    check_settings(out, settings, target_dir, dtype)
     have = shards.totals(out)
     if have["generated"] >= args.tokens:
         log(f"[train data] {out} already holds {have['generated']:,} generated tokens "
             f"({have['shards']} shards); nothing to do (raise --tokens for more)")
         return 0
-    gen = SpeculativeGenerator.from_pretrained(args.target, method="ar")
+    gen = SpeculativeGenerator.from_pretrained(args.target, method="ar", device=str(device), dtype=dtype)
     vocab = len(gen.tokenizer)
     maker = ShardMaker(gen, settings, args.batch_size)
     done = set(shards.done_shards(out))
