@@ -101,11 +101,11 @@ def theirs(hf, prompt, n: int, assistant=None, k: int = 4) -> dict:
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         assistant.generation_config.assistant_confidence_threshold = 0.0
         kwargs["assistant_model"] = assistant
+    from quickdraft.models.transformer import attention_kernels
+
     ids = prompt.view(1, -1).to(hf.device)
     sync(hf.device)
     started = time.perf_counter()
-    from quickdraft.models.transformer import attention_kernels
-
     # transformers gets the attention kernels ours uses (attention_kernels: no cuDNN, whose
     # per-key-length plans cost ~50 ms a step in both runtimes on the first GPU runs)
     with torch.inference_mode(), attention_kernels(hf.device):

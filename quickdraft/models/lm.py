@@ -28,7 +28,7 @@ from .loading import (
 from .placement import Placement
 from .shared_embed import fill_hf, missing_target_error, read_shared
 from .static_step import StaticStep
-from .transformer import Transformer
+from .transformer import Transformer, attention_kernels
 
 
 class CausalLM(Protocol):
@@ -252,7 +252,8 @@ class HFCausalLM:
             self.reset()
         keep = 0 if logits == "all" else (1 if isinstance(logits, str) else logits)  # 0 keeps all
         tokens = tokens.to(self.model.device, non_blocking=True)
-        out, self.past = forward_with_cache(self.model, tokens.view(1, -1), self.past, logits_to_keep=keep)
+        with attention_kernels(self.model.device):  # no per-length cuDNN plans (see there)
+            out, self.past = forward_with_cache(self.model, tokens.view(1, -1), self.past, logits_to_keep=keep)
         self.length += tokens.shape[-1]
         return None if logits == "none" else out[0].float()
 
