@@ -59,11 +59,12 @@ smollm2-draft: real-model
 
 # CI has no GPU: the GPU tests are deselected explicitly (they would skip anyway).
 # One pytest-xdist worker per core (each runs torch on one thread: tests/conftest.py);
-# TEST_WORKERS=0 runs the suite in one process.
+# TEST_WORKERS=0 runs the suite in one process. The 25 slowest tests are listed at the end:
+# the suite's budget is ~10 minutes on 2 cores, and that list says where it goes.
 TEST_WORKERS ?= 2
 
 test: install browser
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not gpu" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not gpu" --durations=25 tests
 
 # On a machine with a CUDA GPU and a CUDA build of torch (make install TORCH_INDEX=.../cu128):
 # only the GPU tests; they fail, not skip, when CUDA is missing (QUICKDRAFT_REQUIRE_GPU=1).
