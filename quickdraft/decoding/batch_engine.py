@@ -25,11 +25,11 @@ from ..models.lm import NativeLM
 from ..models.ragged import Feed, ragged_forward, ragged_forward_keeping
 from .drafter import Drafter, NoDrafter
 from .proposal import EMPTY, Proposal
-from .sampling import SamplingError, SamplingParams
+from .sampling import SamplingError, SamplingParams, host_probabilities_rows
 from .stats import GenerationStats, RecentAcceptance
 from .step import accepted_states, check_prompt, draft_budget, emit
 from .stopping import StopConditions
-from .verify import AcceptanceRule, GreedyAcceptance, acceptance_for
+from .verify import AcceptanceRule, GreedyAcceptance, SpeculativeSampling, acceptance_for
 
 #: Most draft tokens per step the policy considers.
 MAX_BATCH_K = 8
@@ -224,12 +224,13 @@ class BatchEngine:
                                  "the batched engine verifies plain chains (trees are batch 1)")
             r.proposal = p
         logits = self._verify(rows, adopting)
-        choices = greedy_choices([r.rule for r in rows], logits)
+        rules = [r.rule for r in rows]
+        choices, probs = greedy_choices(rules, logits), sampled_probabilities(rules, logits)
         updates = {}
         now = time.perf_counter()
         for i, (r, row_logits) in enumerate(zip(rows, logits)):
             try:
-                updates[r.id] = self._advance(r, row_logits, now, choices.get(i))
+                updates[r.id] = self._advance(r, row_logits, now, choices.get(i), probs.get(i))
             except SamplingError as exc:  # this row's numbers, not the batch's: it fails alone
                 updates[r.id] = RowUpdate([], 0, "error", r.stats, error=str(exc))
         for row_id, update in updates.items():
@@ -271,8 +272,16 @@ class BatchEngine:
                         self.drafter.adopt(rows[i].slot, states[self.drafter.adopts_layer], self.cache)
         return out
 
-    def _advance(self, r: _Row, logits: torch.Tensor, now: float, choice: list[int] | None = None) -> RowUpdate:
-        verdict = r.rule(r.proposal, logits) if choice is None else r.rule.follow(r.proposal, choice)
+    def _advance(self, r: _Row, logits: torch.Tensor, now: float, choice: list[int] | None = None,
+                 probs: torch.Tensor | None = None) -> RowUpdate:
+        """``choice`` / ``probs``: the row's greedy argmaxes / sampling distributions, read
+        with every other row's (:func:`greedy_choices`, :func:`sampled_probabilities`)."""
+        if choice is not None:
+            verdict = r.rule.follow(r.proposal, choice)
+        elif probs is not None:
+            verdict = r.rule.decide(r.proposal, probs)
+        else:
+            verdict = r.rule(r.proposal, logits)
         accepted = len(verdict.path)
         first = r.stats.target_forward_passes == 0
         self.pooled.record_step(r.proposal.size, accepted)  # what the policy learns from: every accepted draft
@@ -304,3 +313,14 @@ def greedy_choices(rules: Sequence[AcceptanceRule], logits: Sequence[torch.Tenso
         n = logits[i].shape[0]
         out[i], at = flat[at : at + n], at + n
     return out
+
+
+def sampled_probabilities(rules: Sequence[AcceptanceRule], logits: Sequence[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """The target's distributions for every speculatively sampled row (by index), copied to
+    the host at once: on a GPU one synchronisation for the batch instead of one per row."""
+    sampled = [i for i, rule in enumerate(rules) if isinstance(rule, SpeculativeSampling)]
+    if not sampled:
+        return {}
+    probs = host_probabilities_rows([logits[i] for i in sampled], [rules[i].params for i in sampled],
+                                    rules[sampled[0]].generator.device)
+    return dict(zip(sampled, probs))

@@ -6,6 +6,7 @@ distribution p are warped identically, so there is exactly one warping function.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -83,6 +84,17 @@ def host_probabilities(logits: torch.Tensor, params: SamplingParams, generator: 
     return probabilities(logits, params).to(generator.device)
 
 
+def host_probabilities_rows(logits: Sequence[torch.Tensor], params: Sequence[SamplingParams],
+                            device: torch.device) -> list[torch.Tensor]:
+    """:func:`host_probabilities` for many rows (logits ``[V]`` or ``[n, V]`` each, each row
+    with its own params): computed where the logits are, then one copy to ``device`` for
+    all of them (on a GPU one synchronisation, not one a row). The same values."""
+    probs = [probabilities(x, p) for x, p in zip(logits, params)]
+    flat = [p.reshape(-1, p.shape[-1]) for p in probs]
+    copied = torch.cat(flat).to(device).split([f.shape[0] for f in flat])
+    return [c.view(p.shape) for c, p in zip(copied, probs)]
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """Draw one token id from a 1-D probability vector; :class:`SamplingError` when it has
     NaN, inf or no mass (checked here, per row, so one bad row fails alone)."""
@@ -115,7 +127,8 @@ def choose_rows(
             out[i] = (token, None)
     sampled = [i for i, p in enumerate(params) if not p.greedy]
     if sampled:
-        probs = torch.stack([probabilities(logits[i], params[i]) for i in sampled])
-        for i, q in zip(sampled, probs.to(generators[sampled[0]].device).unbind()):
+        probs = host_probabilities_rows([logits[i] for i in sampled], [params[i] for i in sampled],
+                                        generators[sampled[0]].device)
+        for i, q in zip(sampled, probs):
             out[i] = (sample(q, generators[i]), q)
     return out

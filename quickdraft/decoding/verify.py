@@ -100,7 +100,11 @@ class SpeculativeSampling:
 
     def __call__(self, proposal: Proposal, target_logits: torch.Tensor) -> Verdict:
         # float32 on the CPU whatever the model's device and dtype: one copy of p per step.
-        p_all = host_probabilities(target_logits, self.params, self.generator)
+        return self.decide(proposal, host_probabilities(target_logits, self.params, self.generator))
+
+    def decide(self, proposal: Proposal, p_all: torch.Tensor) -> Verdict:
+        """The rule on the target's distributions already on the host (``[size + 1, V]``,
+        :func:`~.sampling.host_probabilities`): the batched engine copies every row's at once."""
         tokens = proposal.tokens.tolist()
         kids = proposal.children()
         path, node = [], -1
