@@ -241,7 +241,7 @@ def run_train_draft(args, command: str, log=print) -> int:
     data = read_text_data(args.data)
     tokens = tokenize(data, tok, seq_len)
     student = build_student(args, teacher, target_dir, tok, arch)
-    device = resolve_device(getattr(args, "device", "cpu"))
+    device = resolve_device(args.device)
     # Moving the teacher moves a shared embedding too: the draft holds the same Parameter.
     teacher.to(device)
     student.to(device)

@@ -181,7 +181,7 @@ def run_train_data(args, log=print) -> int:
     from .distill import resolve_device
 
     out = Path(args.out)
-    device = resolve_device(getattr(args, "device", "cpu"))
+    device = resolve_device(args.device)
     dtype = str(resolve_dtype(None, device)).removeprefix("torch.")  # the runtime's default there
     target_dir = resolve_model_dir(args.target)
     settings = DataSettings(target=str(args.target), seed=args.seed, shard_jobs=args.shard_jobs,
