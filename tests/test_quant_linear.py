@@ -16,6 +16,7 @@ from quickdraft.models.quant_linear import (
     Int8Linear,
     kernel_rows_are_invariant,
     kernels_available,
+    native_kernels,
 )
 
 pytestmark = pytest.mark.skipif(not kernels_available(), reason="this torch lacks the CPU int4/int8 kernels")
@@ -89,7 +90,9 @@ def test_gguf_q4_loads_in_int4_and_safetensors_quantize(tmp_path):
     path = tmp_path / "tiny-Q4_1.gguf"
     write_tiny_gguf(path, "Q4_1")
     int4 = load_native(path, quantize="int4")
-    assert isinstance(int4.layers[0].attn.wqkv, Int4Linear) and type(int4.lm_head) is torch.nn.Linear
+    assert isinstance(int4.layers[0].attn.wqkv, Int4Linear)
+    # The head: int8 where our kernels run (PyTorch's would be slower than float32).
+    assert isinstance(int4.lm_head, Int8Linear) if native_kernels() else type(int4.lm_head) is torch.nn.Linear
     assert not any(isinstance(m, Int4Linear) for m in load_native(path, quantize="none").modules())
     assert (gguf.cache_entry(path) / gguf.INT4_FILE).is_file()
     again = load_native(path, quantize="int4")  # from the cache: the same weights
@@ -110,3 +113,79 @@ def test_unusable_combinations_are_one_line_errors():
         assert words in str(info.value) and "\n" not in str(info.value)
     assert resolve_placement(quantize="INT4").quantize == "int4"
     assert resolve_placement().quantize == "auto"
+
+
+def test_our_kernels_build_and_run_on_x86_avx2():
+    """Where a C compiler and AVX2 exist (this machine and CI), the layers use our kernels:
+    PyTorch's int8/int4 kernels are scalar on AVX2."""
+    import shutil
+
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or not shutil.which("cc"):
+        pytest.skip("our kernels need x86 AVX2 and a C compiler")
+    assert native_kernels()
+    weight = torch.randn(48, 64)
+    assert Int8Linear(weight).native and Int4Linear.from_weight(weight).native
+
+
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_results_do_not_depend_on_the_thread_count(kind):
+    torch.manual_seed(1)
+    weight = torch.randn(200, 96)
+    layer = Int4Linear.from_weight(weight) if kind == "int4" else Int8Linear(weight)
+    x = torch.randn(9, 96)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = layer(x)
+        torch.set_num_threads(2)
+        assert torch.equal(layer(x), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_q8_0_file_loads_as_its_own_int8_groups(tmp_path):
+    """``--quantize auto`` on a Q8_0 GGUF file runs its linears and its head (SmolLM2's
+    Q4_1 file stores its tied embedding in Q8_0) on the file's int8 values and scales."""
+    if not native_kernels():
+        pytest.skip("int8 groups of 32 need our kernels")
+    path = tmp_path / "tiny-Q8_0.gguf"
+    stored = write_tiny_gguf(path, "Q8_0", tied=True)
+    q, scale = gguf.q8_head(path)
+    assert q.dtype == torch.int8 and scale.shape == (q.shape[0], q.shape[1] // 32)
+    expected = stored["model.embed_tokens.weight"]
+    torch.testing.assert_close((q.float().view(*scale.shape, 32) * scale[..., None]).view_as(expected), expected,
+                               rtol=0, atol=0)
+    model = load_native(path, quantize="auto")
+    assert isinstance(model.lm_head, Int8Linear)
+    torch.testing.assert_close(model.lm_head.dequantized(), expected, rtol=0, atol=0)
+    p = "model.layers.1."
+    for module, parts in [("attn.wqkv", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
+                          ("mlp.w_in", ["mlp.gate_proj", "mlp.up_proj"]), ("mlp.w_out", ["mlp.down_proj"])]:
+        layer = model.get_submodule(f"layers.1.{module}")
+        assert isinstance(layer, Int8Linear) and layer.native
+        fused = torch.cat([stored[f"{p}{part}.weight"] for part in parts])
+        torch.testing.assert_close(layer.dequantized(), fused, rtol=0, atol=0)
+    # The embedding keeps its float table; none leaves every weight float.
+    assert torch.equal(model.embed.weight, expected)
+    assert type(load_native(path, quantize="none").lm_head) is torch.nn.Linear
+    # A restricted head (a draft's vocabulary) takes the rows the quantized head multiplies by.
+    model.restrict_head([3, 1, 4])
+    torch.testing.assert_close(model.sub_head.weight, expected[[3, 1, 4]], rtol=0, atol=0)
+
+
+def test_a_q4_file_with_auto_runs_int4_blocks_and_matches_plain_logits(tmp_path):
+    if not native_kernels():
+        pytest.skip("auto quantizes only where the kernels are fast")
+    path = tmp_path / "tiny-Q4_0.gguf"
+    write_tiny_gguf(path, "Q4_0")
+    auto, plain = load_native(path, quantize="auto"), load_native(path, quantize="none")
+    assert isinstance(auto.layers[0].mlp.w_in, Int4Linear) and type(auto.lm_head) is torch.nn.Linear  # only a Q8_0 head is taken
+    with torch.inference_mode():
+        a, b = (m(PROMPT[None], 0, m.new_cache(1, 32)).logits for m in (auto, plain))
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_quantized_layers_refuse_to_train():
+    layer = Int8Linear(torch.randn(32, 64))
+    with pytest.raises(RuntimeError, match="quantize='none'"):
+        layer(torch.randn(2, 64, requires_grad=True))

@@ -30,6 +30,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from .quant_linear import WeightOnlyLinear
+
 
 def onednn_linear_available() -> bool:
     """Whether this PyTorch build has oneDNN's packed float32 linear (x86 CPU builds)."""
@@ -117,9 +119,10 @@ def canonical_rows(rows: int, invariant: bool = False) -> int:
 def use_decode_linears(model: nn.Module) -> bool:
     """Swap every float32 CPU ``nn.Linear`` in ``model`` for a ``DecodeLinear``, in place.
 
-    Returns whether the model now has decode linears (none on other devices or dtypes,
-    nor on builds without oneDNN; swapping twice is harmless). Tied weights get their own
-    packed copy; the embedding keeps its own.
+    Returns whether the model now has CPU decode kernels: decode linears (none on other
+    devices or dtypes, nor on builds without oneDNN; swapping twice is harmless) or
+    quantized linears (``quant_linear``), which are row-invariant too. Tied weights get
+    their own packed copy; the embedding keeps its own.
     """
     if not onednn_linear_available():
         return False
@@ -127,10 +130,10 @@ def use_decode_linears(model: nn.Module) -> bool:
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.dtype == torch.float32:
                 setattr(parent, name, DecodeLinear(child))
-    return any(isinstance(m, DecodeLinear) for m in model.modules())
+    return any(isinstance(m, (DecodeLinear, WeightOnlyLinear)) for m in model.modules())
 
 
 def invariant_rows(model: nn.Module) -> bool:
     """Whether every row count rounds each row of ``model``'s products alike (decode
     linears on a machine where ``rows_are_invariant``): no canonical padding needed."""
-    return isinstance(getattr(model, "lm_head", None), DecodeLinear) and rows_are_invariant()
+    return isinstance(getattr(model, "lm_head", None), (DecodeLinear, WeightOnlyLinear)) and rows_are_invariant()

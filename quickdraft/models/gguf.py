@@ -323,23 +323,56 @@ def q4_groups(tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.from_numpy(np.ascontiguousarray(q)), d, zero
 
 
+def q8_groups(tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One Q8_0 tensor as ``(q, scale)``: ``q`` int8 ``[rows, cols]``, ``scale`` float32
+    ``[rows, cols / 32]``, the weight being ``q * scale`` group by group, exactly the file's
+    values. A Q8_0 block is an fp16 ``d`` and 32 int8 values."""
+    rows, cols = (int(d) for d in reversed(tensor.shape.tolist()))
+    raw = np.asarray(tensor.data, dtype=np.uint8).reshape(rows, cols // 32, 34)
+    scale = raw[..., :2].copy().view(np.float16).astype(np.float32)[..., 0]
+    q = raw[..., 2:].copy().view(np.int8).reshape(rows, cols)
+    return torch.from_numpy(q), torch.from_numpy(np.ascontiguousarray(scale))
+
+
+def q8_head(path: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The file's LM head (``output.weight``, else the tied ``token_embd.weight``) as
+    :func:`q8_groups` when it is stored Q8_0; None for any other type."""
+    tensors = {t.name: t for t in open_gguf(path).tensors}
+    tensor = tensors.get("output.weight", tensors.get("token_embd.weight"))
+    if tensor is None or type_name(tensor) != "Q8_0":
+        return None
+    return q8_groups(tensor)
+
+
+def int8_blocks(path: Path, config: ModelConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The file's Q8_0 linears as :func:`q8_groups`, by the native module name (a fused
+    linear only when all its parts are Q8_0)."""
+    return _fused_blocks(path, config, ("Q8_0",), q8_groups)
+
+
 def convert_int4_blocks(path: Path, config: ModelConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """:func:`int4_blocks` without the cache."""
+    return _fused_blocks(path, config, INT4_TYPES, q4_groups)
+
+
+def _fused_blocks(path: Path, config: ModelConfig, types: tuple[str, ...], groups) -> dict[str, tuple]:
+    """``groups(tensor)`` of every fused linear whose parts are all of ``types``, the
+    parts' rows stacked in the fused order (q/k rows back in Hugging Face order)."""
     tensors = {hf_tensor_name(t.name): t for t in open_gguf(path).tensors}
     out = {}
     for i in range(config.n_layers):
         for module, parts in FUSED_LINEARS.items():
             names = [f"model.layers.{i}.{part}.weight" for part in parts]
-            if not all(n in tensors and type_name(tensors[n]) in INT4_TYPES for n in names):
+            if not all(n in tensors and type_name(tensors[n]) in types for n in names):
                 continue
-            triples = []
+            stacked = []
             for name in names:
-                triple = q4_groups(tensors[name])
-                if ".q_proj." in name or ".k_proj." in name:  # rows back in Hugging Face order
+                pieces = groups(tensors[name])
+                if ".q_proj." in name or ".k_proj." in name:
                     heads = config.n_heads if ".q_proj." in name else config.n_kv_heads
-                    triple = tuple(unpermute_rope_rows(t, heads) for t in triple)
-                triples.append(triple)
-            out[f"layers.{i}.{module}"] = tuple(torch.cat(ts).contiguous() for ts in zip(*triples))
+                    pieces = tuple(unpermute_rope_rows(t, heads) for t in pieces)
+                stacked.append(pieces)
+            out[f"layers.{i}.{module}"] = tuple(torch.cat(ts).contiguous() for ts in zip(*stacked))
     return out
 
 

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from . import gguf
 from .config import ModelConfig
 from .errors import CheckpointError
-from .quant_linear import fast_kernels, quantize_linears
+from .quant_linear import fast_kernels, quantize_head, quantize_linears
 from .registry import default_target, find_draft_dir, find_embedded, find_packaged, packaged_file
 from .shared_embed import missing_target_error, read_shared
 from .transformer import Transformer
@@ -322,19 +322,25 @@ def load_native(model_dir: Path, dtype: torch.dtype = torch.float32,
     ``shared``: tensors the checkpoint leaves to its target (:mod:`.shared_embed`), used as
     they are (same storage when ``dtype`` and ``device`` match). ``quantize``
     (``placement.resolve_quantize``): ``int8`` / ``int4`` store the transformer blocks'
-    linears so (a GGUF file's Q4_0/Q4_1 blocks taken as they are); ``auto`` runs a GGUF
-    file's Q4 linears in int4 where the kernel is fast on this CPU (``quant_linear``)."""
+    linears so (a GGUF file's Q4_0/Q4_1 or Q8_0 blocks taken as they are) and the LM head in
+    int8; ``auto`` runs a GGUF file's Q4 linears in int4 and its Q8_0 linears and head in
+    int8 where the kernels are fast on this CPU (``quant_linear``)."""
     config = read_model_config(model_dir)
     if gguf.is_gguf(model_dir):
         model = build_native(config, gguf.load_state_dict(model_dir, config), dtype, device)
         fast_here = fast_kernels() and dtype == torch.float32 and torch.device(device).type == "cpu"
         if quantize in ("int8", "int4") or (quantize == "auto" and fast_here):
-            blocks = None if quantize == "int8" else gguf.int4_blocks(model_dir, config)
-            quantize_linears(model, quantize, blocks)
+            int4 = None if quantize == "int8" else gguf.int4_blocks(model_dir, config)
+            int8 = gguf.int8_blocks(model_dir, config) if quantize != "int4" else None
+            quantize_linears(model, quantize, int4, int8)
+            head = gguf.q8_head(model_dir)  # auto: only a head the file stores in 8 bits
+            if head is not None or quantize != "auto":
+                quantize_head(model, head)
         return model
     if shared is None and read_shared(model_dir) is not None:
         raise missing_target_error(model_dir)
     model = build_native(config, {**load_state_dict(model_dir), **(shared or {})}, dtype, device)
     if quantize in ("int8", "int4"):
         quantize_linears(model, quantize)
+        quantize_head(model)
     return model

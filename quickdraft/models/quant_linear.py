@@ -20,11 +20,13 @@ rows share the product (a verify pass of k+1 rows against a plain step of one).
 :func:`kernel_rows_are_invariant` checks that on this machine, once per kind; where it
 fails, the layers multiply row by row (exact, slower).
 
-Speed depends on the CPU: PyTorch vectorizes these kernels for AVX-512 only. On AVX2
-(measured on a 2-core AMD EPYC, torch 2.13) both run scalar code, 10-30x slower than the
-float32 oneDNN product they replace, and their cost grows linearly with the row count;
-:func:`fast_kernels` says whether this machine has the vectorized path
-(docs/quantization.md has the figures).
+Speed depends on the CPU: PyTorch vectorizes its int4/int8 kernels for AVX-512 only; on AVX2
+(measured on a 2-core AMD EPYC, torch 2.13) they run scalar code, 10-30x slower than the
+float32 oneDNN product they replace. So where our own AVX2 kernels can run
+(:mod:`.cpu_kernels`: a small C file compiled once per machine), both layers use them
+instead: a one-row product reads 1 (int8) or 0.56 (int4) bytes per weight instead of 4.
+:func:`fast_kernels` says whether either fast path exists here (docs/quantization.md has
+the figures).
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ import functools
 import torch
 from torch import nn
 
+from . import cpu_kernels
+
 #: ``--quantize`` values: ``auto`` runs a GGUF file's Q4_0/Q4_1 linears in int4 where the
 #: kernel is vectorized (:func:`fast_kernels`), float32 otherwise; ``none`` dequantizes
 #: everything to float32; ``int8`` / ``int4`` quantize every transformer-block linear.
 QUANTIZE_CHOICES = ("auto", "none", "int8", "int4")
 GROUP = 32  # int4 group size along the input dimension: GGUF's block size
-INT4_ROW_MULTIPLE = 16  # the int4 packer's requirement on the output dimension
+INT4_ROW_MULTIPLE = 16  # PyTorch's int4 packer's requirement on the output dimension
 
 
 def kernels_available() -> bool:
@@ -48,9 +52,16 @@ def kernels_available() -> bool:
     return all(hasattr(torch.ops.aten, op) for op in ops)
 
 
+def native_kernels() -> bool:
+    """Whether our AVX2 kernels (:mod:`.cpu_kernels`) run here; the layers then use them."""
+    return cpu_kernels.library() is not None
+
+
 def fast_kernels() -> bool:
-    """Whether PyTorch runs the int4/int8 kernels vectorized on this CPU (AVX-512 builds
-    and CPUs); elsewhere they are scalar and slower than float32."""
+    """Whether quantized products are fast on this CPU: our AVX2 kernels, or PyTorch's
+    own on AVX-512 (elsewhere PyTorch's are scalar and slower than float32)."""
+    if native_kernels():
+        return True
     return kernels_available() and torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
@@ -67,6 +78,8 @@ class WeightOnlyLinear(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.requires_grad and torch.is_grad_enabled():  # the kernels have no backward
+            raise RuntimeError("quantized linears are for inference; load the model with quantize='none' to train it")
         flat = x.reshape(-1, self.in_features)
         if self.row_by_row and flat.shape[0] > 1:
             y = torch.cat([self._mm(flat[i : i + 1]) for i in range(flat.shape[0])])
@@ -87,9 +100,14 @@ class Int4Linear(WeightOnlyLinear):
         one row at a time (None: where the kernel is not row-invariant here)."""
         super().__init__()
         self.out_features, self.in_features = q.shape
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
-        # The kernel's layout: [groups, out, 2] (scale, zero).
-        self.scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().float()
+        self.native = native_kernels()
+        if self.native:  # nibbles in GGUF's block layout, [out, groups] scales and zeros
+            self.packed = cpu_kernels.pack_q4(q)
+            self.scale, self.zero = scale.float().contiguous(), zero.float().contiguous()
+        else:
+            self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+            # The kernel's layout: [groups, out, 2] (scale, zero).
+            self.scales_and_zeros = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().float()
         self.bias = None if bias is None else bias.detach().float().clone()
         self.row_by_row = not kernel_rows_are_invariant("int4") if row_by_row is None else row_by_row
 
@@ -107,32 +125,62 @@ class Int4Linear(WeightOnlyLinear):
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight these layers multiply by (the identity matrix through the kernel)."""
-        eye = torch.eye(self.in_features)
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, GROUP, self.scales_and_zeros).t()
+        return self._mm(torch.eye(self.in_features)).t()
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native:
+            return cpu_kernels.q4_matmul(x, self.packed, self.scale, self.zero)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_and_zeros)
 
 
 class Int8Linear(WeightOnlyLinear):
-    """``y = x @ W.T + b`` with ``W`` as int8 and one float32 scale per output channel."""
+    """``y = x @ W.T + b`` with ``W`` as int8 and float32 scales: one per output channel
+    (quantized from a float weight), or one per group of 32 inputs (GGUF's Q8_0,
+    :meth:`from_groups`; our kernels only)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  row_by_row: bool | None = None) -> None:
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
+        """Quantize ``weight`` symmetrically, one scale per output channel."""
         w = weight.detach().float()
         scale = w.abs().amax(1) / 127
-        self.scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-        self.q = (w / self.scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        self._setup(q, scale[:, None], bias, row_by_row)
+
+    @classmethod
+    def from_groups(cls, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+                    row_by_row: bool | None = None) -> Int8Linear:
+        """Weights stored as they are: ``q`` int8 ``[out, in]``, ``scale`` ``[out, in / 32]``,
+        the weight being ``q * scale`` group by group (GGUF Q8_0). Needs our kernels."""
+        if not native_kernels():
+            raise RuntimeError("int8 groups of 32 need quickdraft's CPU kernels (cpu_kernels.library())")
+        layer = cls.__new__(cls)
+        layer._setup(q, scale, bias, row_by_row)
+        return layer
+
+    def _setup(self, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None, row_by_row: bool | None) -> None:
+        """``scale``: ``[out, 1]`` (per channel) or ``[out, in / 32]`` (per group)."""
+        super().__init__()
+        self.out_features, self.in_features = q.shape
+        self.q = q.to(torch.int8).contiguous()
+        self.native = native_kernels() and self.in_features % GROUP == 0
+        groups = self.in_features // GROUP if self.native else 1
+        # Our kernel takes a scale per group (a channel's scale repeated), PyTorch's per channel.
+        self.scale = scale.float().expand(self.out_features, groups).contiguous()
+        if not self.native:
+            self.scale = self.scale[:, 0].contiguous()
         self.bias = None if bias is None else bias.detach().float().clone()
         self.row_by_row = not kernel_rows_are_invariant("int8") if row_by_row is None else row_by_row
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight these layers multiply by."""
+        if self.native:
+            return (self.q.float().view(self.out_features, -1, GROUP) * self.scale[..., None]).view_as(self.q)
         return self.q.float() * self.scale[:, None]
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
+        if self.native:
+            return cpu_kernels.q8_matmul(x, self.q, self.scale)
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale)
 
 
@@ -155,30 +203,35 @@ def kernel_rows_are_invariant(kind: str, in_features: int = 64, out_features: in
 
 def block_linears(model: nn.Module) -> dict[str, nn.Linear]:
     """The float ``nn.Linear`` layers of the transformer blocks, by module name: what
-    quantization replaces. The LM head (and the tied embedding) stays float32: measured,
-    the kernels multiply the 49152-row head of SmolLM2 slower than float32 does."""
+    :func:`quantize_linears` replaces (the LM head is :func:`quantize_head`'s)."""
     return {name: module for name, module in model.named_modules()
             if type(module) is nn.Linear and name.startswith("layers.")}
 
 
 def quantize_linears(model: nn.Module, mode: str,
-                     int4_blocks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None) -> int:
-    """Replace ``model``'s block linears, in place: ``int8`` or ``int4`` all of them (int4
-    from ``int4_blocks``, ``{module name: (q, scale, zero)}`` where given: a GGUF file's
-    exact blocks), ``auto`` only those in ``int4_blocks``. Layers whose shape the int4
-    packer refuses (output not a multiple of 16, input not of 32) keep float32. Returns
-    how many layers were replaced."""
-    blocks = int4_blocks or {}
+                     int4_blocks: dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None,
+                     int8_blocks: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> int:
+    """Replace ``model``'s block linears, in place. A GGUF file's own blocks are taken as
+    they are: ``int4_blocks`` (``{module name: (q, scale, zero)}``, its Q4_0/Q4_1 linears)
+    in modes ``auto`` and ``int4``, ``int8_blocks`` (``{name: (q, scale)}``, its Q8_0
+    linears; our kernels only) in ``auto`` and ``int8``. ``int8`` / ``int4`` quantize
+    every other block linear too; ``auto`` leaves them float. Layers whose shape a kernel
+    refuses (input not a multiple of 32; for PyTorch's int4, output not of 16) keep
+    float32. Returns how many layers were replaced."""
+    q4, q8 = int4_blocks or {}, int8_blocks or {}
+    native = native_kernels()
     count = 0
     for name, linear in block_linears(model).items():
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
         bias = linear.bias
-        fits_int4 = linear.out_features % INT4_ROW_MULTIPLE == 0 and linear.in_features % GROUP == 0
-        if mode == "int8":
-            new: nn.Module = Int8Linear(linear.weight, bias)
-        elif name in blocks and mode in ("auto", "int4") and fits_int4:
-            new = Int4Linear(*blocks[name], bias)
+        fits_int4 = linear.in_features % GROUP == 0 and (native or linear.out_features % INT4_ROW_MULTIPLE == 0)
+        if name in q8 and native and mode in ("auto", "int8"):
+            new: nn.Module = Int8Linear.from_groups(*q8[name], bias)
+        elif mode == "int8":
+            new = Int8Linear(linear.weight, bias)
+        elif name in q4 and mode in ("auto", "int4") and fits_int4:
+            new = Int4Linear(*q4[name], bias)
         elif mode == "int4" and fits_int4:
             new = Int4Linear.from_weight(linear.weight, bias)
         else:
@@ -186,3 +239,16 @@ def quantize_linears(model: nn.Module, mode: str,
         setattr(parent, child, new)
         count += 1
     return count
+
+
+def quantize_head(model: nn.Module, groups: tuple[torch.Tensor, torch.Tensor] | None = None) -> bool:
+    """Replace ``model.lm_head`` by an int8 layer, in place, where our kernels run (PyTorch's
+    int8 kernel multiplies a large head slower than float32, so elsewhere it stays float):
+    ``groups`` is a GGUF file's Q8_0 head ``(q, scale)``, taken as it is; without it the
+    float weight is quantized per output channel. The embedding keeps its float table, so
+    a tied head stops sharing it. Returns whether the head was replaced."""
+    head = getattr(model, "lm_head", None)
+    if not native_kernels() or type(head) is not nn.Linear or head.in_features % GROUP:
+        return False
+    model.lm_head = Int8Linear.from_groups(*groups, head.bias) if groups is not None else Int8Linear(head.weight, head.bias)
+    return True

@@ -274,7 +274,8 @@ class Transformer(nn.Module):
         ids = torch.as_tensor(ids, dtype=torch.long).flatten()
         if ids.numel() == 0 or ids.min() < 0 or ids.max() >= self.config.vocab_size or ids.unique().numel() != ids.numel():
             raise ValueError(f"restrict_head needs distinct token ids in [0, {self.config.vocab_size})")
-        weight = self.lm_head.weight.detach()
+        # A quantized head (quant_linear.quantize_head) gives the weights it multiplies by.
+        weight = self.lm_head.weight.detach() if isinstance(self.lm_head, nn.Linear) else self.lm_head.dequantized()
         self.sub_head = nn.Linear(self.config.hidden_size, ids.numel(), bias=False,
                                   device=weight.device, dtype=weight.dtype)
         self.sub_head.weight.data.copy_(weight[ids])
