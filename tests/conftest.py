@@ -24,6 +24,16 @@ def one_thread_per_worker():
         torch.set_num_threads(THREADS)
 
 
+def pytest_configure(config):
+    """Under ``-n N`` xdist hands each worker its tests one at a time (``--maxschedchunk 1``
+    unless the command line sets it). Its default first hands each worker a quarter of its
+    share as one consecutive chunk: with the slow tests sorted first (below), the first
+    worker got nearly every slow test and ran them one after another while the other
+    finished the short ones and waited."""
+    if getattr(config.option, "maxschedchunk", 0) is None and getattr(config.option, "dist", "no") == "load":
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.slow`` tests run first, so that under xdist the two workers end on
     short tests together instead of one waiting while the other finishes a minute-long
