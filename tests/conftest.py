@@ -60,6 +60,13 @@ def private_cache_dir(tmp_path_factory):
     # machine: tests that cache a measurement cache it whatever the jitter (the noise
     # tests set their own limit and clock).
     patch.setenv("QUICKDRAFT_NOISE_LIMIT", "inf")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The commands tests start (the CLI, the README's lines, scripts) run one torch thread
+        # too, as this worker does: with torch's default of one per core, such a command's two
+        # threads shared the cores with the other worker and waited on each other, taking twice
+        # as long (one `quickdraft generate` measuring its k: 21 s instead of 10 s). Servers
+        # keep the two threads tests/serving.py gives them.
+        patch.setenv("OMP_NUM_THREADS", str(THREADS))
     yield path
     patch.undo()
 
