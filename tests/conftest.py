@@ -24,6 +24,16 @@ def one_thread_per_worker():
         torch.set_num_threads(THREADS)
 
 
+def pytest_configure(config):
+    """Under ``-n N`` xdist hands each worker its tests one at a time (``--maxschedchunk 1``
+    unless the command line sets it). Its default first hands each worker a quarter of its
+    share as one consecutive chunk: with the slow tests sorted first (below), the first
+    worker got nearly every slow test and ran them one after another while the other
+    finished the short ones and waited."""
+    if getattr(config.option, "maxschedchunk", 0) is None and getattr(config.option, "dist", "no") == "load":
+        config.option.maxschedchunk = 1
+
+
 def pytest_collection_modifyitems(config, items):
     """``@pytest.mark.slow`` tests run first, so that under xdist the two workers end on
     short tests together instead of one waiting while the other finishes a minute-long
@@ -50,6 +60,13 @@ def private_cache_dir(tmp_path_factory):
     # machine: tests that cache a measurement cache it whatever the jitter (the noise
     # tests set their own limit and clock).
     patch.setenv("QUICKDRAFT_NOISE_LIMIT", "inf")
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # The commands tests start (the CLI, the README's lines, scripts) run one torch thread
+        # too, as this worker does: with torch's default of one per core, such a command's two
+        # threads shared the cores with the other worker and waited on each other, taking twice
+        # as long (one `quickdraft generate` measuring its k: 21 s instead of 10 s). Servers
+        # keep the two threads tests/serving.py gives them.
+        patch.setenv("OMP_NUM_THREADS", str(THREADS))
     yield path
     patch.undo()
 

@@ -45,6 +45,7 @@ def test_bad_messages_in_a_prompt_file_are_one_line(tmp_path):
         load_prompts(path)
 
 
+@pytest.mark.slow  # 10-20 s: sorted first (conftest.py), never a worker's last test
 def test_chat_and_code_rows_share_ids_stop_at_end_of_turn_and_agree(tmp_path):
     """On the embedded pair (its tokenizer has a chat template): our rows and transformers'
     (plain, assisted with the same draft, prompt lookup) on a chat and a code prompt."""

@@ -194,6 +194,7 @@ def test_cli_model_without_a_template(tmp_path):
     assert code == 2 and "--system goes with --chat or --messages" in err
 
 
+@pytest.mark.slow  # 10-20 s: sorted first (conftest.py), never a worker's last test
 def test_server_chat_uses_the_template_and_refuses_a_model_without_one(chatml, plain, tmp_path):
     """The batched engine ends the reply at <|im_end|> too; a model without a template is a 400."""
     from serving import ServerProcess

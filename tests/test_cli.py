@@ -82,6 +82,7 @@ def test_bad_flags_give_one_line_and_exit_2(tiny_family, extra, word):
     assert len(err.strip().splitlines()) == 1 and word in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # 10-20 s: sorted first (conftest.py), never a worker's last test
 def test_bad_inputs_give_one_line_and_exit_2(tiny_family, tmp_path):
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
@@ -336,6 +337,7 @@ def test_model_without_tokenizer_names_the_files_and_the_fix(tiny_family, tmp_pa
     assert f"save_pretrained('{bare}')" in err
 
 
+@pytest.mark.slow  # 10-20 s: sorted first (conftest.py), never a worker's last test
 def test_a_broken_target_is_reported_as_broken_not_as_draftless(tiny_family, tmp_path):
     """Under the default method (draft), a folder without tokenizer files or with truncated
     weights used to be reported as "has no paired draft"."""
@@ -410,6 +412,7 @@ def test_auto_summary_says_each_thing_once(tiny_family, tmp_path, monkeypatch, c
     assert settings["method"] == f"auto: {method.split(' k=')[0]}" and "k=" not in settings["method"]
 
 
+@pytest.mark.slow  # 10-20 s: sorted first (conftest.py), never a worker's last test
 def test_transformers_noise_stays_out_of_our_output(tiny_family):
     code, out, err = run_cli("generate", "--model", str(tiny_family["target"]), "--method", "ar", "--backend", "hf",
                              "--prompt", "x = 1\n" * 400, "--truncate-prompt", "--max-new-tokens", "3")

@@ -23,6 +23,7 @@ def test_gpu_check_says_what_is_missing():
     assert line.startswith("gpu_check: torch") and ("CPU-only build" in line or "sees no GPU" in line), line
 
 
+@pytest.mark.slow  # 10-20 s: sorted first (conftest.py), never a worker's last test
 def test_roofline_script_runs_on_tiny_shapes(tmp_path):
     out = tmp_path / "roofline.json"
     run = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_roofline.py"), "--device", "cpu", "--dtype",
@@ -41,6 +42,7 @@ def test_roofline_script_runs_on_tiny_shapes(tmp_path):
     assert row["ours_plain_captured"]["decode_tokens_per_s"] > 0  # the static step, eager on the CPU
 
 
+@pytest.mark.slow  # 10-20 s: sorted first (conftest.py), never a worker's last test
 def test_overheads_script_runs_on_the_cpu(tmp_path):
     out = tmp_path / "overheads.json"
     run = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_overheads.py"), "--device", "cpu", "--dtype",

@@ -74,6 +74,47 @@ def readme_blocks(text: str) -> list[tuple[int, str, str, str | None]]:
 
 
 BLOCKS = readme_blocks((ROOT / "README.md").read_text())
+QUICKDRAFT_COMMANDS = ("quickdraft", "python")  # the commands that start the CLI (or Python)
+
+
+def block_commands(line: int, code: str) -> list[tuple[int, str]]:
+    """(line, text) of each command of a shell block, a backslash-continued command whole."""
+    commands, start, parts = [], None, []
+    for offset, text in enumerate(code.splitlines(), start=1):
+        if start is None:
+            if not text.strip():
+                continue
+            start = line + offset
+        parts.append(text)
+        if not text.rstrip().endswith("\\"):
+            commands.append((start, "\n".join(parts)))
+            start, parts = None, []
+    if parts:
+        commands.append((start, "\n".join(parts)))
+    return commands
+
+
+def readme_cases(blocks) -> list[tuple[str, str, str, str | None]]:
+    """(id, language, code, skip reason) of each test case. A Python block runs whole. A
+    shell block runs one case per command that starts the CLI (each its own test, so that
+    xdist spreads them over the workers): the shell lines before it in the block that do not
+    (``printf ... > prompt.py``) run first, as written, in the same directory. A skipped block
+    is one skipped case."""
+    cases = []
+    for line, language, code, skip in blocks:
+        if language != "bash" or skip:
+            cases.append((f"README.md:{line}", language, code, skip))
+            continue
+        setup: list[str] = []
+        for at, command in block_commands(line, code):
+            if command.split(maxsplit=1)[0] in QUICKDRAFT_COMMANDS:
+                cases.append((f"README.md:{at}", language, "\n".join([*setup, command]) + "\n", None))
+            else:
+                setup.append(command)
+    return cases
+
+
+CASES = readme_cases(BLOCKS)
 
 
 def test_readme_has_runnable_examples_and_the_two_command_quickstart():
@@ -84,6 +125,22 @@ def test_readme_has_runnable_examples_and_the_two_command_quickstart():
     assert commands == ["make demo", "make test"]
     assert sum(1 for *_, skip in BLOCKS if skip is None) >= 2
     assert all(skip for *_, skip in BLOCKS if skip is not None)  # a skip always gives its reason
+
+
+def test_every_line_of_every_runnable_shell_block_is_run():
+    """The per-command cases leave no line of a runnable shell block out, and each CLI
+    command of one is the last command of exactly one case."""
+    for line, language, code, skip in BLOCKS:
+        if language != "bash" or skip:
+            continue
+        commands = [c for _, c in block_commands(line, code)]
+        assert "\n".join(commands) == code.strip("\n"), f"README.md:{line}"
+        in_cases = {ln for _, _, case, _ in CASES for ln in case.splitlines()}
+        assert set(code.strip("\n").splitlines()) <= in_cases, f"README.md:{line}"
+        for command in commands:
+            if command.split(maxsplit=1)[0] in QUICKDRAFT_COMMANDS:
+                assert sum(case.endswith(f"\n{command}\n") or case == f"{command}\n"
+                           for _, _, case, _ in CASES) == 1, command
 
 
 @pytest.fixture(scope="module")
@@ -97,34 +154,40 @@ def shims(tmp_path_factory):
     return bin_dir
 
 
-@pytest.mark.slow  # each block starts the CLI once per line (README.md:48, eleven times)
-@pytest.mark.parametrize("line,language,code,skip", BLOCKS, ids=[f"README.md:{b[0]}" for b in BLOCKS])
-def test_readme_block_runs_as_written(line, language, code, skip, shims, tmp_path):
-    if skip:
-        pytest.skip(f"marked in the README: {skip}")
+def run_readme_code(language: str, code: str, shims, cwd) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=f"{shims}{os.pathsep}{os.environ['PATH']}", NO_COLOR="1",
                PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     command = ["bash", "-e", "-o", "pipefail", "-c", code] if language == "bash" else [sys.executable, "-c", code]
-    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"README.md:{line} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.slow  # each case starts the CLI (or Python) once
+@pytest.mark.parametrize("case,language,code,skip", CASES, ids=[c[0] for c in CASES])
+def test_readme_block_runs_as_written(case, language, code, skip, shims, tmp_path):
+    if skip:
+        pytest.skip(f"marked in the README: {skip}")
+    proc = run_readme_code(language, code, shims, tmp_path)
+    assert proc.returncode == 0, f"{case} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     assert "Traceback" not in proc.stderr
+    if "--prompt-file prompt.py" in code:
+        # The sampled `--prompt-file` example prints a completion: its prompt used to end in
+        # a bare newline, the embedded model's first sampled token was EOS, and it printed
+        # nothing. (Its case is the printf line and this one, as test_readme_sampled_example
+        # checks.)
+        import json
+
+        out = json.loads(proc.stdout)
+        assert out["text"].strip() and out["stats"]["new_tokens"] > 0, out["stats"]
 
 
-def test_readme_sampled_example_shows_text(shims, tmp_path):
-    """The sampled `--prompt-file` example prints a completion: its prompt used to end in a
-    bare newline, the embedded model's first sampled token was EOS, and it printed nothing."""
+def test_readme_sampled_example_shows_text():
+    """The sampled `--prompt-file` example is one case: the prompt's printf line and the
+    sampled line with --json, so that case's check (the completion is not empty) applies to it."""
     block = next(code for _, _, code, _ in BLOCKS if "--prompt-file prompt.py" in code)
     lines = [line for line in block.splitlines() if "prompt.py" in line]
-    assert lines[0].startswith("printf ") and "--temperature" in lines[1], lines
-    env = dict(os.environ, PATH=f"{shims}{os.pathsep}{os.environ['PATH']}", NO_COLOR="1",
-               PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    proc = subprocess.run(["bash", "-e", "-c", "\n".join(lines)], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr
-    import json
-
-    out = json.loads(proc.stdout)
-    assert out["text"].strip() and out["stats"]["new_tokens"] > 0, out["stats"]
+    assert lines[0].startswith("printf ") and "--temperature" in lines[1] and "--json" in lines[1], lines
+    [case] = [code for _, _, code, _ in CASES if "--prompt-file prompt.py" in code]
+    assert case.splitlines() == lines, case
 
 
 def test_docs_scripts_import_what_the_package_has():

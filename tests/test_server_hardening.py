@@ -344,6 +344,7 @@ def test_openapi_tells_the_truth(serve):
     assert status == 405 and headers["allow"] == "GET" and json.loads(raw)["error"]["code"] == "method_not_allowed"
 
 
+@pytest.mark.slow  # 10-20 s: sorted first (conftest.py), never a worker's last test
 def test_one_request_is_sped_up_by_the_measured_batch_policy(pair):
     """At one request the measured batch policy drafts (issue 27: it chose k = 0 while
     /health said "draft, k=2"), the response's draft tokens are accepted, and the k it
@@ -361,6 +362,7 @@ def test_one_request_is_sped_up_by_the_measured_batch_policy(pair):
         server.stop()
 
 
+@pytest.mark.slow  # 10-20 s: sorted first (conftest.py), never a worker's last test
 def test_the_served_policy_starts_from_the_pairs_measured_acceptance():
     """`quickdraft serve` hands the batch policy the acceptance the cost model measured for
     the pair (generate's k comes from it), not the generic prior: where the bench says

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("schemathesis")
 
 
+@pytest.mark.slow  # 10-20 s: sorted first (conftest.py), never a worker's last test
 def test_schemathesis_finds_nothing(server, tmp_path):
     st = shutil.which("st", path=str(Path(sys.executable).parent)) or shutil.which("st")
     assert st, "schemathesis' `st` is not installed (the dev extra has it)"

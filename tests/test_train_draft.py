@@ -103,6 +103,7 @@ def test_train_draft_end_to_end_pairs_and_is_lossless(setup, tmp_path, user_conf
         assert a.stats.drafted_tokens > 0
 
 
+@pytest.mark.slow  # 10-20 s: sorted first (conftest.py), never a worker's last test
 def test_interrupted_then_resumed_equals_uninterrupted(setup, tmp_path, monkeypatch, capsys):
     from quickdraft.models.lm import load_model
     from quickdraft.train import trainer
@@ -353,6 +354,7 @@ def test_default_draft_is_a_tenth_of_a_large_target_and_smaller_than_a_tiny_one(
                                               num_hidden_layers=1, num_attention_heads=1))
 
 
+@pytest.mark.slow  # 10-20 s: sorted first (conftest.py), never a worker's last test
 def test_default_draft_is_smaller_than_the_target_and_a_too_large_one_warns(setup, tmp_path, capsys):
     args = ["train", "draft", "--target", str(setup / "target"), "--data", str(setup / "data"),
             "--steps", "1", "--seq-len", "32", "--batch-size", "2", "--eval-tokens", "64",
