@@ -189,3 +189,24 @@ def test_the_shipped_drafter_accepts_more_than_medusa_and_stays_lossless():
         got = eagle.generate(prompt, max_new_tokens=48)
         assert got.token_ids == plain.generate(prompt, max_new_tokens=48).token_ids
         assert got.stats.mean_accepted_tokens > medusa.generate(prompt, max_new_tokens=48).stats.mean_accepted_tokens
+
+
+def test_beside_a_quantized_target_the_drafter_runs_in_int8_and_stays_lossless(tiny_family, tiny_eagle, capsys):
+    """A float32 EAGLE level would be a large share of a quantized target's draft step, so
+    the drafter is quantized too (where our kernels run); the output stays plain decoding's."""
+    from quickdraft.drafters.eagle import load_eagle_head
+    from quickdraft.models.lm import load_model
+    from quickdraft.models.placement import resolve_placement
+    from quickdraft.models.quant_linear import Int8Linear, native_kernels
+
+    target = load_model(tiny_family["target"], placement=resolve_placement(quantize="int8"))
+    head = load_eagle_head(target, str(tiny_eagle))
+    assert any(isinstance(m, Int8Linear) for m in head.modules()) == native_kernels()
+    assert not any(isinstance(m, Int8Linear) for m in load_eagle_head(load_model(tiny_family["target"]),
+                                                                        str(tiny_eagle)).modules())
+    common = ["generate", "--model", str(tiny_family["target"]), "--max-new-tokens", "40", "--json",
+              "--quantize", "int8", "--prompt", "def add(a, b):"]
+    assert main([*common, "--method", "ar"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*common, "--method", "eagle", "--heads", str(tiny_eagle), "--tree", "dynamic:6"]) == 0
+    assert json.loads(capsys.readouterr().out)["token_ids"] == plain["token_ids"]

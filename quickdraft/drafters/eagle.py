@@ -27,6 +27,7 @@ from ..models.decode_linear import row_dependent_rounding, use_decode_linears
 from ..models.eagle import FILES as EAGLE_FILES
 from ..models.eagle import EagleConfig, EagleHead, load_eagle
 from ..models.lm import HIDDEN_STATES_NEED_NATIVE, CausalLM, NativeLM
+from ..models.quant_linear import is_quantized, quantize_drafter
 from .shapes import Node, Shape, StaticTree, as_proposal, parse_tree
 from .shipped import shipped_for
 
@@ -156,6 +157,8 @@ def load_eagle_head(target: CausalLM | None, head: str | EagleHead | None) -> Ea
         raise ValueError("--method eagle needs an EAGLE drafter for this target: pass --heads DIR (train one with "
                          "`quickdraft train heads --kind eagle --target ...`)")
     head = load_eagle(path, target.model)
+    if is_quantized(target.model):  # measured on SmolLM2 Q4_1: float32 levels cost more than they gain
+        quantize_drafter(head)
     if target.decode_linears:  # the target's CPU decode kernels serve the drafter's few-row steps too
         use_decode_linears(head)
     return head

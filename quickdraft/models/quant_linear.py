@@ -252,3 +252,25 @@ def quantize_head(model: nn.Module, groups: tuple[torch.Tensor, torch.Tensor] | 
         return False
     model.lm_head = Int8Linear.from_groups(*groups, head.bias) if groups is not None else Int8Linear(head.weight, head.bias)
     return True
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether any of ``model``'s linears is quantized (``--quantize`` took effect)."""
+    return any(isinstance(m, WeightOnlyLinear) for m in model.modules())
+
+
+def quantize_drafter(module: nn.Module) -> int:
+    """Every float ``nn.Linear`` of a drafter (an EAGLE head) in int8, one scale per output
+    channel, in place, where our kernels run: beside a quantized target its float32
+    weights would be a large share of each draft step. A drafter's rounding never changes
+    what the target accepts (greedy output stays plain decoding's, sampled output the
+    target's distribution). Returns how many layers were replaced."""
+    if not native_kernels():
+        return 0
+    count = 0
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child.in_features % GROUP == 0 and child.weight.device.type == "cpu":
+                setattr(parent, name, Int8Linear(child.weight, child.bias))
+                count += 1
+    return count
