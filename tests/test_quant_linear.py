@@ -60,11 +60,16 @@ def test_the_real_smollm2_q4_1_tensor_maps_exactly():
     torch.testing.assert_close(groups.reshape(expected.shape), expected, rtol=2e-7, atol=1e-7)
 
 
+def random_layer(kind: str, out_features: int, in_features: int, seed: int, scale: float = 1.0):
+    """A layer of ``kind`` (int4 / int8) quantized from a seeded random weight, and that weight."""
+    torch.manual_seed(seed)
+    weight = torch.randn(out_features, in_features) * scale
+    return (Int4Linear.from_weight(weight) if kind == "int4" else Int8Linear(weight)), weight
+
+
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_each_row_is_computed_alike_whatever_the_row_count(kind):
-    torch.manual_seed(0)
-    weight = torch.randn(96, 64)
-    layer = Int4Linear.from_weight(weight) if kind == "int4" else Int8Linear(weight)
+    layer, _ = random_layer(kind, 96, 64, seed=0)
     x = torch.randn(12, 64)
     alone = torch.cat([layer(x[i : i + 1]) for i in range(12)])
     for rows in range(1, 13):
@@ -76,9 +81,7 @@ def test_each_row_is_computed_alike_whatever_the_row_count(kind):
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_quantized_products_stay_close_to_float32(kind):
-    torch.manual_seed(0)
-    weight = torch.randn(96, 64) * 0.05
-    layer = Int4Linear.from_weight(weight) if kind == "int4" else Int8Linear(weight)
+    layer, weight = random_layer(kind, 96, 64, seed=0, scale=0.05)
     x = torch.randn(4, 64)
     torch.testing.assert_close(layer(x), x @ layer.dequantized().t(), rtol=1e-5, atol=1e-5)
     error = (layer.dequantized() - weight).abs().max().item()
@@ -129,9 +132,7 @@ def test_our_kernels_build_and_run_on_x86_avx2():
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_results_do_not_depend_on_the_thread_count(kind):
-    torch.manual_seed(1)
-    weight = torch.randn(200, 96)
-    layer = Int4Linear.from_weight(weight) if kind == "int4" else Int8Linear(weight)
+    layer, _ = random_layer(kind, 200, 96, seed=1)
     x = torch.randn(9, 96)
     threads = torch.get_num_threads()
     try:

@@ -98,3 +98,26 @@ def test_a_wrong_rule_fails_through_the_quantized_path():
     target = quantized_tiny_lm(0, "int4")
     drafter = DraftModelDrafter(quantized_tiny_lm(1, "int4"), VOCAB)
     assert empirical_pvalue(target, drafter, SamplingParams(temperature=1.0), NoResidual, n_samples=2000) < 1e-6
+
+
+def test_beside_a_quantized_target_auto_stores_the_draft_in_int8_and_stays_lossless(tmp_path):
+    """``--quantize auto`` on a Q4 file quantizes the target (the file's blocks) and, where our
+    kernels run, its draft in int8: a float32 draft step would weigh on every speculative
+    step. The draft's rounding changes its proposals, never the target's output."""
+    from quickdraft.models.quant_linear import native_kernels
+    from quickdraft.pair import load_pair
+
+    write_tiny_gguf(tmp_path / "target.gguf", "Q4_1", seed=0)
+    write_tiny_gguf(tmp_path / "draft.gguf", "F32", seed=0)
+    pair = load_pair(tmp_path / "target.gguf", tmp_path / "draft.gguf")
+    quantized = native_kernels()
+    assert isinstance(pair.target.model.layers[0].attn.wqkv, Int4Linear) == quantized
+    assert isinstance(pair.draft.model.layers[0].mlp.w_out, Int8Linear) == quantized
+    # --quantize none leaves both float.
+    plain_pair = load_pair(tmp_path / "target.gguf", tmp_path / "draft.gguf", placement=resolve_placement(quantize="none"))
+    assert not isinstance(plain_pair.draft.model.layers[0].mlp.w_out, Int8Linear)
+    for prompt in PROMPTS:
+        reference = tokens(decode(pair.target, prompt, StopConditions(20)))
+        out = tokens(decode(pair.target, prompt, StopConditions(20),
+                            drafter=DraftModelDrafter(pair.draft, pair.target.vocab_size), num_speculative_tokens=4))
+        assert out == reference
