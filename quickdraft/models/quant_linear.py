@@ -164,11 +164,9 @@ class Int8Linear(WeightOnlyLinear):
         self.out_features, self.in_features = q.shape
         self.q = q.to(torch.int8).contiguous()
         self.native = native_kernels() and self.in_features % GROUP == 0
-        groups = self.in_features // GROUP if self.native else 1
         # Our kernel takes a scale per group (a channel's scale repeated), PyTorch's per channel.
-        self.scale = scale.float().expand(self.out_features, groups).contiguous()
-        if not self.native:
-            self.scale = self.scale[:, 0].contiguous()
+        scale = scale.float()
+        self.scale = (scale.expand(self.out_features, self.in_features // GROUP) if self.native else scale[:, 0]).contiguous()
         self.bias = None if bias is None else bias.detach().float().clone()
         self.row_by_row = not kernel_rows_are_invariant("int8") if row_by_row is None else row_by_row
 

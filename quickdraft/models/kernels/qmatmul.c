@@ -72,71 +72,69 @@ static inline void accumulate(const __m256 w[4], const float *x, __m256 acc[ACCS
     for (int j = 0; j < 4; j++) acc[j % ACCS] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x + 8 * j), acc[j % ACCS]);
 }
 
-/* One weight row against `rows` (<= ROWS) rows of x; `rows` is a constant after inlining. */
-static inline __attribute__((always_inline)) void q8_row(const float *x, int64_t K, const int8_t *q,
-                                                          const float *scale, int rows, float *y,
-                                                          int64_t ldy) {
+/* Where one weight row's groups are, and how one group becomes four vectors of 8 floats. */
+typedef struct {
+    const void *q;
+    const float *scale, *zero;
+} Weights;
+
+static inline void q8_weights(const Weights *w, int64_t n, int64_t K, int64_t g, __m256 out[4]) {
+    q8_group((const int8_t *)w->q + n * K + g * GROUP, w->scale[n * (K / GROUP) + g], out);
+}
+
+static inline void q4_weights(const Weights *w, int64_t n, int64_t K, int64_t g, __m256 out[4]) {
+    const int64_t i = n * (K / GROUP) + g;
+    q4_group((const uint8_t *)w->q + n * (K / 2) + g * (GROUP / 2), w->scale[i], w->zero[i], out);
+}
+
+typedef void (*GroupFn)(const Weights *, int64_t, int64_t, int64_t, __m256[4]);
+
+/* Weight row n against `rows` (<= ROWS) rows of x. Always inlined with constant `rows` and
+ * `group`, so each row count is its own specialization and the group load is inlined. */
+static inline __attribute__((always_inline)) void row_pass(GroupFn group, const Weights *w, int64_t n,
+                                                            const float *x, int64_t K, int rows,
+                                                            float *y, int64_t ldy) {
     __m256 acc[ROWS][ACCS];
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < ACCS; j++) acc[r][j] = _mm256_setzero_ps();
     for (int64_t g = 0; g < K / GROUP; g++) {
-        __m256 w[4];
-        q8_group(q + g * GROUP, scale[g], w);
-        for (int r = 0; r < rows; r++) accumulate(w, x + r * K + g * GROUP, acc[r]);
+        __m256 wg[4];
+        group(w, n, K, g, wg);
+        for (int r = 0; r < rows; r++) accumulate(wg, x + r * K + g * GROUP, acc[r]);
     }
     for (int r = 0; r < rows; r++) y[r * ldy] = finish(acc[r]);
 }
 
-static inline __attribute__((always_inline)) void q4_row(const float *x, int64_t K, const uint8_t *q,
-                                                          const float *scale, const float *zero,
-                                                          int rows, float *y, int64_t ldy) {
-    __m256 acc[ROWS][ACCS];
-    for (int r = 0; r < rows; r++)
-        for (int j = 0; j < ACCS; j++) acc[r][j] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < K / GROUP; g++) {
-        __m256 w[4];
-        q4_group(q + g * (GROUP / 2), scale[g], zero[g], w);
-        for (int r = 0; r < rows; r++) accumulate(w, x + r * K + g * GROUP, acc[r]);
+/* Column n of y [M, N] = x [M, K] @ W.T: all M rows against weight row n. */
+static inline __attribute__((always_inline)) void column(GroupFn group, const Weights *w, int64_t n,
+                                                          const float *x, int64_t M, int64_t K, int64_t N,
+                                                          float *y) {
+    int64_t m = 0;
+    for (; m + ROWS <= M; m += ROWS) row_pass(group, w, n, x + m * K, K, ROWS, y + m * N + n, N);
+    switch (M - m) { /* the rest in one pass: every row count is its own specialization */
+    case 5: row_pass(group, w, n, x + m * K, K, 5, y + m * N + n, N); break;
+    case 4: row_pass(group, w, n, x + m * K, K, 4, y + m * N + n, N); break;
+    case 3: row_pass(group, w, n, x + m * K, K, 3, y + m * N + n, N); break;
+    case 2: row_pass(group, w, n, x + m * K, K, 2, y + m * N + n, N); break;
+    case 1: row_pass(group, w, n, x + m * K, K, 1, y + m * N + n, N); break;
     }
-    for (int r = 0; r < rows; r++) y[r * ldy] = finish(acc[r]);
 }
+
+/* The parallel loops name their group function inside the region, where it is a constant
+ * the compiler inlines (passed in, it would be an indirect call per group). */
 
 /* x [M, K] float32, q [N, K] int8, scale [N, K/32] float32 -> y [M, N] float32. K % 32 == 0. */
 void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
                   float *y, int threads) {
-    const int64_t groups = K / GROUP;
+    const Weights w = {q, scale, 0};
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) {
-        const int8_t *qn = q + n * K;
-        const float *sn = scale + n * groups;
-        int64_t m = 0;
-        for (; m + ROWS <= M; m += ROWS) q8_row(x + m * K, K, qn, sn, ROWS, y + m * N + n, N);
-        switch (M - m) { /* the rest in one pass: every row count is its own specialization */
-        case 5: q8_row(x + m * K, K, qn, sn, 5, y + m * N + n, N); break;
-        case 4: q8_row(x + m * K, K, qn, sn, 4, y + m * N + n, N); break;
-        case 3: q8_row(x + m * K, K, qn, sn, 3, y + m * N + n, N); break;
-        case 2: q8_row(x + m * K, K, qn, sn, 2, y + m * N + n, N); break;
-        case 1: q8_row(x + m * K, K, qn, sn, 1, y + m * N + n, N); break;
-        }
-    }
+    for (int64_t n = 0; n < N; n++) column(q8_weights, &w, n, x, M, K, N, y);
 }
 
 /* x [M, K] float32, q [N, K/2] packed nibbles, scale and zero [N, K/32] -> y [M, N]. */
 void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
                   const float *zero, int64_t N, float *y, int threads) {
-    const int64_t groups = K / GROUP;
+    const Weights w = {q, scale, zero};
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *qn = q + n * (K / 2);
-        const float *sn = scale + n * groups, *zn = zero + n * groups;
-        int64_t m = 0;
-        for (; m + ROWS <= M; m += ROWS) q4_row(x + m * K, K, qn, sn, zn, ROWS, y + m * N + n, N);
-        switch (M - m) { /* the rest in one pass: every row count is its own specialization */
-        case 5: q4_row(x + m * K, K, qn, sn, zn, 5, y + m * N + n, N); break;
-        case 4: q4_row(x + m * K, K, qn, sn, zn, 4, y + m * N + n, N); break;
-        case 3: q4_row(x + m * K, K, qn, sn, zn, 3, y + m * N + n, N); break;
-        case 2: q4_row(x + m * K, K, qn, sn, zn, 2, y + m * N + n, N); break;
-        case 1: q4_row(x + m * K, K, qn, sn, zn, 1, y + m * N + n, N); break;
-        }
-    }
+    for (int64_t n = 0; n < N; n++) column(q4_weights, &w, n, x, M, K, N, y);
 }
