@@ -38,6 +38,21 @@ def test_every_row_count_rounds_each_row_alike():
     assert canonical_rows(3, invariant=True) == 3 and canonical_rows(3) == 4
 
 
+@pytest.mark.parametrize("in_features", [448, 1216, 1536])
+def test_decode_linear_rounds_rows_alike_at_every_width(in_features):
+    """oneDNN alone does not at some input widths (every width over 1024 on the AVX2 EPYC
+    this was found on: the embedded target's MLP output, SmolLM2's): DecodeLinear mends
+    those, so a verify pass rounds each token as a plain step does."""
+    torch.manual_seed(0)
+    linear = nn.Linear(in_features, 96)
+    layer = DecodeLinear(linear)
+    x = torch.randn(12, in_features)
+    with torch.inference_mode():
+        alone = torch.cat([layer(x[i : i + 1]) for i in range(12)])
+        assert all(torch.equal(layer(x[:rows]), alone[:rows]) for rows in range(1, 13))
+        torch.testing.assert_close(layer(x), linear(x), atol=1e-5, rtol=1e-5)
+
+
 def test_native_lm_with_decode_linears_matches_plain_runtime(tiny_family):
     plain = NativeLM(load_native(tiny_family["target"]), decode_linears=False)
     fast = NativeLM(load_native(tiny_family["target"]))

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from . import cpu_kernels
 from .quant_linear import WeightOnlyLinear
 
 
@@ -71,28 +72,56 @@ class DecodeLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
         small = weight.numel() <= SMALL_WEIGHT_ELEMENTS
         self.single_row_weight = weight.t().contiguous() if small else None
+        # oneDNN rounds a row computed alone differently from the same row among others for
+        # some input widths (measured: every K > 1024 on an AVX2 EPYC, e.g. the embedded
+        # target's 1216-wide MLP output), which would let a verify pass disagree with a plain
+        # step at a near-tie. There: our own kernel (row-invariant by construction), or, without
+        # it, one row at a time.
+        self.exact_weight, self.row_by_row = None, False
+        if not rows_are_invariant(self.in_features, 16):
+            if cpu_kernels.library() is not None and self.in_features % 32 == 0:
+                self.exact_weight = weight.float().contiguous()
+            else:
+                self.row_by_row = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.single_row_weight is not None and x.numel() == self.in_features
                 and getattr(_rounding, "free", False)):
             y = x @ self.single_row_weight
             return y if self.bias is None else y + self.bias
+        if self.exact_weight is not None:
+            y = cpu_kernels.f32_matmul(x.reshape(-1, self.in_features), self.exact_weight)
+            y = y.view(*x.shape[:-1], self.out_features)
+            return y if self.bias is None else y + self.bias
+        if self.row_by_row and x.numel() > self.in_features:
+            rows = x.reshape(-1, self.in_features)
+            y = torch.cat([self._onednn(rows[i : i + 1]) for i in range(rows.shape[0])])
+            return y.view(*x.shape[:-1], self.out_features)
+        return self._onednn(x)
+
+    def _onednn(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
 @functools.cache
 def rows_are_invariant(in_features: int = 64, out_features: int = 200, max_rows: int = 80) -> bool:
-    """Whether ``DecodeLinear`` rounds each row alike for every row count up to ``max_rows``
-    on this machine (what makes a batch row's products independent of the other rows).
-    Measured once per process."""
+    """Whether oneDNN's packed product rounds each row alike for every row count up to
+    ``max_rows`` on this machine (what makes a batch row's products independent of the
+    other rows). Measured once per process and shape; ``DecodeLinear`` asks it per input
+    width and mends the widths where it fails."""
     if not onednn_linear_available():
         return False
-    torch.manual_seed(0)
-    layer = DecodeLinear(nn.Linear(in_features, out_features, bias=False))
-    x = torch.randn(max_rows, in_features)
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(out_features, in_features, generator=gen)
+    x = torch.randn(max_rows, in_features, generator=gen)
     with torch.inference_mode():
-        alone = torch.cat([layer(x[i : i + 1]) for i in range(max_rows)])
-        return all(torch.equal(layer(x[:rows]), alone[:rows]) for rows in range(1, max_rows + 1))
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+        def product(rows: torch.Tensor) -> torch.Tensor:
+            return torch.ops.mkldnn._linear_pointwise(rows, packed, None, "none", [], "")
+
+        alone = torch.cat([product(x[i : i + 1]) for i in range(max_rows)])
+        return all(torch.equal(product(x[:rows]), alone[:rows]) for rows in range(1, max_rows + 1))
 
 
 #: Row counts MKL's float32 product (plain ``nn.Linear``, the fallback without oneDNN)

@@ -3,6 +3,7 @@
  * y[m, n] = sum_k x[m, k] * w[n, k], x float32 [M, K], w stored quantized in groups of 32
  * along k, each group with float32 parameters:
  *   q8: int8 q [N, K],                      w = q * scale           (GGUF Q8_0, int8 per channel)
+ *   f32: float32 w [N, K]                   (float32 weights where oneDNN's rounding depends on M)
  *   q4: 4-bit q [N, K / 2], 16 bytes/group, w = (q - 8) * scale + zero   (GGUF Q4_0 / Q4_1)
  *       byte j of a group holds q[j] in its low nibble and q[j + 16] in its high one
  *       (GGUF's own block layout, so a file's blocks are copied, not repacked).
@@ -87,6 +88,11 @@ static inline void q4_weights(const Weights *w, int64_t n, int64_t K, int64_t g,
     q4_group((const uint8_t *)w->q + n * (K / 2) + g * (GROUP / 2), w->scale[i], w->zero[i], out);
 }
 
+static inline void f32_weights(const Weights *w, int64_t n, int64_t K, int64_t g, __m256 out[4]) {
+    const float *row = (const float *)w->q + n * K + g * GROUP;
+    for (int j = 0; j < 4; j++) out[j] = _mm256_loadu_ps(row + 8 * j);
+}
+
 typedef void (*GroupFn)(const Weights *, int64_t, int64_t, int64_t, __m256[4]);
 
 /* Weight row n against `rows` (<= ROWS) rows of x. Always inlined with constant `rows` and
@@ -129,6 +135,14 @@ void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const f
     const Weights w = {q, scale, 0};
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) column(q8_weights, &w, n, x, M, K, N, y);
+}
+
+/* x [M, K] float32, w [N, K] float32 -> y [M, N]. K % 32 == 0. (oneDNN's float32 product
+ * rounds a row differently with one row than with several once K exceeds 1024.) */
+void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads) {
+    const Weights weights = {w, 0, 0};
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) column(f32_weights, &weights, n, x, M, K, N, y);
 }
 
 /* x [M, K] float32, q [N, K/2] packed nibbles, scale and zero [N, K/32] -> y [M, N]. */
