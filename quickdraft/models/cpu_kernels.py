@@ -1,10 +1,14 @@
-"""Our own AVX2 weight-only int8 / int4 matrix products (``kernels/qmatmul.c``).
+"""Our own AVX2 CPU kernels: weight-only int8 / int4 matrix products (``kernels/qmatmul.c``)
+and a decoder layer's non-matrix work fused into one call each (``kernels/layer_ops.c``).
 
 PyTorch's CPU int8 and int4 kernels are vectorized for AVX-512 only; on AVX2 they run
-scalar code, slower than the float32 product they would replace. ``qmatmul.c`` is a small
-C file (two functions, no dependencies) compiled once per machine with the system C
-compiler into ``$XDG_CACHE_HOME/quickdraft/kernels/`` and called through ``ctypes``; the
-compiled library is keyed by the source's hash and the compiler flags. Where there is no
+scalar code, slower than the float32 product they would replace. And a small model's
+decode step is mostly per-op overhead: RMSNorm, RoPE, the KV-cache write and attention are
+~40 PyTorch calls a layer, where :func:`rms_norm`, :func:`attend` and :func:`silu_mul` are
+one each (:func:`fused_layers` says when the model uses them). The C files (no
+dependencies) are compiled once per machine with the system C compiler into
+``$XDG_CACHE_HOME/quickdraft/kernels/`` and called through ``ctypes``; the compiled library
+is keyed by the sources' hash and the compiler flags. Where there is no
 compiler or no AVX2, :func:`library` returns ``None`` and callers keep PyTorch's kernels.
 
 ``QUICKDRAFT_NATIVE_KERNELS=0`` turns them off (to compare, or to rule them out).
@@ -23,11 +27,11 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("kernels") / "qmatmul.c"
+SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("qmatmul.c", "layer_ops.c"))
 # -ffp-contract=off: the compiler must not fuse or reorder float operations differently in
 # the row-count specializations, so every row rounds alike (see the source's comment).
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")
-_c_int64, _ptr = ctypes.c_int64, ctypes.c_void_p
+_c_int64, _ptr, _c_float, _c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
 
 
 def _cache_root() -> Path:
@@ -41,14 +45,16 @@ def _compiler() -> str | None:
 def _build(compiler: str) -> Path:
     """Compile the source once per (source, flags, compiler); concurrent builds are safe
     (each writes a private file, then renames it into place)."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
+    sources = b"".join(source.read_bytes() for source in SOURCES)
+    key = hashlib.sha256(sources + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
     target = _cache_root() / f"qmatmul-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
-            subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], check=True, capture_output=True, text=True)
+            subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", tmp, "-lm"], check=True, capture_output=True,
+                           text=True)
             os.replace(tmp, target)
         finally:
             if os.path.exists(tmp):
@@ -73,7 +79,13 @@ def library() -> ctypes.CDLL | None:
         return None
     lib.qd_q8_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_q4_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _ptr, _c_int64, _ptr, ctypes.c_int]
-    lib.qd_q8_matmul.restype = lib.qd_q4_matmul.restype = None
+    lib.qd_f32_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
+    lib.qd_rms_norm.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr]
+    lib.qd_silu_mul.argtypes = [_ptr, _c_int64, _c_int64, _ptr]
+    lib.qd_attend.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64,
+                              _ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, _c_int]
+    for fn in (lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
+        fn.restype = None
     return lib
 
 
@@ -86,6 +98,16 @@ def q8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Te
     y = torch.empty(x.shape[0], q.shape[0], dtype=torch.float32)
     lib.qd_q8_matmul(x.data_ptr(), x.shape[0], x.shape[1], q.data_ptr(), scale.data_ptr(), q.shape[0],
                      y.data_ptr(), torch.get_num_threads())
+    return y
+
+
+def f32_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ W.T``, ``x`` float32 ``[M, K]``, ``W`` float32 ``[N, K]`` contiguous, ``K % 32 == 0``:
+    each row rounded alike whatever ``M`` (see ``DecodeLinear``)."""
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    library().qd_f32_matmul(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0], y.data_ptr(),
+                            torch.get_num_threads())
     return y
 
 
@@ -107,3 +129,60 @@ def pack_q4(q: torch.Tensor) -> torch.Tensor:
     n, k = q.shape
     groups = q.to(torch.uint8).reshape(n, k // 32, 2, 16)
     return (groups[:, :, 0] | (groups[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+def fused_layers(x: torch.Tensor) -> bool:
+    """Whether a pass over ``x`` runs the fused layer ops (:func:`rms_norm`, :func:`attend`,
+    :func:`silu_mul`): float32 inference on the CPU with the kernels built. Training (grad
+    enabled), other dtypes and devices, and torch.compile keep PyTorch's ops."""
+    # is_compiling first: while Dynamo traces, nothing after it is looked at (no graph break).
+    return (not torch.compiler.is_compiling() and x.device.type == "cpu" and x.dtype == torch.float32
+            and not torch.is_grad_enabled() and library() is not None)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension: ``x / sqrt(mean(x^2) + eps) * weight``, row by row."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    library().qd_rms_norm(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], weight.data_ptr(), eps, y.data_ptr())
+    return y
+
+
+def silu_mul(h: torch.Tensor) -> torch.Tensor:
+    """A gated MLP's activation: ``silu(gate) * up`` for ``h = [gate | up]`` on the last dimension."""
+    h = h.contiguous()
+    width = h.shape[-1] // 2
+    y = h.new_empty(*h.shape[:-1], width)
+    library().qd_silu_mul(h.data_ptr(), h.numel() // h.shape[-1], width, y.data_ptr())
+    return y
+
+
+def attend(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor,
+           v_cache: torch.Tensor, layer: int, row: int, slots: torch.Tensor | int, kv_len: int,
+           mask: torch.Tensor | None, out: torch.Tensor, n_heads: int) -> None:
+    """One row's attention in one call: rotate the queries and keys of ``qkv`` (``T`` rows of
+    ``(H + 2 H_kv) * D``, q then k then v heads; ``rope``: cos and signed sin, ``T`` rows of
+    ``D``, or None), store the keys and values in cache ``row`` of ``layer`` of ``k_cache`` /
+    ``v_cache`` (``[layers, rows, H_kv, max_len, D]``, contiguous) at ``slots`` (``[T]``, or an
+    int: consecutive from it), then write softmax(q k^T / sqrt(D) + mask) v over the first
+    ``kv_len`` slots into ``out`` (``T`` rows of ``H * D``, contiguous). ``mask``: additive,
+    ``T`` rows of ``kv_len`` (-inf hides a slot), or None (every query sees every slot).
+    Leading dimensions of size 1 are fine everywhere: the caller passes its tensors as they
+    are, without the views that would cost more than the arithmetic here."""
+    _, _, n_kv_heads, max_len, head_dim = k_cache.shape
+    cos = sin = None
+    if rope is not None:
+        cos, sin = (t.contiguous() for t in rope)
+    slot_ids = None if isinstance(slots, int) else slots.to(torch.int64).contiguous()
+    if mask is not None:
+        mask = mask.contiguous()
+    qkv = qkv.contiguous()
+    offset = (layer * k_cache.shape[1] + row) * n_kv_heads * max_len * head_dim * k_cache.element_size()
+    library().qd_attend(
+        qkv.data_ptr(), qkv.numel() // qkv.shape[-1], n_heads, n_kv_heads, head_dim,
+        None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(),
+        k_cache.data_ptr() + offset, v_cache.data_ptr() + offset, max_len,
+        None if slot_ids is None else slot_ids.data_ptr(), slots if slot_ids is None else 0, kv_len,
+        None if mask is None else mask.data_ptr(), 0 if mask is None else mask.shape[-1], out.data_ptr(),
+        torch.get_num_threads(),
+    )

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from . import cpu_kernels
 from .config import ModelConfig
 from .kv_cache import KVCache
 
@@ -35,6 +36,8 @@ class RMSNorm(nn.Module):
         # F.rms_norm's arithmetic, bit for bit (mean is sum then divide; pow(2) is x * x),
         # in a third of its aten calls: on the CPU it is a composite of ~24 ops that wrap
         # and cast scalars, and a decode step runs 2 * n_layers + 1 norms.
+        if cpu_kernels.fused_layers(x):  # one call instead of six (cpu_kernels)
+            return cpu_kernels.rms_norm(x, self.weight, self.eps)
         if x.dtype != torch.float32 or x.device.type != "cpu" or torch.is_grad_enabled():
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         scale = (x * x).sum(-1, keepdim=True).div_(self._dim).add_(self._eps).rsqrt_()
@@ -140,6 +143,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
+        if cpu_kernels.fused_layers(x) and isinstance(cache.k, torch.Tensor):
+            return self._fused(x, rope, cache, layer, slots, mask, kv_len, ragged)
         qk, v = self.wqkv(x).split([q_size + kv_size, kv_size], dim=-1)
         # Queries and keys get the same rotation: one RoPE over both halves the op count.
         qk = qk.view(bsz, seqlen, self.n_heads + self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -167,6 +172,33 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
         return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, q_size))
 
+    def _fused(self, x: torch.Tensor, rope, cache: KVCache, layer: int, slots: torch.Tensor | int,
+               mask: torch.Tensor | None, kv_len: int, ragged: Sequence[tuple[RaggedRow, torch.Tensor | None]]
+               ) -> torch.Tensor:
+        """``forward`` on the CPU in float32 inference: RoPE, the cache write and attention of
+        each row in one call (``cpu_kernels.attend``; the same semantics as the PyTorch path)."""
+        bsz, seqlen, _ = x.shape
+        qkv = self.wqkv(x)
+        out = x.new_zeros(bsz, seqlen, self.n_heads * self.head_dim) if ragged else \
+            x.new_empty(bsz, seqlen, self.n_heads * self.head_dim)
+
+        def part(t: torch.Tensor | None, b: int, a: int, z: int) -> torch.Tensor | None:
+            """Row ``b``'s tokens ``a:z`` of a ``[B or 1, ..., T, X]`` tensor (itself when it is all of it)."""
+            if t is None or (t.shape[0] == 1 and a == 0 and z == t.shape[-2]):
+                return t
+            return t[b if t.shape[0] > 1 else 0].flatten(0, -2)[a:z]
+
+        rows = [(row.cache_row, row.offset, row.offset + row.tokens, row.start, row.start + row.tokens, row_mask)
+                for row, row_mask in ragged] if ragged else \
+            [(b, 0, seqlen, slots if isinstance(slots, int) else slots[b], kv_len, part(mask, b, 0, seqlen))
+             for b in range(bsz)]
+        for r, a, z, row_slots, row_kv_len, row_mask in rows:
+            b = 0 if ragged else r  # ragged rows are packed in batch row 0
+            row_rope = None if rope is None else (part(rope[0], b, a, z), part(rope[1], b, a, z))
+            cpu_kernels.attend(part(qkv, b, a, z), row_rope, cache.k, cache.v, layer, r, row_slots, row_kv_len,
+                               row_mask, part(out, b, a, z), self.n_heads)
+        return self.wo(out)
+
 
 class MLP(nn.Module):
     """Gated SiLU MLP (Llama) or plain GELU MLP (GPT-2); gate and up are one fused matmul."""
@@ -189,6 +221,8 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w_in(x)
+        if self.gated and isinstance(self.act, nn.SiLU) and cpu_kernels.fused_layers(h):
+            return self.w_out(cpu_kernels.silu_mul(h))
         if self.gated:
             width = h.shape[-1] // 2
             gate, up = h[..., :width], h[..., width:]  # two slices: chunk makes 8 aten calls

@@ -1,0 +1,170 @@
+"""The fused layer ops (kernels/layer_ops.c): RMSNorm, the gated MLP's activation and a
+row's RoPE + cache write + attention each in one call. They compute what PyTorch's ops
+compute (to float rounding), round each query alike whatever else shares the pass (what
+lossless speculative decoding needs), and a model running them gives PyTorch's logits."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from quickdraft.models import cpu_kernels
+from quickdraft.models.config import ModelConfig
+from quickdraft.models.lm import NativeLM
+from quickdraft.models.transformer import RaggedRow, Transformer, additive_mask, apply_rope
+
+pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="needs the compiled CPU kernels (cc, AVX2)")
+
+
+@pytest.mark.parametrize("width", [8, 37, 576])
+def test_rms_norm_and_silu_mul_match_pytorch(width):
+    gen = torch.Generator().manual_seed(width)
+    x, w = torch.randn(5, width, generator=gen), torch.randn(width, generator=gen)
+    torch.testing.assert_close(cpu_kernels.rms_norm(x, w, 1e-5), F.rms_norm(x, (width,), w, 1e-5))
+    h = torch.randn(2, 3, 2 * width, generator=gen) * 6  # far into silu's tails too
+    torch.testing.assert_close(cpu_kernels.silu_mul(h), F.silu(h[..., :width]) * h[..., width:])
+
+
+def attend(qkv, rope, k_cache, v_cache, slots, kv_len, mask, out, n_heads):
+    """``cpu_kernels.attend`` on one layer's, one row's cache ``[H_kv, max_len, D]``."""
+    cpu_kernels.attend(qkv, rope, k_cache[None, None], v_cache[None, None], 0, 0, slots, kv_len, mask, out, n_heads)
+
+
+def rope_tables(positions: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = torch.outer(positions.double(), 1.0 / 10000 ** (torch.arange(0, dim, 2).double() / dim))
+    return torch.cat((freqs, freqs), -1).cos().float(), torch.cat((-freqs.sin(), freqs.sin()), -1).float()
+
+
+def reference(qkv, cos, sin, k_cache, v_cache, slots, kv_len, mask, hq):
+    """PyTorch's RoPE, cache write and SDPA, as the model's unfused path runs them."""
+    hkv, _, d = k_cache.shape
+    t = qkv.shape[0]
+    heads = qkv.view(t, hq + 2 * hkv, d).transpose(0, 1)[None]  # [1, H, T, D]
+    qk = heads[:, : hq + hkv] if cos is None else apply_rope(heads[:, : hq + hkv], cos[None, None], sin[None, None])
+    q, k, v = qk[:, :hq], qk[:, hq:], heads[:, hq + hkv :]
+    k_cache[:, slots], v_cache[:, slots] = k[0], v[0]
+    out = F.scaled_dot_product_attention(q, k_cache[None, :, :kv_len], v_cache[None, :, :kv_len],
+                                         attn_mask=None if mask is None else mask[None, None], enable_gqa=hq != hkv)
+    return out[0].transpose(0, 1).reshape(t, hq * d)
+
+
+@pytest.mark.parametrize("hq,hkv,d,rope", [(6, 2, 64, True), (4, 4, 12, True), (3, 3, 8, False)])
+def test_attend_matches_pytorch_with_tree_slots_and_mask(hq, hkv, d, rope):
+    gen = torch.Generator().manual_seed(d)
+    context, t, max_len = 21, 7, 40
+    k_cache, v_cache = torch.randn(hkv, max_len, d, generator=gen), torch.randn(hkv, max_len, d, generator=gen)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen)
+    slots = torch.arange(context, context + t)
+    positions = torch.tensor([context, context + 1, context + 1, context + 2, context + 2, context + 3, context + 3])
+    tables = rope_tables(positions, d) if rope else None
+    visible = torch.ones(t, context + t, dtype=torch.bool)  # a token tree: each node sees its ancestors
+    parents = [-1, 0, 0, 1, 2, 3, 4]
+    visible[:, context:] = False
+    for node in range(t):
+        walk = node
+        while walk >= 0:
+            visible[node, context + walk] = True
+            walk = parents[walk]
+    mask = additive_mask(visible, torch.float32)
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    want = reference(qkv, *(tables or (None, None)), ref_k, ref_v, slots, context + t, mask, hq)
+    out = torch.empty(t, hq * d)
+    attend(qkv, tables, k_cache, v_cache, slots, context + t, mask, out, hq)
+    torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-5)
+    assert torch.equal(k_cache[:, :context], ref_k[:, :context]) and torch.equal(v_cache, ref_v)
+    torch.testing.assert_close(k_cache, ref_k)
+
+
+def test_attend_rounds_each_query_alike_whatever_shares_the_pass():
+    """A causal pass of 9 queries equals nine one-query steps bit for bit, with one thread
+    or two, and a query that sees no slot gets zeros (SDPA would give NaN)."""
+    gen = torch.Generator().manual_seed(0)
+    hq, hkv, d, context, t, max_len = 9, 3, 64, 130, 9, 200
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen)
+    base_k, base_v = torch.randn(hkv, max_len, d, generator=gen), torch.randn(hkv, max_len, d, generator=gen)
+    tables = rope_tables(torch.arange(context, context + t), d)
+    causal = additive_mask(torch.ones(t, context + t, dtype=torch.bool).tril(context), torch.float32)
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            k, v = base_k.clone(), base_v.clone()
+            together = torch.empty(t, hq * d)
+            attend(qkv, tables, k, v, context, context + t, causal, together, hq)
+            k, v = base_k.clone(), base_v.clone()
+            alone = torch.empty(t, hq * d)
+            for j in range(t):
+                attend(qkv[j : j + 1], tuple(x[j : j + 1] for x in tables), k, v, context + j,
+                                   context + j + 1, None, alone[j : j + 1], hq)
+            assert torch.equal(together, alone)
+            results.append(together)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(results[0], results[1])
+    hidden = torch.full((1, context + 1), float("-inf"))
+    out = torch.full((1, hq * d), 7.0)
+    attend(qkv[:1], None, base_k.clone(), base_v.clone(), context, context + 1, hidden, out, hq)
+    assert torch.equal(out, torch.zeros_like(out))
+
+
+def tiny_model() -> Transformer:
+    torch.manual_seed(0)
+    config = ModelConfig(family="llama", model_type="llama", vocab_size=96, hidden_size=64, n_layers=2, n_heads=4,
+                         n_kv_heads=2, head_dim=16, intermediate_size=96, max_position_embeddings=64)
+    model = Transformer(config).eval()
+    NativeLM(model)  # the decode linears, as loading does: row-invariant products
+    return model
+
+
+def test_model_runs_the_fused_ops_and_matches_pytorch(monkeypatch):
+    model = tiny_model()
+    config = model.config
+    tokens = torch.randint(0, 96, (1, 12))
+    calls = {"attend": 0}
+    real = cpu_kernels.attend
+
+    def counted(*args, **kwargs):
+        calls["attend"] += 1
+        return real(*args, **kwargs)
+
+    def run() -> list[torch.Tensor]:
+        with torch.inference_mode():
+            cache = model.new_cache(1, 32)
+            prefill = model(tokens[:, :8], 0, cache).logits
+            verify = model(tokens[:, 8:12], 8, cache).logits
+            step = model(tokens[:, 8:9], 8, cache).logits  # the verify pass's first token alone
+        return [prefill, verify, step]
+
+    monkeypatch.setattr(cpu_kernels, "attend", counted)
+    fused = run()
+    assert calls["attend"] == 3 * config.n_layers
+    assert torch.equal(fused[1][:, 0], fused[2][:, 0])  # a verify row is a plain step, bit for bit
+    monkeypatch.setattr(cpu_kernels, "fused_layers", lambda x: False)
+    plain = run()
+    assert calls["attend"] == 3 * config.n_layers  # PyTorch's path this time
+    for got, want in zip(fused, plain):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_batched_and_ragged_passes_match_pytorch(monkeypatch):
+    """Rows of different lengths (tensor positions and slots, batch 2) and a packed ragged
+    pass (rows in their own cache rows, padding after them) give PyTorch's results."""
+    model = tiny_model()
+    tokens = torch.randint(0, 96, (2, 10))
+
+    def run() -> list[torch.Tensor]:
+        with torch.inference_mode():
+            cache = model.new_cache(2, 32)
+            model(tokens[:, :6], 0, cache, logits="none")
+            positions = torch.tensor([[6, 7, 8], [4, 5, 6]])  # row 1 rewinds to 4 tokens
+            batched = model(tokens[:, 6:9], positions, cache).logits
+            rows = [RaggedRow(0, 9, 1, 0), RaggedRow(1, 7, 3, 1)]
+            packed = torch.cat([tokens[0, 9:10], tokens[1, 7:10], torch.zeros(2, dtype=torch.long)])[None]
+            ragged_positions = torch.tensor([[9, 7, 8, 9, 0, 0]])
+            ragged = model(packed, ragged_positions, cache, ragged=rows).logits
+        return [batched, ragged[:, :4], cache.k.clone()]
+
+    fused = run()
+    monkeypatch.setattr(cpu_kernels, "fused_layers", lambda x: False)
+    for got, want in zip(fused, run()):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
