@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from quickdraft.models import cpu_kernels
 from quickdraft.models.config import ModelConfig
 from quickdraft.models.lm import NativeLM
+from quickdraft.models.quant_linear import quantize_linears
 from quickdraft.models.transformer import RaggedRow, Transformer, additive_mask, apply_rope
 
 pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="needs the compiled CPU kernels (cc, AVX2)")
@@ -107,11 +108,13 @@ def test_attend_rounds_each_query_alike_whatever_shares_the_pass():
     assert torch.equal(out, torch.zeros_like(out))
 
 
-def tiny_model() -> Transformer:
+def tiny_model(quantize: str = "none") -> Transformer:
     torch.manual_seed(0)
     config = ModelConfig(family="llama", model_type="llama", vocab_size=96, hidden_size=64, n_layers=2, n_heads=4,
                          n_kv_heads=2, head_dim=16, intermediate_size=96, max_position_embeddings=64)
     model = Transformer(config).eval()
+    if quantize != "none":
+        quantize_linears(model, quantize)
     NativeLM(model)  # the decode linears, as loading does: row-invariant products
     return model
 
@@ -168,3 +171,57 @@ def test_batched_and_ragged_passes_match_pytorch(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "fused_layers", lambda x: False)
     for got, want in zip(fused, run()):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("quantize", ["int4", "int8"])
+def test_a_whole_block_in_one_call_is_the_per_op_path_bit_for_bit(quantize, monkeypatch):
+    """Where every linear of a block runs on our kernels, the block is one C call
+    (cpu_kernels.block): the same kernels in the same order, so the same bits."""
+    model = tiny_model(quantize)
+    assert all(block.kernel_specs() is not None for block in model.layers)
+    assert tiny_model().layers[0].kernel_specs() is None  # oneDNN's float32 linears: per op
+    tokens = torch.randint(0, 96, (1, 14))
+    calls = {"block": 0}
+    real = cpu_kernels.block
+
+    def counted(*args, **kwargs):
+        calls["block"] += 1
+        return real(*args, **kwargs)
+
+    def run() -> list[torch.Tensor]:
+        with torch.inference_mode():
+            cache = model.new_cache(1, 32)
+            prefill = model(tokens[:, :8], 0, cache).logits
+            tree = torch.tensor([[True, False, False], [True, True, False], [True, False, True]])
+            mask = torch.cat([torch.ones(3, 8, dtype=torch.bool), tree], -1)[None]
+            branch = model(tokens[:, 8:11], torch.tensor([[8, 9, 9]]), cache, mask=mask).logits
+            verify = model(tokens[:, 8:14], 8, cache).logits
+            step = model(tokens[:, 8:9], 8, cache).logits
+        return [prefill, branch, verify, step]
+
+    monkeypatch.setattr(cpu_kernels, "block", counted)
+    whole = run()
+    assert calls["block"] == 4 * model.config.n_layers
+    assert torch.equal(whole[2][:, 0], whole[3][:, 0])
+    monkeypatch.setattr(type(model.layers[0]), "kernel_specs", lambda self: None)
+    per_op = run()
+    assert calls["block"] == 4 * model.config.n_layers
+    for got, want in zip(whole, per_op):
+        assert torch.equal(got, want)
+
+
+def test_block_specs_follow_swapped_layers_and_copies():
+    """The specs point into the layers' tensors: a swapped layer gets new ones, and a
+    copied model its own (never pointers into the original's weights)."""
+    import copy
+
+    model = tiny_model("int8")
+    model.lm_head = torch.nn.Linear(64, 96)  # oneDNN's opaque head cannot be deep-copied
+    block = model.layers[0]
+    first = block.kernel_specs()
+    assert block.kernel_specs() is first
+    twin = copy.deepcopy(model)
+    assert twin.layers[0].kernel_specs()[0].q == twin.layers[0].attn.wqkv.q.data_ptr() != first[0].q
+    quantize_linears(block, "int4")  # nothing left to swap: still int8
+    block.attn.wo = tiny_model("int4").layers[0].attn.wo
+    assert block.kernel_specs() is not first and block.kernel_specs()[1].kind == cpu_kernels.LINEAR_KINDS["q4"]

@@ -84,7 +84,10 @@ def library() -> ctypes.CDLL | None:
     lib.qd_silu_mul.argtypes = [_ptr, _c_int64, _c_int64, _ptr]
     lib.qd_attend.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64,
                               _ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, _c_int]
-    for fn in (lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
+    lib.qd_block.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _c_float, _ptr, _ptr, _ptr, _ptr, _c_int64,
+                             _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _ptr, _c_int64, _c_int64, _ptr,
+                             _c_int64, _ptr, _c_int]
+    for fn in (lib.qd_block, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
         fn.restype = None
     return lib
 
@@ -129,6 +132,60 @@ def pack_q4(q: torch.Tensor) -> torch.Tensor:
     n, k = q.shape
     groups = q.to(torch.uint8).reshape(n, k // 32, 2, 16)
     return (groups[:, :, 0] | (groups[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+
+
+class LinearSpec(ctypes.Structure):
+    """One linear layer's weights as ``qd_block`` reads them (``layer_ops.c``'s ``QdLinear``)."""
+
+    _fields_ = [("kind", _c_int64), ("in_features", _c_int64), ("out_features", _c_int64), ("q", _ptr),
+                ("scale", _ptr), ("zero", _ptr), ("bias", _ptr)]
+
+
+#: ``LinearSpec.kind`` of each weight format.
+LINEAR_KINDS = {"f32": 0, "q8": 1, "q4": 2}
+
+
+def linear_spec(kind: str, out_features: int, in_features: int, q: torch.Tensor, scale: torch.Tensor | None = None,
+                zero: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> LinearSpec:
+    """A ``LinearSpec`` pointing at these tensors (the layer that owns them must outlive it):
+    ``kind`` ``f32`` (``q`` is the float32 weight), ``q8`` or ``q4`` (as :func:`q8_matmul` /
+    :func:`q4_matmul` take them)."""
+    def ptr(t: torch.Tensor | None) -> int | None:
+        return None if t is None else t.data_ptr()
+
+    return LinearSpec(LINEAR_KINDS[kind], in_features, out_features, ptr(q), ptr(scale), ptr(zero), ptr(bias))
+
+
+def block(x: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor, float], specs: tuple[LinearSpec, ...],
+          heads: tuple[int, int, int], rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor,
+          v_cache: torch.Tensor, layer: int, slots: torch.Tensor | int, kv_len: int,
+          mask: torch.Tensor | None) -> torch.Tensor:
+    """A whole pre-norm Llama block over batch row 0 (``x``: ``[1, T, hidden]``) in one call:
+    the same kernels in the same order as the per-op fused path (so the same result, bit
+    for bit). ``norms``: the attention and MLP RMSNorm weights and eps; ``specs``: the q/k/v,
+    output, gate/up and down linears; ``heads``: (query heads, key/value heads, head size);
+    the rest as :func:`attend` takes them (cache row 0)."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    n_heads, n_kv_heads, head_dim = heads
+    max_len = k_cache.shape[3]
+    offset = layer * k_cache.shape[1] * n_kv_heads * max_len * head_dim * k_cache.element_size()
+    cos = sin = None
+    if rope is not None:
+        cos, sin = (t.contiguous() for t in rope)
+    slot_ids = None if isinstance(slots, int) else slots.to(torch.int64).contiguous()
+    if mask is not None:
+        mask = mask.contiguous()
+    library().qd_block(
+        x.data_ptr(), x.shape[-2], x.shape[-1], norms[0].data_ptr(), norms[1].data_ptr(), norms[2],
+        *(ctypes.addressof(spec) for spec in specs), n_heads, n_kv_heads, head_dim,
+        None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(),
+        k_cache.data_ptr() + offset, v_cache.data_ptr() + offset, max_len,
+        None if slot_ids is None else slot_ids.data_ptr(), slots if slot_ids is None else 0, kv_len,
+        None if mask is None else mask.data_ptr(), 0 if mask is None else mask.shape[-1], y.data_ptr(),
+        torch.get_num_threads(),
+    )
+    return y
 
 
 def fused_layers(x: torch.Tensor) -> bool:

@@ -99,6 +99,12 @@ class DecodeLinear(nn.Module):
             return y.view(*x.shape[:-1], self.out_features)
         return self._onednn(x)
 
+    def kernel_spec(self) -> cpu_kernels.LinearSpec | None:
+        """This layer for ``cpu_kernels.block``: only where it multiplies with our kernel."""
+        if self.exact_weight is None:
+            return None
+        return cpu_kernels.linear_spec("f32", self.out_features, self.in_features, self.exact_weight, bias=self.bias)
+
     def _onednn(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 

@@ -127,6 +127,13 @@ class Int4Linear(WeightOnlyLinear):
         """The float32 weight these layers multiply by (the identity matrix through the kernel)."""
         return self._mm(torch.eye(self.in_features)).t()
 
+    def kernel_spec(self) -> cpu_kernels.LinearSpec | None:
+        """This layer for ``cpu_kernels.block`` (None where our kernel does not run it)."""
+        if not self.native or self.row_by_row:
+            return None
+        return cpu_kernels.linear_spec("q4", self.out_features, self.in_features, self.packed, self.scale,
+                                       self.zero, self.bias)
+
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if self.native:
             return cpu_kernels.q4_matmul(x, self.packed, self.scale, self.zero)
@@ -175,6 +182,12 @@ class Int8Linear(WeightOnlyLinear):
         if self.native:
             return (self.q.float().view(self.out_features, -1, GROUP) * self.scale[..., None]).view_as(self.q)
         return self.q.float() * self.scale[:, None]
+
+    def kernel_spec(self) -> cpu_kernels.LinearSpec | None:
+        """This layer for ``cpu_kernels.block`` (None where our kernel does not run it)."""
+        if not self.native or self.row_by_row:
+            return None
+        return cpu_kernels.linear_spec("q8", self.out_features, self.in_features, self.q, self.scale, None, self.bias)
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if self.native:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import weakref
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -230,6 +231,13 @@ class MLP(nn.Module):
         return self.w_out(self.act(h))
 
 
+#: Block -> (its four linears, their ``cpu_kernels.LinearSpec``s or None). The specs hold
+#: raw pointers into those linears' tensors, so the linears are kept alive beside them; kept
+#: outside the module so that copying or saving a model never copies pointers into another's
+#: weights.
+_BLOCK_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 class Block(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -238,11 +246,36 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(config)
         self.mlp = MLP(config)
 
+    def kernel_specs(self) -> tuple | None:
+        """The four linears as ``cpu_kernels.block`` takes them, when every one runs on our
+        kernels and the block is a Llama one (RMSNorm, gated SiLU); else None. Kept with the
+        layers they point into (``_BLOCK_KERNELS``), rebuilt if a layer is swapped."""
+        linears = (self.attn.wqkv, self.attn.wo, self.mlp.w_in, self.mlp.w_out)
+        known = _BLOCK_KERNELS.get(self)
+        if known is not None and all(a is b for a, b in zip(known[0], linears)):
+            return known[1]
+        specs = None
+        if (isinstance(self.attn_norm, RMSNorm) and isinstance(self.mlp_norm, RMSNorm) and self.mlp.gated
+                and isinstance(self.mlp.act, nn.SiLU) and all(hasattr(layer, "kernel_spec") for layer in linears)):
+            specs = tuple(layer.kernel_spec() for layer in linears)
+            specs = specs if all(spec is not None for spec in specs) else None
+        _BLOCK_KERNELS[self] = (linears, specs)
+        return specs
+
     def forward(self, x: torch.Tensor, rope, cache: KVCache, layer: int, rows: torch.Tensor, slots: torch.Tensor,
                 mask: torch.Tensor | None, kv_len: int, attn: bool = True, mlp: bool = True,
                 ragged: Sequence = ()) -> torch.Tensor:
         """One pre-norm residual block; its keys and values go to ``cache`` layer ``layer``.
         ``attn`` / ``mlp`` False skip that sub-layer (identity on the residual stream)."""
+        if (attn and mlp and not ragged and x.shape[0] == 1 and cpu_kernels.fused_layers(x)
+                and isinstance(cache.k, torch.Tensor)):
+            specs = self.kernel_specs()
+            if specs is not None:  # the same kernels as below, in one call (cpu_kernels.block)
+                a = self.attn
+                return cpu_kernels.block(
+                    x, (self.attn_norm.weight, self.mlp_norm.weight, self.attn_norm.eps), specs,
+                    (a.n_heads, a.n_kv_heads, a.head_dim), rope, cache.k, cache.v, layer,
+                    slots if isinstance(slots, int) else slots[0], kv_len, None if mask is None else mask[0, 0])
         if attn:
             x = x + self.attn(self.attn_norm(x), rope, cache, layer, rows, slots, mask, kv_len, ragged)
         if mlp:

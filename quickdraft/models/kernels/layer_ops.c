@@ -186,3 +186,62 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
     }
     free(q);
 }
+
+/* A whole pre-norm Llama block for one row of a pass, composed of the calls above and the
+ * products of qmatmul.c: the same kernels, in the same order, as the model's per-op path
+ * (Block.forward with the fused ops), so the result is the same bit for bit; what it
+ * saves is the Python and PyTorch calls between them (~100 us a layer). */
+void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
+                  float *y, int threads);
+void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
+                  const float *zero, int64_t N, float *y, int threads);
+void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads);
+
+/* One linear layer's weights: kind 0 float32 [out, in], 1 int8 groups (+ scale), 2 int4
+ * groups (+ scale, zero); bias may be NULL. */
+typedef struct {
+    int64_t kind, in, out;
+    const void *q;
+    const float *scale, *zero, *bias;
+} QdLinear;
+
+static void linear(const QdLinear *l, const float *x, int64_t m, float *y, int threads) {
+    if (l->kind == 0)
+        qd_f32_matmul(x, m, l->in, (const float *)l->q, l->out, y, threads);
+    else if (l->kind == 1)
+        qd_q8_matmul(x, m, l->in, (const int8_t *)l->q, l->scale, l->out, y, threads);
+    else
+        qd_q4_matmul(x, m, l->in, (const uint8_t *)l->q, l->scale, l->zero, l->out, y, threads);
+    if (l->bias)
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t n = 0; n < l->out; n++)
+                y[r * l->out + n] = y[r * l->out + n] + l->bias[n];
+}
+
+/* x [t, hidden] -> y [t, hidden] (y = x + attn(norm(x)); y = y + mlp(norm(y))). The
+ * attention arguments are qd_attend's. */
+void qd_block(const float *x, int64_t t, int64_t hidden, const float *attn_norm, const float *mlp_norm, float eps,
+              const QdLinear *wqkv, const QdLinear *wo, const QdLinear *w_in, const QdLinear *w_out,
+              int64_t hq, int64_t hkv, int64_t d, const float *cos, const float *ssin,
+              float *k_cache, float *v_cache, int64_t max_len, const int64_t *slots, int64_t start,
+              int64_t kv_len, const float *mask, int64_t mask_stride, float *y, int threads) {
+    int64_t widest = wqkv->out > w_in->out ? wqkv->out : w_in->out;
+    if (hidden > widest)
+        widest = hidden;
+    float *a = malloc((size_t)(t * widest) * sizeof(float)), *b = malloc((size_t)(t * widest) * sizeof(float));
+    qd_rms_norm(x, t, hidden, attn_norm, eps, a);
+    linear(wqkv, a, t, b, threads);
+    qd_attend(b, t, hq, hkv, d, cos, ssin, k_cache, v_cache, max_len, slots, start, kv_len, mask, mask_stride, a,
+              threads);
+    linear(wo, a, t, b, threads);
+    for (int64_t i = 0; i < t * hidden; i++)
+        y[i] = x[i] + b[i];
+    qd_rms_norm(y, t, hidden, mlp_norm, eps, a);
+    linear(w_in, a, t, b, threads);
+    qd_silu_mul(b, t, w_in->out / 2, a);
+    linear(w_out, a, t, b, threads);
+    for (int64_t i = 0; i < t * hidden; i++)
+        y[i] = y[i] + b[i];
+    free(a);
+    free(b);
+}
