@@ -52,7 +52,7 @@ def test_auto_weighs_the_head_methods_beside_the_draft_methods(tmp_path, monkeyp
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     gen = SpeculativeGenerator.from_pretrained(method="draft")
     choice = choose_method(gen.target, gen.draft, gen.tokenizer, prompts=PROMPTS[:1], new_tokens=24, max_k=4)
-    for label in ("medusa k=4", "prophet k=4", "eagle k=6", "draft k=4", "tree 2,1"):
+    for label in ("medusa k=4", "prophet k=4", "eagle k=6", "eagle k=1 tree=1", "draft k=4", "tree 2,1"):
         assert label in choice.table
     assert choice.predicted == max(s for s, _ in choice.table.values())
 
@@ -64,6 +64,20 @@ def test_a_chosen_head_method_resolves_to_its_heads_and_stays_lossless(monkeypat
     plan = resolve_method(gen.target, None, gen.tokenizer, "auto")
     assert plan.method == "eagle" and plan.choice is choice and plan.k == 4
     assert plan.options.heads is not None and plan.label == "auto: eagle"
+    auto = SpeculativeGenerator(gen.target, gen.tokenizer, plan.drafter(None, gen.target))
+    for prompt, reference in zip(PROMPTS, outputs):
+        assert auto.generate(prompt, max_new_tokens=32, num_speculative_tokens=plan.k).token_ids == reference
+
+
+def test_an_eagle_chain_of_one_resolves_to_its_shape_and_stays_lossless(monkeypatch):
+    """Auto's EAGLE-one-token-ahead candidate runs as measured: a chain of 1, not the
+    default tree (what auto picks on targets whose verify passes are costly)."""
+    gen, ids, outputs = embedded()
+    choice = MethodChoice("eagle", 1, (1,), 1.2, {"eagle k=1 tree=1": (1.2, 1.5)})
+    assert choice.label == "eagle k=1 tree=1" and choice.options().tree == "1"
+    monkeypatch.setattr(method_choice, "cached_method", lambda *a, **kw: choice)
+    plan = resolve_method(gen.target, None, gen.tokenizer, "auto")
+    assert plan.method == "eagle" and plan.k == 1 and plan.options.tree == "1"
     auto = SpeculativeGenerator(gen.target, gen.tokenizer, plan.drafter(None, gen.target))
     for prompt, reference in zip(PROMPTS, outputs):
         assert auto.generate(prompt, max_new_tokens=32, num_speculative_tokens=plan.k).token_ids == reference

@@ -32,6 +32,15 @@ from .cost_model import StepCosts
 #: batched rows'): one k each, as every k costs a decode of each calibration prompt.
 HEAD_KS = {method: (k,) for method, k in HEAD_BATCH_K.items()}
 
+#: Further shapes auto weighs, as (k, tree): EAGLE one token ahead (a chain of 1). Where a
+#: verify pass costs nearly k + 1 steps (SmolLM2's compute-bound int4 products on a 2-core
+#: AVX2 CPU) only that pays: 1.14x / 1.31x over plain decoding on chat / code, where the
+#: default dynamic tree ran at 0.5x (docs/llama_cpp.md).
+HEAD_SHAPES: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
+    method: tuple((k, ()) for k in ks) + (((1, (1,)),) if method == "eagle" else ())
+    for method, ks in HEAD_KS.items()
+}
+
 
 def shipped_head_methods(target: CausalLM) -> dict[str, str]:
     """The head methods with heads shipped for ``target`` (native runtime only): method ->
@@ -65,12 +74,13 @@ class _TimedDrafter:
 
 def measure_head_method(method: str, k: int, target: CausalLM, prompts: Sequence[torch.Tensor],
                         outputs: Sequence[list[int]], costs: StepCosts, repeats: int = 1,
-                        ) -> tuple[float, float]:
+                        tree: tuple[int, ...] = ()) -> tuple[float, float]:
     """(predicted speedup over plain decoding, tokens per target pass) of ``method`` at
-    ``k`` on the calibration ``prompts``, whose greedy references are ``outputs``. Each
-    prompt is decoded ``repeats`` times; the least drafting time is kept (timings only
-    grow with noise)."""
-    drafter = make_drafter(method, None, target.vocab_size, DraftOptions(), target=target)
+    ``k`` (and ``tree`` widths; () = the method's default shape) on the calibration
+    ``prompts``, whose greedy references are ``outputs``. Each prompt is decoded
+    ``repeats`` times; the least drafting time is kept (timings only grow with noise)."""
+    options = DraftOptions(tree=",".join(map(str, tree)) if tree else None)
+    drafter = make_drafter(method, None, target.vocab_size, options, target=target)
     seconds = tokens = passes = 0.0
     for prompt, reference in zip(prompts, outputs):
         best: tuple[_TimedDrafter, int] | None = None

@@ -42,15 +42,16 @@ from ..models.lm import CausalLM, eos_token_ids
 from . import cache
 from .autok import CALIBRATION_PROMPTS, measure_quiet_step_costs, measurement_source
 from .cost_model import StepCosts
-from .head_choice import HEAD_KS, measure_head_method, shipped_head_methods
+from .head_choice import HEAD_KS, HEAD_SHAPES, measure_head_method, shipped_head_methods
 from .timing import Noise
 
 #: Static tree shapes auto considers (the chain is ``draft``).
 TREE_SHAPES = ((2,), (2, 1), (2, 1, 1), (2, 2, 1), (3, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1),
                (2, 1, 1, 1, 1), (3, 2, 1), (2, 1, 1, 1, 1, 1))
 MAX_K = 12
-CACHE_VERSION = 5  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
-#                   4: no token trees for a transformers-backend pair; 5: shipped head methods weighed
+CACHE_VERSION = 6  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
+#                   4: no token trees for a transformers-backend pair; 5: shipped head methods weighed;
+#                   6: EAGLE one token ahead weighed too (HEAD_SHAPES)
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ class Candidate:
     def label(self) -> str:
         if self.method == "tree":
             return f"tree {','.join(map(str, self.tree))}"
-        return f"{self.method} k={self.k}"
+        shape = f" tree={','.join(map(str, self.tree))}" if self.tree else ""  # a head method's own shape
+        return f"{self.method} k={self.k}{shape}"
 
     @property
     def nodes(self) -> int:
@@ -190,7 +192,7 @@ class MethodChoice:
         """The chosen method's options (a tree's children: the draft's top-w, as replayed; a
         head method's defaults, as measured)."""
         if self.method in HEAD_KS:
-            return DraftOptions()
+            return DraftOptions(tree=",".join(map(str, self.tree)) if self.tree else None)
         return DraftOptions(tree=",".join(map(str, self.tree)) or "2,2,1", tree_children="top")
 
     def best_per_method(self) -> dict[str, tuple[str, float, float]]:
@@ -250,11 +252,11 @@ def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer, prompts: 
     # Head methods cannot be replayed from ranks: they are run (policy/head_choice.py).
     prompt_ids = [torch.tensor(tr.prompt, dtype=torch.long) for tr in traces]
     for method in shipped_head_methods(target):
-        for k in HEAD_KS[method]:
-            head = Candidate(method, k)
+        for k, tree in HEAD_SHAPES[method]:
+            head = Candidate(method, k, tree)
             weighed.append(head)
             table[head.label] = measure_head_method(method, k, target, prompt_ids, [tr.output for tr in traces],
-                                                    costs)
+                                                    costs, tree=tree)
     table["ar"] = (1.0, 1.0)
     by_label = {c.label: c for c in weighed}
     best = max(table, key=lambda label: table[label][0])
