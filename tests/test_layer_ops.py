@@ -108,6 +108,18 @@ def test_attend_rounds_each_query_alike_whatever_shares_the_pass():
     assert torch.equal(out, torch.zeros_like(out))
 
 
+def count_calls(monkeypatch, name: str) -> dict[str, int]:
+    """Count the calls of ``cpu_kernels.<name>`` (the real function still runs)."""
+    calls, real = {name: 0}, getattr(cpu_kernels, name)
+
+    def counted(*args, **kwargs):
+        calls[name] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cpu_kernels, name, counted)
+    return calls
+
+
 def tiny_model(quantize: str = "none") -> Transformer:
     torch.manual_seed(0)
     config = ModelConfig(family="llama", model_type="llama", vocab_size=96, hidden_size=64, n_layers=2, n_heads=4,
@@ -123,13 +135,6 @@ def test_model_runs_the_fused_ops_and_matches_pytorch(monkeypatch):
     model = tiny_model()
     config = model.config
     tokens = torch.randint(0, 96, (1, 12))
-    calls = {"attend": 0}
-    real = cpu_kernels.attend
-
-    def counted(*args, **kwargs):
-        calls["attend"] += 1
-        return real(*args, **kwargs)
-
     def run() -> list[torch.Tensor]:
         with torch.inference_mode():
             cache = model.new_cache(1, 32)
@@ -138,7 +143,7 @@ def test_model_runs_the_fused_ops_and_matches_pytorch(monkeypatch):
             step = model(tokens[:, 8:9], 8, cache).logits  # the verify pass's first token alone
         return [prefill, verify, step]
 
-    monkeypatch.setattr(cpu_kernels, "attend", counted)
+    calls = count_calls(monkeypatch, "attend")
     fused = run()
     assert calls["attend"] == 3 * config.n_layers
     assert torch.equal(fused[1][:, 0], fused[2][:, 0])  # a verify row is a plain step, bit for bit
@@ -181,13 +186,6 @@ def test_a_whole_block_in_one_call_is_the_per_op_path_bit_for_bit(quantize, monk
     assert all(block.kernel_specs() is not None for block in model.layers)
     assert tiny_model().layers[0].kernel_specs() is None  # oneDNN's float32 linears: per op
     tokens = torch.randint(0, 96, (1, 14))
-    calls = {"block": 0}
-    real = cpu_kernels.block
-
-    def counted(*args, **kwargs):
-        calls["block"] += 1
-        return real(*args, **kwargs)
-
     def run() -> list[torch.Tensor]:
         with torch.inference_mode():
             cache = model.new_cache(1, 32)
@@ -199,7 +197,7 @@ def test_a_whole_block_in_one_call_is_the_per_op_path_bit_for_bit(quantize, monk
             step = model(tokens[:, 8:9], 8, cache).logits
         return [prefill, branch, verify, step]
 
-    monkeypatch.setattr(cpu_kernels, "block", counted)
+    calls = count_calls(monkeypatch, "block")
     whole = run()
     assert calls["block"] == 4 * model.config.n_layers
     assert torch.equal(whole[2][:, 0], whole[3][:, 0])

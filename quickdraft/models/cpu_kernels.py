@@ -157,33 +157,20 @@ def linear_spec(kind: str, out_features: int, in_features: int, q: torch.Tensor,
 
 
 def block(x: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor, float], specs: tuple[LinearSpec, ...],
-          heads: tuple[int, int, int], rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor,
+          n_heads: int, rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor,
           v_cache: torch.Tensor, layer: int, slots: torch.Tensor | int, kv_len: int,
           mask: torch.Tensor | None) -> torch.Tensor:
     """A whole pre-norm Llama block over batch row 0 (``x``: ``[1, T, hidden]``) in one call:
     the same kernels in the same order as the per-op fused path (so the same result, bit
     for bit). ``norms``: the attention and MLP RMSNorm weights and eps; ``specs``: the q/k/v,
-    output, gate/up and down linears; ``heads``: (query heads, key/value heads, head size);
-    the rest as :func:`attend` takes them (cache row 0)."""
+    output, gate/up and down linears; ``n_heads``: query heads; the rest as :func:`attend`
+    takes them (cache row 0)."""
     x = x.contiguous()
     y = torch.empty_like(x)
-    n_heads, n_kv_heads, head_dim = heads
-    max_len = k_cache.shape[3]
-    offset = layer * k_cache.shape[1] * n_kv_heads * max_len * head_dim * k_cache.element_size()
-    cos = sin = None
-    if rope is not None:
-        cos, sin = (t.contiguous() for t in rope)
-    slot_ids = None if isinstance(slots, int) else slots.to(torch.int64).contiguous()
-    if mask is not None:
-        mask = mask.contiguous()
+    args, _alive = _attention_args(n_heads, rope, k_cache, v_cache, layer, 0, slots, kv_len, mask)
     library().qd_block(
         x.data_ptr(), x.shape[-2], x.shape[-1], norms[0].data_ptr(), norms[1].data_ptr(), norms[2],
-        *(ctypes.addressof(spec) for spec in specs), n_heads, n_kv_heads, head_dim,
-        None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(),
-        k_cache.data_ptr() + offset, v_cache.data_ptr() + offset, max_len,
-        None if slot_ids is None else slot_ids.data_ptr(), slots if slot_ids is None else 0, kv_len,
-        None if mask is None else mask.data_ptr(), 0 if mask is None else mask.shape[-1], y.data_ptr(),
-        torch.get_num_threads(),
+        *(ctypes.addressof(spec) for spec in specs), *args, y.data_ptr(), torch.get_num_threads(),
     )
     return y
 
@@ -226,20 +213,32 @@ def attend(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, k_
     ``T`` rows of ``kv_len`` (-inf hides a slot), or None (every query sees every slot).
     Leading dimensions of size 1 are fine everywhere: the caller passes its tensors as they
     are, without the views that would cost more than the arithmetic here."""
+    args, _alive = _attention_args(n_heads, rope, k_cache, v_cache, layer, row, slots, kv_len, mask)
+    qkv = qkv.contiguous()
+    library().qd_attend(qkv.data_ptr(), qkv.numel() // qkv.shape[-1], *args, out.data_ptr(), torch.get_num_threads())
+
+
+def _attention_args(n_heads: int, rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, layer: int, row: int, slots: torch.Tensor | int, kv_len: int,
+                    mask: torch.Tensor | None) -> tuple[tuple, list[torch.Tensor]]:
+    """The arguments ``qd_attend`` and ``qd_block`` share (heads, head size, RoPE tables,
+    cache row, slots, mask), and the tensors they point into: the caller holds those until
+    the call returns."""
     _, _, n_kv_heads, max_len, head_dim = k_cache.shape
+    keep = []
     cos = sin = None
     if rope is not None:
         cos, sin = (t.contiguous() for t in rope)
+        keep += [cos, sin]
     slot_ids = None if isinstance(slots, int) else slots.to(torch.int64).contiguous()
+    if slot_ids is not None:
+        keep.append(slot_ids)
     if mask is not None:
         mask = mask.contiguous()
-    qkv = qkv.contiguous()
+        keep.append(mask)
     offset = (layer * k_cache.shape[1] + row) * n_kv_heads * max_len * head_dim * k_cache.element_size()
-    library().qd_attend(
-        qkv.data_ptr(), qkv.numel() // qkv.shape[-1], n_heads, n_kv_heads, head_dim,
-        None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(),
-        k_cache.data_ptr() + offset, v_cache.data_ptr() + offset, max_len,
-        None if slot_ids is None else slot_ids.data_ptr(), slots if slot_ids is None else 0, kv_len,
-        None if mask is None else mask.data_ptr(), 0 if mask is None else mask.shape[-1], out.data_ptr(),
-        torch.get_num_threads(),
-    )
+    args = (n_heads, n_kv_heads, head_dim, None if cos is None else cos.data_ptr(),
+            None if sin is None else sin.data_ptr(), k_cache.data_ptr() + offset, v_cache.data_ptr() + offset,
+            max_len, None if slot_ids is None else slot_ids.data_ptr(), slots if slot_ids is None else 0, kv_len,
+            None if mask is None else mask.data_ptr(), 0 if mask is None else mask.shape[-1])
+    return args, keep

@@ -271,11 +271,10 @@ class Block(nn.Module):
                 and isinstance(cache.k, torch.Tensor)):
             specs = self.kernel_specs()
             if specs is not None:  # the same kernels as below, in one call (cpu_kernels.block)
-                a = self.attn
                 return cpu_kernels.block(
-                    x, (self.attn_norm.weight, self.mlp_norm.weight, self.attn_norm.eps), specs,
-                    (a.n_heads, a.n_kv_heads, a.head_dim), rope, cache.k, cache.v, layer,
-                    slots if isinstance(slots, int) else slots[0], kv_len, None if mask is None else mask[0, 0])
+                    x, (self.attn_norm.weight, self.mlp_norm.weight, self.attn_norm.eps), specs, self.attn.n_heads,
+                    rope, cache.k, cache.v, layer, slots if isinstance(slots, int) else slots[0], kv_len,
+                    None if mask is None else mask[0, 0])
         if attn:
             x = x + self.attn(self.attn_norm(x), rope, cache, layer, rows, slots, mask, kv_len, ragged)
         if mlp:
