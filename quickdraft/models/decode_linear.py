@@ -67,8 +67,6 @@ class DecodeLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
-        # An opaque oneDNN tensor, not a parameter: state_dict and .to() never see it.
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
         small = weight.numel() <= SMALL_WEIGHT_ELEMENTS
         self.single_row_weight = weight.t().contiguous() if small else None
@@ -76,13 +74,15 @@ class DecodeLinear(nn.Module):
         # some input widths (measured: every K > 1024 on an AVX2 EPYC, e.g. the embedded
         # target's 1216-wide MLP output), which would let a verify pass disagree with a plain
         # step at a near-tie. There: our own kernel (row-invariant by construction), or, without
-        # it, one row at a time.
-        self.exact_weight, self.row_by_row = None, False
-        if not rows_are_invariant(self.in_features, 16):
-            if cpu_kernels.library() is not None and self.in_features % 32 == 0:
-                self.exact_weight = weight.float().contiguous()
-            else:
-                self.row_by_row = True
+        # it, oneDNN one row at a time.
+        invariant = rows_are_invariant(self.in_features, 16)
+        self.exact_weight, self.packed, self.row_by_row = None, None, False
+        if not invariant and cpu_kernels.library() is not None and self.in_features % 32 == 0:
+            self.exact_weight = weight.float().contiguous()
+        else:
+            # An opaque oneDNN tensor, not a parameter: state_dict and .to() never see it.
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
+            self.row_by_row = not invariant
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.single_row_weight is not None and x.numel() == self.in_features

@@ -37,9 +37,8 @@ HEAD_KS = {method: (k,) for method, k in HEAD_BATCH_K.items()}
 #: AVX2 CPU) only that pays: 1.14x / 1.31x over plain decoding on chat / code, where the
 #: default dynamic tree ran at 0.5x (docs/llama_cpp.md).
 HEAD_SHAPES: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
-    method: tuple((k, ()) for k in ks) + (((1, (1,)),) if method == "eagle" else ())
-    for method, ks in HEAD_KS.items()
-}
+    method: tuple((k, ()) for k in ks) for method, ks in HEAD_KS.items()}
+HEAD_SHAPES["eagle"] += ((1, (1,)),)
 
 
 def shipped_head_methods(target: CausalLM) -> dict[str, str]:
