@@ -45,7 +45,9 @@ def test_native_gguf_matches_transformers(tmp_path, qtype):
     ours.reset(64)
     theirs.reset(64)
     a, b = ours.extend(PROMPT), theirs.extend(PROMPT)
-    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    # Float32 rounding only: our AVX2 products sum in 16 partial sums, MKL in its own order
+    # (Q6_K's logits differed by up to 1.5e-4); a wrongly dequantized block is off by far more.
+    torch.testing.assert_close(a, b, atol=3e-4, rtol=1e-4)
     assert greedy(ours, PROMPT, 8) == greedy(theirs, PROMPT, 8)
 
 

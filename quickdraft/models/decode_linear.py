@@ -6,12 +6,18 @@ verify pass of k+1 rows should cost little more than one row. PyTorch's default 
 target's weights costs about twice a one-row product, and on AMD CPUs MKL is known to
 take slower code paths than on Intel.
 
-``DecodeLinear`` holds its weight in oneDNN's blocked layout, reordered once at load, and
-multiplies with oneDNN's inner-product kernel: measured on the embedded target (2 threads,
-AMD EPYC), a one-row product takes about half the time of MKL's and nine rows about 1.2x
-one row. The same packed weight serves every row count, and each row is rounded the same
-way whatever the row count (``rows_are_invariant`` checks it on this machine), so a
-batch row's products do not depend on its neighbours. Inference only: no gradients.
+``DecodeLinear`` multiplies with our own AVX2 float32 kernel where it compiles
+(``cpu_kernels.f32_matmul``, the same C file as the int8/int4 products): each row is
+rounded the same way whatever the row count, by construction, so a verify row equals a
+plain step and a batch row's products do not depend on its neighbours; and a block whose
+linears all run on it is one C call (``cpu_kernels.block``). Measured on a 2-core AVX2
+EPYC against oneDNN: one row 1.4-1.9x faster, nine rows 1.07-1.2x slower, the embedded
+target's plain step 5.6 -> 2.9 ms with the one-call blocks (docs/step_cost.md).
+Elsewhere (no compiler, or an input width not a multiple of 32) it holds the weight in
+oneDNN's blocked layout, reordered once at load (a one-row product about half MKL's time,
+nine rows ~1.2x one row); oneDNN rounds a row alone differently from the same row among
+others at some widths (``rows_are_invariant``, checked per width), which are then
+multiplied one row at a time. Inference only: no gradients.
 
 A draft model decoding one sequence needs no such invariance (its numerics never change
 what the target accepts as greedy output, and sampled output stays exact whatever ``q``
@@ -70,25 +76,29 @@ class DecodeLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().clone()
         small = weight.numel() <= SMALL_WEIGHT_ELEMENTS
         self.single_row_weight = weight.t().contiguous() if small else None
-        # oneDNN rounds a row computed alone differently from the same row among others for
-        # some input widths (measured: every K > 1024 on an AVX2 EPYC, e.g. the embedded
-        # target's 1216-wide MLP output), which would let a verify pass disagree with a plain
-        # step at a near-tie. There: our own kernel (row-invariant by construction), or, without
-        # it, oneDNN one row at a time.
-        invariant = rows_are_invariant(self.in_features, 16)
+        # Our own float32 kernel where it compiles (cpu_kernels): row-invariant by
+        # construction, ~1.4-1.9x faster than oneDNN for one row, ~1.1-1.2x slower for nine,
+        # and it lets a whole block be one C call (cpu_kernels.block). Else oneDNN, whose
+        # rounding of a row alone differs from the same row among others for some input
+        # widths (every K > 1024 on an AVX2 EPYC): there one row at a time, so that a verify
+        # pass never disagrees with a plain step at a near-tie.
         self.exact_weight, self.packed, self.row_by_row = None, None, False
-        if not invariant and cpu_kernels.library() is not None and self.in_features % 32 == 0:
+        if cpu_kernels.library() is not None and self.in_features % 32 == 0:
             self.exact_weight = weight.float().contiguous()
         else:
             # An opaque oneDNN tensor, not a parameter: state_dict and .to() never see it.
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
-            self.row_by_row = not invariant
+            self.row_by_row = not rows_are_invariant(self.in_features, 16)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if (self.single_row_weight is not None and x.numel() == self.in_features
                 and getattr(_rounding, "free", False)):
             y = x @ self.single_row_weight
             return y if self.bias is None else y + self.bias
+        if self.exact_weight is not None and torch.compiler.is_compiling():
+            # Dynamo cannot trace a ctypes call; a traced CPU step is never what decodes
+            # (the static step stays eager on the CPU), it only has to be one graph.
+            return torch.nn.functional.linear(x, self.exact_weight, self.bias)
         if self.exact_weight is not None:
             y = cpu_kernels.f32_matmul(x.reshape(-1, self.in_features), self.exact_weight)
             y = y.view(*x.shape[:-1], self.out_features)
