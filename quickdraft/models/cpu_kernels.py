@@ -1,8 +1,11 @@
-"""Our own AVX2 CPU kernels: weight-only int8 / int4 matrix products (``kernels/qmatmul.c``)
-and a decoder layer's non-matrix work fused into one call each (``kernels/layer_ops.c``).
+"""Our own AVX2 CPU kernels: matrix products with float32, int8 or int4 weights
+(``kernels/qmatmul.c``), a decoder layer's non-matrix work fused into one call each, and a
+whole Llama block in one call (``kernels/layer_ops.c``).
 
 PyTorch's CPU int8 and int4 kernels are vectorized for AVX-512 only; on AVX2 they run
-scalar code, slower than the float32 product they would replace. And a small model's
+scalar code, slower than the float32 product they would replace. oneDNN's float32 product
+rounds a row differently with one row than with several at some widths; ours rounds every
+row alike (what lossless verify passes need) and is faster for one row. And a small model's
 decode step is mostly per-op overhead: RMSNorm, RoPE, the KV-cache write and attention are
 ~40 PyTorch calls a layer, where :func:`rms_norm`, :func:`attend` and :func:`silu_mul` are
 one each (:func:`fused_layers` says when the model uses them). The C files (no

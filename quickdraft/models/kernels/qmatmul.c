@@ -3,7 +3,7 @@
  * y[m, n] = sum_k x[m, k] * w[n, k], x float32 [M, K], w stored quantized in groups of 32
  * along k, each group with float32 parameters:
  *   q8: int8 q [N, K],                      w = q * scale           (GGUF Q8_0, int8 per channel)
- *   f32: float32 w [N, K]                   (float32 weights where oneDNN's rounding depends on M)
+ *   f32: float32 w [N, K]                   (DecodeLinear's float32 weights: row-invariant, unlike oneDNN)
  *   q4: 4-bit q [N, K / 2], 16 bytes/group, w = (q - 8) * scale + zero   (GGUF Q4_0 / Q4_1)
  *       byte j of a group holds q[j] in its low nibble and q[j + 16] in its high one
  *       (GGUF's own block layout, so a file's blocks are copied, not repacked).
@@ -146,7 +146,8 @@ static inline __attribute__((always_inline)) void f32_tile(const float *x, int64
                                                             int nb, float *y, int64_t ldy) {
     __m256 acc[3][2][ACCS];
     for (int r = 0; r < rows; r++)
-        for (int b = 0; b < nb; b++) acc[r][b][0] = acc[r][b][1] = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++)
+            for (int j = 0; j < ACCS; j++) acc[r][b][j] = _mm256_setzero_ps();
     for (int64_t k = 0; k < K; k += 8 * ACCS)
         for (int j = 0; j < ACCS; j++) {
             __m256 wv[2];
