@@ -26,6 +26,18 @@ def test_a_resumed_run_replaces_what_the_crashed_run_logged_after_its_checkpoint
     assert read_scalars(tmp_path) == {"train/loss": [(1, 7.0)]}
 
 
+def test_a_resume_purges_even_when_its_file_name_sorts_first(tmp_path):
+    """TensorBoard orders event files by name, whose last field is a per-process counter
+    compared as text: a writer numbered 10 sorts before one numbered 9. Within one second
+    that let a resumed run purge nothing (a flaky CI failure); the tracker now starts a
+    resume in a later second than the files it purges."""
+    from tensorboard.summary.writer import event_file_writer
+
+    while event_file_writer._global_uid.get() % 10 != 8:  # the next two writers: ...9, then ...10
+        pass
+    test_a_resumed_run_replaces_what_the_crashed_run_logged_after_its_checkpoint(tmp_path)
+
+
 def test_the_probe_measures_what_decoding_accepts(tiny_family, tmp_path):
     """The probe decodes fixed held-out prompts: a copy of the target is always
     accepted, an unrelated draft less; the chart reads the figures back from event files."""

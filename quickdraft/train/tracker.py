@@ -11,6 +11,7 @@ that crashed are purged, so the curves read as one uninterrupted run.
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 TB_DIR = "tensorboard"
@@ -29,6 +30,8 @@ class Tracker:
         log_dir = Path(log_dir)
         if resume_step is None and log_dir.exists():
             shutil.rmtree(log_dir)
+        elif resume_step is not None:
+            _start_after_existing_files(log_dir)
         # Logged steps are 1-based (the step just done), so a checkpoint at step s keeps
         # events up to s and purges from s + 1 on.
         self.writer = SummaryWriter(str(log_dir), purge_step=None if resume_step is None else resume_step + 1)
@@ -47,6 +50,23 @@ class Tracker:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _start_after_existing_files(log_dir: Path) -> None:
+    """Wait until this second is later than every event file's in ``log_dir``.
+
+    TensorBoard applies a purge only to the files that sort before the purging one, and
+    files sort by name: creation second, host, pid, then a per-process counter compared as
+    text ("10" sorts before "9"). A resume in the same second as the run it purges (in one
+    process: tests, or ``log_scalars`` right after training) could sort first and purge
+    nothing; a later second always sorts after. Waits at most a second."""
+    seconds = []
+    for path in log_dir.glob("events.out.tfevents.*"):
+        field = path.name.split(".")[3]
+        if field.isdigit():
+            seconds.append(int(field))
+    while seconds and int(time.time()) <= max(seconds):
+        time.sleep(0.05)
 
 
 def log_scalars(log_dir: Path, step: int, group: str, values: dict[str, float]) -> None:
