@@ -190,3 +190,32 @@ def test_quantized_layers_refuse_to_train():
     layer = Int8Linear(torch.randn(32, 64))
     with pytest.raises(RuntimeError, match="quantize='none'"):
         layer(torch.randn(2, 64, requires_grad=True))
+
+
+def test_avx512_and_avx2_products_agree_bit_for_bit():
+    """qmatmul_avx512.c rounds every element as qmatmul.c does (one 16-lane accumulator is
+    the AVX2 kernel's two 8-lane ones), for each weight format, row counts across its passes
+    of 16 rows and its four-row int4 tile, and widths that are not multiples of 4."""
+    from quickdraft.models import cpu_kernels
+
+    if not native_kernels():
+        pytest.skip("needs our compiled kernels")
+    if cpu_kernels.kernel_isa("avx512") != "avx512":
+        pytest.skip("this CPU has no AVX-512")
+    torch.manual_seed(3)
+    try:
+        for n, k in [(96, 64), (75, 96), (50, 1216)]:
+            q4 = cpu_kernels.pack_q4(torch.randint(0, 16, (n, k)))
+            q8 = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+            scale, zero, weight = torch.rand(n, k // 32), torch.randn(n, k // 32), torch.randn(n, k)
+            products = {"q4": (cpu_kernels.q4_matmul, (q4, scale, zero)), "q8": (cpu_kernels.q8_matmul, (q8, scale)),
+                        "f32": (cpu_kernels.f32_matmul, (weight,))}
+            x = torch.randn(20, k)
+            for name, (product, weights) in products.items():
+                cpu_kernels.kernel_isa("avx2")
+                alone = torch.cat([product(x[i : i + 1], *weights) for i in range(len(x))])
+                cpu_kernels.kernel_isa("avx512")
+                for rows in (1, 2, 3, 5, 9, 16, 17, 20):
+                    assert torch.equal(product(x[:rows], *weights), alone[:rows]), (name, n, k, rows)
+    finally:
+        cpu_kernels.kernel_isa("avx512")

@@ -1,6 +1,7 @@
 """Our own AVX2 CPU kernels: matrix products with float32, int8 or int4 weights
-(``kernels/qmatmul.c``), a decoder layer's non-matrix work fused into one call each, and a
-whole Llama block in one call (``kernels/layer_ops.c``).
+(``kernels/qmatmul.c``, and ``kernels/qmatmul_avx512.c`` where the CPU has AVX-512: same
+results bit for bit, see :func:`kernel_isa`), a decoder layer's non-matrix work fused into
+one call each, and a whole Llama block in one call (``kernels/layer_ops.c``).
 
 PyTorch's CPU int8 and int4 kernels are vectorized for AVX-512 only; on AVX2 they run
 scalar code, slower than the float32 product they would replace. oneDNN's float32 product
@@ -30,7 +31,8 @@ from pathlib import Path
 
 import torch
 
-SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("qmatmul.c", "layer_ops.c"))
+SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("qmatmul.c", "qmatmul_avx512.c", "layer_ops.c"))
+HEADERS = (Path(__file__).with_name("kernels") / "qmatmul.h",)
 # -ffp-contract=off: the compiler must not fuse or reorder float operations differently in
 # the row-count specializations, so every row rounds alike (see the source's comment).
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")
@@ -48,7 +50,7 @@ def _compiler() -> str | None:
 def _build(compiler: str) -> Path:
     """Compile the source once per (source, flags, compiler); concurrent builds are safe
     (each writes a private file, then renames it into place)."""
-    sources = b"".join(source.read_bytes() for source in SOURCES)
+    sources = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))
     key = hashlib.sha256(sources + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
     target = _cache_root() / f"qmatmul-{key}.so"
     if not target.exists():
@@ -90,9 +92,25 @@ def library() -> ctypes.CDLL | None:
     lib.qd_block.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _c_float, _ptr, _ptr, _ptr, _ptr, _c_int64,
                              _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _ptr, _c_int64, _c_int64, _ptr,
                              _c_int64, _ptr, _c_int]
+    lib.qd_kernel_isa.argtypes = [ctypes.c_int]
+    lib.qd_kernel_isa.restype = ctypes.c_int
+    if os.environ.get("QUICKDRAFT_KERNEL_ISA", "").lower() == "avx2":
+        lib.qd_kernel_isa(0)
     for fn in (lib.qd_block, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
         fn.restype = None
     return lib
+
+
+def kernel_isa(want: str | None = None) -> str:
+    """Which matrix products run: ``"avx512"`` where the CPU has AVX512F, else ``"avx2"``
+    (both round every element alike, so the choice changes only speed). ``want`` switches
+    (``"avx2"`` always works; ``"avx512"`` only where supported); ``QUICKDRAFT_KERNEL_ISA=avx2``
+    starts a process on the AVX2 products. Needs :func:`library`."""
+    lib = library()
+    assert lib is not None, "kernel_isa needs the compiled kernels (cpu_kernels.library())"
+    if want not in (None, "avx2", "avx512"):
+        raise ValueError(f"kernel ISA must be 'avx2' or 'avx512', not {want!r}")
+    return "avx512" if lib.qd_kernel_isa(-1 if want is None else int(want == "avx512")) else "avx2"
 
 
 def q8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

@@ -20,10 +20,8 @@
  * on the other rows of the product (a verify pass of k+1 rows rounds each row as a one-row
  * step does), nor on the thread count: what lossless speculative decoding needs.
  */
-#include <immintrin.h>
-#include <stdint.h>
+#include "qmatmul.h"
 
-#define GROUP 32
 /* Rows of x that share one pass over a weight row, with two accumulators each: 12 of the 16
  * ymm registers, the other 4 hold the group's dequantized weights. Measured on a 2-core AMD
  * EPYC against 4 rows x 4 accumulators, 8 x 2 and 8 or 12 x 1: one row as fast, nine rows
@@ -32,13 +30,6 @@
  * one row, where 2 + 1 passes cost 1.75x (weights streamed from memory, 1536 x 576 int4). */
 #define ROWS 6
 #define ACCS 2
-
-static inline float sum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 static inline float finish(const __m256 a[ACCS]) { return sum8(_mm256_add_ps(a[0], a[1])); }
 
@@ -73,12 +64,7 @@ static inline void accumulate(const __m256 w[4], const float *x, __m256 acc[ACCS
     for (int j = 0; j < 4; j++) acc[j % ACCS] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x + 8 * j), acc[j % ACCS]);
 }
 
-/* Where one weight row's groups are, and how one group becomes four vectors of 8 floats. */
-typedef struct {
-    const void *q;
-    const float *scale, *zero;
-} Weights;
-
+/* How one group of a weight row becomes four vectors of 8 floats. */
 static inline void q8_weights(const Weights *w, int64_t n, int64_t K, int64_t g, __m256 out[4]) {
     q8_group((const int8_t *)w->q + n * K + g * GROUP, w->scale[n * (K / GROUP) + g], out);
 }
@@ -126,12 +112,28 @@ static inline __attribute__((always_inline)) void column(GroupFn group, const We
     }
 }
 
+/* Which products run: 1 = the AVX-512 file's where the CPU has AVX512F, 0 = these. Chosen
+ * once (first call), or by qd_kernel_isa; both round alike, so it only changes the speed. */
+static int avx512 = -1;
+
+/* Ask for the AVX-512 products (want = 1) or the AVX2 ones (0), or leave the choice as it
+ * is (-1); returns what runs now. AVX-512 only where the CPU has it. */
+int qd_kernel_isa(int want) {
+    if (want >= 0 || avx512 < 0)
+        avx512 = (want != 0) && qd_avx512_supported();
+    return avx512;
+}
+
 /* The parallel loops name their group function inside the region, where it is a constant
  * the compiler inlines (passed in, it would be an indirect call per group). */
 
 /* x [M, K] float32, q [N, K] int8, scale [N, K/32] float32 -> y [M, N] float32. K % 32 == 0. */
 void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
                   float *y, int threads) {
+    if (qd_kernel_isa(-1)) {
+        qd_q8_matmul_avx512(x, M, K, q, scale, N, y, threads);
+        return;
+    }
     const Weights w = {q, scale, 0};
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) column(q8_weights, &w, n, x, M, K, N, y);
@@ -173,6 +175,10 @@ static inline __attribute__((always_inline)) void f32_columns(const float *x, in
  * row pass (streaming one weight row at a time is fastest for it); several rows take weight
  * rows two at a time. Both round every element alike (tests: bit-identical, any M). */
 void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads) {
+    if (qd_kernel_isa(-1) && M > 1) { /* one row streams the weights as fast on AVX2 */
+        qd_f32_matmul_avx512(x, M, K, w, N, y, threads);
+        return;
+    }
     const Weights weights = {w, 0, 0};
     if (M == 1) {
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -189,6 +195,10 @@ void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t
 /* x [M, K] float32, q [N, K/2] packed nibbles, scale and zero [N, K/32] -> y [M, N]. */
 void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
                   const float *zero, int64_t N, float *y, int threads) {
+    if (qd_kernel_isa(-1)) {
+        qd_q4_matmul_avx512(x, M, K, q, scale, zero, N, y, threads);
+        return;
+    }
     const Weights w = {q, scale, zero};
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) column(q4_weights, &w, n, x, M, K, N, y);

@@ -1,0 +1,35 @@
+/* What qmatmul.c (AVX2) and qmatmul_avx512.c share: the weight formats and the final sum.
+ * Both files round every output element through the same sequence of operations (see
+ * qmatmul.c's header), so which one runs never changes a result. */
+#ifndef QD_QMATMUL_H
+#define QD_QMATMUL_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define GROUP 32
+
+/* Where one weight row's groups are (q, and per group scale and zero where the format has
+ * them). */
+typedef struct {
+    const void *q;
+    const float *scale, *zero;
+} Weights;
+
+/* The 8 lanes of v added in a fixed order (AVX only, so both files can use it). */
+static inline float sum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* The AVX-512 products (qmatmul_avx512.c), and whether this CPU runs them. */
+int qd_avx512_supported(void);
+void qd_q8_matmul_avx512(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
+                         float *y, int threads);
+void qd_q4_matmul_avx512(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
+                         const float *zero, int64_t N, float *y, int threads);
+void qd_f32_matmul_avx512(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads);
+
+#endif

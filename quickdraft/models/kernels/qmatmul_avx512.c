@@ -1,0 +1,154 @@
+/* qmatmul.c's products on AVX-512 (AVX512F only), same results bit for bit.
+ *
+ * What it changes, where the CPU has it (AMD Zen 4, Intel since Skylake-SP):
+ *   - a group's 32 weights are two 16-lane vectors instead of four 8-lane ones, and an int4
+ *     group dequantizes through one 16-entry table (vpermps over the 16 possible values of
+ *     (q - 8) * scale + zero, each computed with the AVX2 path's FMA) instead of a convert
+ *     per weight;
+ *   - 32 vector registers: up to 16 rows of x share one dequantized group (AVX2: 6);
+ *   - a one-row int4 product runs four weight rows at once (four accumulator chains in
+ *     flight); int8 and float32 weights, bound by memory, read slower that way (measured:
+ *     up to 1.9x), so they go one weight row at a time.
+ * Measured on the 2-core Zen 4 EPYC here, whole decode passes interleaved with the AVX2
+ * path (scripts/step_ab.py isa): SmolLM2's int4 step 0.91x the time; its passes of 2-9
+ * tokens ~1.0x (their FMAs bound them, and a 16-lane FMA does what two 8-lane ones do on
+ * Zen 4); float32 passes of 2-3 tokens 0.71x (the AVX2 two-row tiles stream slowly). A
+ * one-row float32 product keeps the AVX2 path (qmatmul.c): as fast, bound by memory.
+ *
+ * Same rounding: the AVX2 kernel keeps two 8-lane accumulators per output, lane chunk j of
+ * a group (j = 0..3) going into accumulator j % 2, summed at the end as sum8(acc0 + acc1).
+ * Here one 16-lane accumulator holds [acc0 | acc1]: its first FMA of a group takes chunks
+ * 0 and 1, its second chunks 2 and 3, so every lane sees the same operations in the same
+ * order, and the final sum adds the two halves first.
+ * tests/test_quant_linear.py compares the two paths bit for bit (each format, row counts
+ * across the passes of 16, widths not a multiple of 4).
+ */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f"))), apply_to = function)
+#else
+#pragma GCC target("avx512f")
+#endif
+
+#include "qmatmul.h"
+
+/* Rows of x that share one dequantized group of a weight row (one accumulator each). */
+#define ROWS16 16
+
+static inline float sum16(__m512 acc) {
+    const __m256 lo = _mm512_castps512_ps256(acc);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+    return sum8(_mm256_add_ps(lo, hi));
+}
+
+/* One group of weight row n as two vectors of 16 floats: weights 0..15 and 16..31. */
+static inline void q8_group16(const Weights *w, int64_t n, int64_t K, int64_t g, __m512 out[2]) {
+    const int8_t *q = (const int8_t *)w->q + n * K + g * GROUP;
+    const __m512 s = _mm512_set1_ps(w->scale[n * (K / GROUP) + g]);
+    out[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), s);
+    out[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))), s);
+}
+
+static inline void q4_group16(const Weights *w, int64_t n, int64_t K, int64_t g, __m512 out[2]) {
+    const int64_t i = n * (K / GROUP) + g;
+    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512 table = _mm512_fmadd_ps(levels, _mm512_set1_ps(w->scale[i]), _mm512_set1_ps(w->zero[i]));
+    const __m512i bytes = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128((const __m128i *)((const uint8_t *)w->q + n * (K / 2) + g * (GROUP / 2))));
+    out[0] = _mm512_permutexvar_ps(bytes, table);                       /* low nibbles: q[0..15] */
+    out[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table); /* high: q[16..31] */
+}
+
+static inline void f32_group16(const Weights *w, int64_t n, int64_t K, int64_t g, __m512 out[2]) {
+    const float *row = (const float *)w->q + n * K + g * GROUP;
+    out[0] = _mm512_loadu_ps(row);
+    out[1] = _mm512_loadu_ps(row + 16);
+}
+
+typedef void (*Group16Fn)(const Weights *, int64_t, int64_t, int64_t, __m512[2]);
+
+/* Weight row n against rows 0 .. rows - 1 of x, into y[r * ldy]. Always inlined with a
+ * constant row count, so each count is its own specialization. */
+static inline __attribute__((always_inline)) void row_pass(Group16Fn group, const Weights *w, int64_t n,
+                                                            const float *x, int64_t K, int rows, float *y,
+                                                            int64_t ldy) {
+    __m512 acc[ROWS16];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        __m512 wg[2];
+        group(w, n, K, g, wg);
+        for (int r = 0; r < rows; r++) {
+            const float *xg = x + r * K + g * GROUP;
+            acc[r] = _mm512_fmadd_ps(wg[1], _mm512_loadu_ps(xg + 16), _mm512_fmadd_ps(wg[0], _mm512_loadu_ps(xg), acc[r]));
+        }
+    }
+    for (int r = 0; r < rows; r++) y[r * ldy] = sum16(acc[r]);
+}
+
+/* Weight rows n .. n + 3 against one row of x, into y[0 .. 3] (int4: see the header). */
+static inline __attribute__((always_inline)) void four_rows(Group16Fn group, const Weights *w, int64_t n,
+                                                             const float *x, int64_t K, float *y) {
+    __m512 acc[4];
+    for (int b = 0; b < 4; b++) acc[b] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < K / GROUP; g++) {
+        const __m512 x0 = _mm512_loadu_ps(x + g * GROUP), x1 = _mm512_loadu_ps(x + g * GROUP + 16);
+        for (int b = 0; b < 4; b++) {
+            __m512 wg[2];
+            group(w, n + b, K, g, wg);
+            acc[b] = _mm512_fmadd_ps(wg[1], x1, _mm512_fmadd_ps(wg[0], x0, acc[b]));
+        }
+    }
+    for (int b = 0; b < 4; b++) y[b] = sum16(acc[b]);
+}
+
+/* Column n of y [M, N] = x [M, K] @ W.T: all M rows against weight row n, ROWS16 at a time. */
+static inline __attribute__((always_inline)) void column(Group16Fn group, const Weights *w, int64_t n,
+                                                          const float *x, int64_t M, int64_t K, int64_t N,
+                                                          float *y) {
+    for (int64_t m = 0; m < M; m += ROWS16) {
+        const float *xm = x + m * K;
+        float *ym = y + m * N + n;
+#define PASS(r) \
+    case r: row_pass(group, w, n, xm, K, r, ym, N); break
+        switch (M - m < ROWS16 ? M - m : ROWS16) { /* every row count its own specialization */
+            PASS(1); PASS(2); PASS(3); PASS(4); PASS(5); PASS(6); PASS(7); PASS(8);
+            PASS(9); PASS(10); PASS(11); PASS(12); PASS(13); PASS(14); PASS(15); PASS(16);
+        }
+#undef PASS
+    }
+}
+
+/* The parallel loops name their group function inside the region, where it is a constant
+ * the compiler inlines (passed in, it would be an indirect call per group, ~3x slower). */
+void qd_q8_matmul_avx512(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
+                         float *y, int threads) {
+    const Weights w = {q, scale, 0};
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) column(q8_group16, &w, n, x, M, K, N, y);
+}
+
+void qd_q4_matmul_avx512(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
+                         const float *zero, int64_t N, float *y, int threads) {
+    const Weights w = {q, scale, zero};
+    if (M == 1 && N % 4 == 0) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t n = 0; n < N; n += 4) four_rows(q4_group16, &w, n, x, K, y + n);
+        return;
+    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) column(q4_group16, &w, n, x, M, K, N, y);
+}
+
+void qd_f32_matmul_avx512(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads) {
+    const Weights weights = {w, 0, 0};
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) column(f32_group16, &weights, n, x, M, K, N, y);
+}
+
+int qd_avx512_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+}
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#endif

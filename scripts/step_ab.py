@@ -1,0 +1,79 @@
+"""Two ways of running the same decode step, interleaved pass by pass in one process (this
+host's speed drifts between processes):
+
+    python scripts/step_ab.py block [MODEL]   # one C call per block vs the per-op fused path
+    python scripts/step_ab.py isa [MODEL]     # AVX-512 vs AVX2 matrix products
+    # MODEL: default smollm2-135m (make real-model); --widths 1,3,6,9
+
+Prints the median wall time of a pass of each width after a 128-token context, each way,
+and their ratio (second / first). Both ways give the same logits bit for bit
+(tests/test_layer_ops.py, tests/test_quant_linear.py); only their speed differs.
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's quickdraft
+from quickdraft.models import cpu_kernels, transformer  # noqa: E402
+from quickdraft.models.lm import load_model  # noqa: E402
+
+BLOCK_SPECS = transformer.Block.kernel_specs
+
+
+def per_op(self):  # Block.kernel_specs standing in: "no block call", so the per-op path runs
+    return None
+
+
+def use_block(on: bool) -> None:
+    transformer.Block.kernel_specs = BLOCK_SPECS if on else per_op
+
+
+#: comparison -> (name of each way, function that switches to it)
+WAYS: dict[str, list[tuple[str, Callable[[], None]]]] = {
+    "block": [("per-op", lambda: use_block(False)), ("block", lambda: use_block(True))],
+    "isa": [("avx2", lambda: cpu_kernels.kernel_isa("avx2")), ("avx512", lambda: cpu_kernels.kernel_isa("avx512"))],
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("compare", choices=sorted(WAYS))
+    parser.add_argument("model", nargs="?", default="smollm2-135m")
+    parser.add_argument("--widths", default="1,3,6,9")
+    parser.add_argument("--rounds", type=int, default=240)
+    args = parser.parse_args()
+    ways = WAYS[args.compare]
+    lm = load_model(args.model)
+    gen = torch.Generator().manual_seed(0)
+    context = 128
+    lm.reset(context + 32)
+    lm.extend(torch.randint(0, lm.vocab_size, (context,), generator=gen), logits="none")
+    try:
+        for width in map(int, args.widths.split(",")):
+            tokens = torch.randint(0, lm.vocab_size, (width,), generator=gen)
+            times: dict[str, list[float]] = {name: [] for name, _ in ways}
+            for i in range(args.rounds):
+                for name, switch in ways if i % 2 else ways[::-1]:
+                    switch()
+                    lm.crop(context)
+                    start = time.perf_counter()
+                    lm.extend(tokens, logits="all")
+                    if i >= args.rounds // 6:  # the first rounds warm up
+                        times[name].append(time.perf_counter() - start)
+            (a_name, _), (b_name, _) = ways
+            a, b = (statistics.median(times[name]) * 1e3 for name in (a_name, b_name))
+            print(f"width {width}: {a_name} {a:.2f} ms, {b_name} {b:.2f} ms, {b_name} / {a_name} {b / a:.3f}",
+                  flush=True)
+    finally:
+        use_block(True)
+        cpu_kernels.kernel_isa("avx512")
+
+
+if __name__ == "__main__":
+    main()
