@@ -194,8 +194,9 @@ def test_quantized_layers_refuse_to_train():
 
 def test_avx512_and_avx2_products_agree_bit_for_bit():
     """qmatmul_avx512.c rounds every element as qmatmul.c does (one 16-lane accumulator is
-    the AVX2 kernel's two 8-lane ones), for each weight format, row counts across its passes
-    of 16 rows and its four-row int4 tile, and widths that are not multiples of 4."""
+    the AVX2 kernel's two 8-lane ones), for each weight format, row counts across both
+    files' passes (AVX2: 6 rows, float32 tiles from 8; AVX-512: 16) and the four-row int4
+    tile, and widths that are not multiples of 4."""
     from quickdraft.models import cpu_kernels
 
     if not native_kernels():
@@ -214,8 +215,9 @@ def test_avx512_and_avx2_products_agree_bit_for_bit():
             for name, (product, weights) in products.items():
                 cpu_kernels.kernel_isa("avx2")
                 alone = torch.cat([product(x[i : i + 1], *weights) for i in range(len(x))])
-                cpu_kernels.kernel_isa("avx512")
-                for rows in (1, 2, 3, 5, 9, 16, 17, 20):
-                    assert torch.equal(product(x[:rows], *weights), alone[:rows]), (name, n, k, rows)
+                for isa in ("avx2", "avx512"):  # each path's several-row passes, against AVX2's single rows
+                    cpu_kernels.kernel_isa(isa)
+                    for rows in (1, 2, 3, 5, 7, 8, 9, 16, 17, 20):
+                        assert torch.equal(product(x[:rows], *weights), alone[:rows]), (isa, name, n, k, rows)
     finally:
         cpu_kernels.kernel_isa("avx512")

@@ -142,8 +142,9 @@ void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const f
 /* Rows [0, rows) of x against weight rows [0, nb) of w (float32), y[r * ldy + b]: each
  * element with the row pass's own sequence (lane chunk j of a group into accumulator j % 2,
  * groups in order, then the fixed sum), so it rounds exactly as row_pass does; sharing each
- * x load between two weight rows makes a several-row product ~1.4x faster (a verify pass
- * of 9 rows of 1216 x 448: 110 -> 77 us, oneDNN's 75). rows <= 3, nb <= 2, constants. */
+ * x load between two weight rows makes a 9-row product ~1.4x faster with the weights in
+ * cache (1216 x 448: 110 -> 77 us, oneDNN's 75), ~5% streamed from memory. rows <= 3,
+ * nb <= 2, constants. */
 static inline __attribute__((always_inline)) void f32_tile(const float *x, int64_t K, const float *w, int rows,
                                                             int nb, float *y, int64_t ldy) {
     __m256 acc[3][2][ACCS];
@@ -171,16 +172,19 @@ static inline __attribute__((always_inline)) void f32_columns(const float *x, in
     else if (M - m == 1) f32_tile(x + m * K, K, w, 1, nb, y + m * N, N);
 }
 
-/* x [M, K] float32, w [N, K] float32 -> y [M, N]. K % 32 == 0. One row goes through the
- * row pass (streaming one weight row at a time is fastest for it); several rows take weight
- * rows two at a time. Both round every element alike (tests: bit-identical, any M). */
+/* x [M, K] float32, w [N, K] float32 -> y [M, N]. K % 32 == 0. Up to 7 rows go through the
+ * row pass, more take weight rows two at a time; both round every element alike (tests:
+ * bit-identical, any M). Measured with weights streamed from memory as in a decode step
+ * (60 matrices of the embedded target's shapes, 2 threads): the row pass is 1.2-1.7x faster
+ * for 2-7 rows (the two-row tiles' interleaved weight streams read slowly), the tiles ~5%
+ * faster for 9. */
 void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads) {
     if (qd_kernel_isa(-1) && M > 1) { /* one row streams the weights as fast on AVX2 */
         qd_f32_matmul_avx512(x, M, K, w, N, y, threads);
         return;
     }
     const Weights weights = {w, 0, 0};
-    if (M == 1) {
+    if (M < 8) {
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t n = 0; n < N; n++) column(f32_weights, &weights, n, x, M, K, N, y);
         return;
