@@ -194,9 +194,9 @@ def test_quantized_layers_refuse_to_train():
 
 def test_avx512_and_avx2_products_agree_bit_for_bit():
     """qmatmul_avx512.c rounds every element as qmatmul.c does (one 16-lane accumulator is
-    the AVX2 kernel's two 8-lane ones), for each weight format, row counts across both
-    files' passes (AVX2: 6 rows, float32 tiles from 8; AVX-512: 16) and the four-row int4
-    tile, and widths that are not multiples of 4."""
+    the AVX2 kernel's two 8-lane ones), for int8 and int4 weights, row counts across both
+    files' passes (AVX2: 6 rows; AVX-512: 16), int4 tiles (4 weight rows x 1 row, 2 x 2-10)
+    and widths not a multiple of 4; and float32's AVX2 row pass and tiles (8+ rows) agree."""
     from quickdraft.models import cpu_kernels
 
     if not native_kernels():
@@ -217,7 +217,7 @@ def test_avx512_and_avx2_products_agree_bit_for_bit():
                 alone = torch.cat([product(x[i : i + 1], *weights) for i in range(len(x))])
                 for isa in ("avx2", "avx512"):  # each path's several-row passes, against AVX2's single rows
                     cpu_kernels.kernel_isa(isa)
-                    for rows in (1, 2, 3, 5, 7, 8, 9, 16, 17, 20):
+                    for rows in (1, 2, 3, 5, 7, 8, 9, 10, 11, 16, 17, 20):
                         assert torch.equal(product(x[:rows], *weights), alone[:rows]), (isa, name, n, k, rows)
     finally:
         cpu_kernels.kernel_isa("avx512")

@@ -179,10 +179,6 @@ static inline __attribute__((always_inline)) void f32_columns(const float *x, in
  * for 2-7 rows (the two-row tiles' interleaved weight streams read slowly), the tiles ~5%
  * faster for 9. */
 void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads) {
-    if (qd_kernel_isa(-1) && M > 1) { /* one row streams the weights as fast on AVX2 */
-        qd_f32_matmul_avx512(x, M, K, w, N, y, threads);
-        return;
-    }
     const Weights weights = {w, 0, 0};
     if (M < 8) {
 #pragma omp parallel for schedule(static) num_threads(threads)

@@ -1,4 +1,4 @@
-/* qmatmul.c's products on AVX-512 (AVX512F only), same results bit for bit.
+/* qmatmul.c's int8 and int4 products on AVX-512 (AVX512F only), same results bit for bit.
  *
  * What it changes, where the CPU has it (AMD Zen 4, Intel since Skylake-SP):
  *   - a group's 32 weights are two 16-lane vectors instead of four 8-lane ones, and an int4
@@ -6,14 +6,16 @@
  *     (q - 8) * scale + zero, each computed with the AVX2 path's FMA) instead of a convert
  *     per weight;
  *   - 32 vector registers: up to 16 rows of x share one dequantized group (AVX2: 6);
- *   - a one-row int4 product runs four weight rows at once (four accumulator chains in
- *     flight); int8 and float32 weights, bound by memory, read slower that way (measured:
- *     up to 1.9x), so they go one weight row at a time.
+ *   - int4 products of up to 10 rows take several weight rows at once (4 for one row of x,
+ *     2 for 2-10 rows), so 4-20 accumulator chains are in flight, not 1 a row (a 16-lane
+ *     accumulator replaces two 8-lane ones, so one row alone would wait on FMA latency).
+ *     int8 weights, bound by memory, read slower that way (measured: up to 1.9x), so they
+ *     go one weight row at a time.
  * Measured on the 2-core Zen 4 EPYC here, whole decode passes interleaved with the AVX2
- * path (scripts/step_ab.py isa): SmolLM2's int4 step 0.91x the time; its passes of 2-9
- * tokens ~1.0x (their FMAs bound them, and a 16-lane FMA does what two 8-lane ones do on
- * Zen 4); float32 passes of 2-3 tokens 0.71x (the AVX2 two-row tiles stream slowly). A
- * one-row float32 product keeps the AVX2 path (qmatmul.c): as fast, bound by memory.
+ * path (scripts/step_ab.py isa): SmolLM2's int4 passes of 1, 2, 3, 5 and 9 tokens take
+ * 0.87x, 0.89x, 0.86x, 0.91x and 0.95x the time. Float32 weights keep qmatmul.c's path:
+ * with one accumulator chain a row, this file's float32 product was slower for 2-5 rows
+ * and no faster for 1 or 9.
  *
  * Same rounding: the AVX2 kernel keeps two 8-lane accumulators per output, lane chunk j of
  * a group (j = 0..3) going into accumulator j % 2, summed at the end as sum8(acc0 + acc1).
@@ -33,6 +35,9 @@
 
 /* Rows of x that share one dequantized group of a weight row (one accumulator each). */
 #define ROWS16 16
+/* Rows of x a tile of two int4 weight rows takes (2 x 10 accumulators; 8 was ~5% slower
+ * at 9 rows). */
+#define TILE_ROWS 10
 
 static inline float sum16(__m512 acc) {
     const __m256 lo = _mm512_castps512_ps256(acc);
@@ -58,12 +63,6 @@ static inline void q4_group16(const Weights *w, int64_t n, int64_t K, int64_t g,
     out[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table); /* high: q[16..31] */
 }
 
-static inline void f32_group16(const Weights *w, int64_t n, int64_t K, int64_t g, __m512 out[2]) {
-    const float *row = (const float *)w->q + n * K + g * GROUP;
-    out[0] = _mm512_loadu_ps(row);
-    out[1] = _mm512_loadu_ps(row + 16);
-}
-
 typedef void (*Group16Fn)(const Weights *, int64_t, int64_t, int64_t, __m512[2]);
 
 /* Weight row n against rows 0 .. rows - 1 of x, into y[r * ldy]. Always inlined with a
@@ -84,20 +83,25 @@ static inline __attribute__((always_inline)) void row_pass(Group16Fn group, cons
     for (int r = 0; r < rows; r++) y[r * ldy] = sum16(acc[r]);
 }
 
-/* Weight rows n .. n + 3 against one row of x, into y[0 .. 3] (int4: see the header). */
-static inline __attribute__((always_inline)) void four_rows(Group16Fn group, const Weights *w, int64_t n,
-                                                             const float *x, int64_t K, float *y) {
-    __m512 acc[4];
-    for (int b = 0; b < 4; b++) acc[b] = _mm512_setzero_ps();
+/* Weight rows n .. n + nb - 1 against rows 0 .. rows - 1 of x, into y[r * ldy + b]: nb *
+ * rows accumulator chains in flight (int4: see the header). nb and rows are constants. */
+static inline __attribute__((always_inline)) void tile(Group16Fn group, const Weights *w, int64_t n, int nb,
+                                                        const float *x, int64_t K, int rows, float *y,
+                                                        int64_t ldy) {
+    __m512 acc[4][TILE_ROWS];
+    for (int b = 0; b < nb; b++)
+        for (int r = 0; r < rows; r++) acc[b][r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < K / GROUP; g++) {
-        const __m512 x0 = _mm512_loadu_ps(x + g * GROUP), x1 = _mm512_loadu_ps(x + g * GROUP + 16);
-        for (int b = 0; b < 4; b++) {
-            __m512 wg[2];
-            group(w, n + b, K, g, wg);
-            acc[b] = _mm512_fmadd_ps(wg[1], x1, _mm512_fmadd_ps(wg[0], x0, acc[b]));
+        __m512 wg[4][2];
+        for (int b = 0; b < nb; b++) group(w, n + b, K, g, wg[b]);
+        for (int r = 0; r < rows; r++) {
+            const __m512 x0 = _mm512_loadu_ps(x + r * K + g * GROUP), x1 = _mm512_loadu_ps(x + r * K + g * GROUP + 16);
+            for (int b = 0; b < nb; b++)
+                acc[b][r] = _mm512_fmadd_ps(wg[b][1], x1, _mm512_fmadd_ps(wg[b][0], x0, acc[b][r]));
         }
     }
-    for (int b = 0; b < 4; b++) y[b] = sum16(acc[b]);
+    for (int b = 0; b < nb; b++)
+        for (int r = 0; r < rows; r++) y[r * ldy + b] = sum16(acc[b][r]);
 }
 
 /* Column n of y [M, N] = x [M, K] @ W.T: all M rows against weight row n, ROWS16 at a time. */
@@ -131,17 +135,21 @@ void qd_q4_matmul_avx512(const float *x, int64_t M, int64_t K, const uint8_t *q,
     const Weights w = {q, scale, zero};
     if (M == 1 && N % 4 == 0) {
 #pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t n = 0; n < N; n += 4) four_rows(q4_group16, &w, n, x, K, y + n);
+        for (int64_t n = 0; n < N; n += 4) tile(q4_group16, &w, n, 4, x, K, 1, y + n, N);
+        return;
+    }
+    if (M <= TILE_ROWS && N % 2 == 0) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t n = 0; n < N; n += 2) {
+#define PAIR(r) \
+    case r: tile(q4_group16, &w, n, 2, x, K, r, y + n, N); break
+            switch (M) { PAIR(1); PAIR(2); PAIR(3); PAIR(4); PAIR(5); PAIR(6); PAIR(7); PAIR(8); PAIR(9); PAIR(10); }
+#undef PAIR
+        }
         return;
     }
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) column(q4_group16, &w, n, x, M, K, N, y);
-}
-
-void qd_f32_matmul_avx512(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads) {
-    const Weights weights = {w, 0, 0};
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) column(f32_group16, &weights, n, x, M, K, N, y);
 }
 
 int qd_avx512_supported(void) {
