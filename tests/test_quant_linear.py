@@ -193,10 +193,11 @@ def test_quantized_layers_refuse_to_train():
 
 
 def test_avx512_and_avx2_products_agree_bit_for_bit():
-    """qmatmul_avx512.c rounds every element as qmatmul.c does (one 16-lane accumulator is
-    the AVX2 kernel's two 8-lane ones), for int8 and int4 weights, row counts across both
-    files' passes (AVX2: 6 rows; AVX-512: 16), int4 tiles (4 weight rows x 1 row, 2 x 2-10)
-    and widths not a multiple of 4; and float32's AVX2 row pass and tiles (8+ rows) agree."""
+    """qmatmul_avx512.c rounds every int4 element as qmatmul.c does (one 16-lane accumulator
+    is the AVX2 kernel's two 8-lane ones): row counts across both files' passes (AVX2: 6
+    rows; AVX-512: 16 and tiles of 4 weight rows x 1 row, 2 x 2-10), widths not a multiple
+    of 4. Also each AVX2 product's several-row passes against its single rows (int8; float32
+    row pass up to 7 rows, tiles from 8)."""
     from quickdraft.models import cpu_kernels
 
     if not native_kernels():

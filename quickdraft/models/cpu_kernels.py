@@ -1,13 +1,12 @@
 """Our own AVX2 CPU kernels: matrix products with float32, int8 or int4 weights
-(``kernels/qmatmul.c``; int8 and int4 on ``kernels/qmatmul_avx512.c`` where the CPU has
-AVX-512: same results bit for bit, see :func:`kernel_isa`), a decoder layer's non-matrix
-work fused into one call each, and a whole Llama block in one call (``kernels/layer_ops.c``).
+(``kernels/qmatmul.c``; int4 on ``kernels/qmatmul_avx512.c`` where the CPU has AVX-512:
+same results bit for bit, see :func:`kernel_isa`), a decoder layer's non-matrix work fused
+into one call each, and a whole Llama block in one call (``kernels/layer_ops.c``).
 
 PyTorch's CPU int8 and int4 kernels are slower than the float32 product they would
 replace (torch 2.13, even on this AVX-512 host: 380 us for a 1536x576 int8 product at one
-row, float32 126 us, ours 36 us). oneDNN's float32 product
-rounds a row differently with one row than with several at some widths; ours rounds every
-row alike (what lossless verify passes need) and is faster for one row. And a small model's
+row, float32 126 us, ours 36 us). oneDNN's float32 product rounds a row differently with
+one row than with several at some widths; ours rounds every row alike (what lossless verify passes need) and is faster for one row. And a small model's
 decode step is mostly per-op overhead: RMSNorm, RoPE, the KV-cache write and attention are
 ~40 PyTorch calls a layer, where :func:`rms_norm`, :func:`attend` and :func:`silu_mul` are
 one each (:func:`fused_layers` says when the model uses them). The C files (no
@@ -103,7 +102,7 @@ def library() -> ctypes.CDLL | None:
 
 
 def kernel_isa(want: str | None = None) -> str:
-    """Which int8/int4 matrix products run: ``"avx512"`` where the CPU has AVX512F, else
+    """Which int4 matrix products run: ``"avx512"`` where the CPU has AVX512F, else
     ``"avx2"`` (both round every element alike, so the choice changes only speed). ``want`` switches
     (``"avx2"`` always works; ``"avx512"`` only where supported); ``QUICKDRAFT_KERNEL_ISA=avx2``
     starts a process on the AVX2 products. Needs :func:`library`."""

@@ -130,10 +130,6 @@ int qd_kernel_isa(int want) {
 /* x [M, K] float32, q [N, K] int8, scale [N, K/32] float32 -> y [M, N] float32. K % 32 == 0. */
 void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
                   float *y, int threads) {
-    if (qd_kernel_isa(-1)) {
-        qd_q8_matmul_avx512(x, M, K, q, scale, N, y, threads);
-        return;
-    }
     const Weights w = {q, scale, 0};
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) column(q8_weights, &w, n, x, M, K, N, y);

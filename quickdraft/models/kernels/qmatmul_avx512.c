@@ -1,21 +1,20 @@
-/* qmatmul.c's int8 and int4 products on AVX-512 (AVX512F only), same results bit for bit.
+/* qmatmul.c's int4 products on AVX-512 (AVX512F only), same results bit for bit.
  *
  * What it changes, where the CPU has it (AMD Zen 4, Intel since Skylake-SP):
- *   - a group's 32 weights are two 16-lane vectors instead of four 8-lane ones, and an int4
+ *   - a group's 32 weights are two 16-lane vectors instead of four 8-lane ones, and a
  *     group dequantizes through one 16-entry table (vpermps over the 16 possible values of
  *     (q - 8) * scale + zero, each computed with the AVX2 path's FMA) instead of a convert
- *     per weight;
+ *     per weight: int4 products are bound by that work, int8 and float32 ones by memory;
  *   - 32 vector registers: up to 16 rows of x share one dequantized group (AVX2: 6);
- *   - int4 products of up to 10 rows take several weight rows at once (4 for one row of x,
- *     2 for 2-10 rows), so 4-20 accumulator chains are in flight, not 1 a row (a 16-lane
- *     accumulator replaces two 8-lane ones, so one row alone would wait on FMA latency).
- *     int8 weights, bound by memory, read slower that way (measured: up to 1.9x), so they
- *     go one weight row at a time.
+ *   - products of up to 10 rows take several weight rows at once (4 for one row of x, 2
+ *     for 2-10 rows), so 4-20 accumulator chains are in flight (a 16-lane accumulator
+ *     replaces two 8-lane ones, so one row alone would wait on FMA latency).
  * Measured on the 2-core Zen 4 EPYC here, whole decode passes interleaved with the AVX2
  * path (scripts/step_ab.py isa): SmolLM2's int4 passes of 1, 2, 3, 5 and 9 tokens take
- * 0.87x, 0.89x, 0.86x, 0.91x and 0.95x the time. Float32 weights keep qmatmul.c's path:
- * with one accumulator chain a row, this file's float32 product was slower for 2-5 rows
- * and no faster for 1 or 9.
+ * 0.87x, 0.89x, 0.86x, 0.91x and 0.95x the time. The same scheme for int8 and float32
+ * weights did not pay and is not here: their one-row products were 1.1-1.4x slower (one
+ * chain a row; tiles of several weight rows read streamed int8 weights up to 1.9x slower),
+ * several-row ones no faster (within +-5% at 2-17 rows).
  *
  * Same rounding: the AVX2 kernel keeps two 8-lane accumulators per output, lane chunk j of
  * a group (j = 0..3) going into accumulator j % 2, summed at the end as sum8(acc0 + acc1).
@@ -45,14 +44,7 @@ static inline float sum16(__m512 acc) {
     return sum8(_mm256_add_ps(lo, hi));
 }
 
-/* One group of weight row n as two vectors of 16 floats: weights 0..15 and 16..31. */
-static inline void q8_group16(const Weights *w, int64_t n, int64_t K, int64_t g, __m512 out[2]) {
-    const int8_t *q = (const int8_t *)w->q + n * K + g * GROUP;
-    const __m512 s = _mm512_set1_ps(w->scale[n * (K / GROUP) + g]);
-    out[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q))), s);
-    out[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16)))), s);
-}
-
+/* One int4 group of weight row n as two vectors of 16 floats: weights 0..15 and 16..31. */
 static inline void q4_group16(const Weights *w, int64_t n, int64_t K, int64_t g, __m512 out[2]) {
     const int64_t i = n * (K / GROUP) + g;
     const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
@@ -121,15 +113,24 @@ static inline __attribute__((always_inline)) void column(Group16Fn group, const 
     }
 }
 
-/* The parallel loops name their group function inside the region, where it is a constant
- * the compiler inlines (passed in, it would be an indirect call per group, ~3x slower). */
-void qd_q8_matmul_avx512(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
-                         float *y, int threads) {
-    const Weights w = {q, scale, 0};
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) column(q8_group16, &w, n, x, M, K, N, y);
+/* Columns n and n + 1 of y: both weight rows against all M rows, TILE_ROWS at a time. */
+static inline __attribute__((always_inline)) void pair_column(Group16Fn group, const Weights *w, int64_t n,
+                                                               const float *x, int64_t M, int64_t K, int64_t N,
+                                                               float *y) {
+    for (int64_t m = 0; m < M; m += TILE_ROWS) {
+        const float *xm = x + m * K;
+        float *ym = y + m * N + n;
+#define PAIR(r) \
+    case r: tile(group, w, n, 2, xm, K, r, ym, N); break
+        switch (M - m < TILE_ROWS ? M - m : TILE_ROWS) {
+            PAIR(1); PAIR(2); PAIR(3); PAIR(4); PAIR(5); PAIR(6); PAIR(7); PAIR(8); PAIR(9); PAIR(10);
+        }
+#undef PAIR
+    }
 }
 
+/* The parallel loops name their group function inside the region, where it is a constant
+ * the compiler inlines (passed in, it would be an indirect call per group, ~3x slower). */
 void qd_q4_matmul_avx512(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
                          const float *zero, int64_t N, float *y, int threads) {
     const Weights w = {q, scale, zero};
@@ -140,12 +141,7 @@ void qd_q4_matmul_avx512(const float *x, int64_t M, int64_t K, const uint8_t *q,
     }
     if (M <= TILE_ROWS && N % 2 == 0) {
 #pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t n = 0; n < N; n += 2) {
-#define PAIR(r) \
-    case r: tile(q4_group16, &w, n, 2, x, K, r, y + n, N); break
-            switch (M) { PAIR(1); PAIR(2); PAIR(3); PAIR(4); PAIR(5); PAIR(6); PAIR(7); PAIR(8); PAIR(9); PAIR(10); }
-#undef PAIR
-        }
+        for (int64_t n = 0; n < N; n += 2) pair_column(q4_group16, &w, n, x, M, K, N, y);
         return;
     }
 #pragma omp parallel for schedule(static) num_threads(threads)
