@@ -14,6 +14,7 @@ from quickdraft.models.placement import PlacementError, resolve_placement
 from quickdraft.models.quant_linear import (
     Int4Linear,
     Int8Linear,
+    fast_kernels,
     kernel_rows_are_invariant,
     kernels_available,
     native_kernels,
@@ -184,6 +185,24 @@ def test_a_q4_file_with_auto_runs_int4_blocks_and_matches_plain_logits(tmp_path)
     with torch.inference_mode():
         a, b = (m(PROMPT[None], 0, m.new_cache(1, 32)).logits for m in (auto, plain))
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_without_our_kernels_auto_keeps_float32(tmp_path, monkeypatch):
+    """PyTorch's int4/int8 kernels are slower than float32 even on AVX-512 (quant_linear's
+    docstring), so where ours do not run, ``auto`` dequantizes a Q4 file."""
+    from quickdraft.models import cpu_kernels
+
+    path = tmp_path / "tiny-Q4_1.gguf"
+    write_tiny_gguf(path, "Q4_1")
+    monkeypatch.setenv("QUICKDRAFT_NATIVE_KERNELS", "0")
+    cpu_kernels.library.cache_clear()
+    try:
+        assert not fast_kernels()
+        model = load_native(path, quantize="auto")
+        assert not any(isinstance(m, (Int4Linear, Int8Linear)) for m in model.modules())
+    finally:
+        monkeypatch.delenv("QUICKDRAFT_NATIVE_KERNELS")
+        cpu_kernels.library.cache_clear()
 
 
 def test_quantized_layers_refuse_to_train():
