@@ -2,7 +2,8 @@
 host's speed drifts between processes):
 
     python scripts/step_ab.py block [MODEL]   # one C call per block vs the per-op fused path
-    python scripts/step_ab.py isa [MODEL]     # AVX-512 vs AVX2 matrix products
+    python scripts/step_ab.py stack [MODEL]   # one C call for all blocks vs one per block
+    python scripts/step_ab.py isa [MODEL]     # AVX-512 vs AVX2 int4 products
     # MODEL: default smollm2-135m (make real-model); --widths 1,3,6,9
 
 Prints the median wall time of a pass of each width after a 128-token context, each way,
@@ -24,6 +25,7 @@ from quickdraft.models import cpu_kernels, transformer  # noqa: E402
 from quickdraft.models.lm import load_model  # noqa: E402
 
 BLOCK_SPECS = transformer.Block.kernel_specs
+BLOCK_STACK = transformer.Transformer.block_stack
 
 
 def per_op(self):  # Block.kernel_specs standing in: "no block call", so the per-op path runs
@@ -34,9 +36,15 @@ def use_block(on: bool) -> None:
     transformer.Block.kernel_specs = BLOCK_SPECS if on else per_op
 
 
+def use_stack(on: bool) -> None:  # off: "no stack", so each block is its own call
+    transformer.Transformer.block_stack = BLOCK_STACK if on else (lambda self, start, stop: None)
+
+
 #: comparison -> (name of each way, function that switches to it)
 WAYS: dict[str, list[tuple[str, Callable[[], None]]]] = {
-    "block": [("per-op", lambda: use_block(False)), ("block", lambda: use_block(True))],
+    "block": [("per-op", lambda: (use_stack(False), use_block(False))),
+              ("block", lambda: (use_stack(False), use_block(True)))],
+    "stack": [("per-block", lambda: use_stack(False)), ("stack", lambda: use_stack(True))],
     "isa": [("avx2", lambda: cpu_kernels.kernel_isa("avx2")), ("avx512", lambda: cpu_kernels.kernel_isa("avx512"))],
 }
 
@@ -72,6 +80,7 @@ def main() -> None:
                   flush=True)
     finally:
         use_block(True)
+        use_stack(True)
         cpu_kernels.kernel_isa("avx512")
 
 

@@ -182,7 +182,8 @@ def test_batched_and_ragged_passes_match_pytorch(monkeypatch):
 @pytest.mark.parametrize("quantize", ["none", "int4", "int8"])
 def test_a_whole_block_in_one_call_is_the_per_op_path_bit_for_bit(quantize, monkeypatch):
     """Where every linear of a block runs on our kernels (float32, int8 or int4), the block
-    is one C call (cpu_kernels.block): the same kernels in the same order, so the same bits."""
+    is one C call (cpu_kernels.block), and all the model's blocks together one call
+    (cpu_kernels.blocks): the same kernels in the same order, so the same bits."""
     model = tiny_model(quantize)
     assert all(block.kernel_specs() is not None for block in model.layers)
     tokens = torch.randint(0, 96, (1, 14))
@@ -197,15 +198,18 @@ def test_a_whole_block_in_one_call_is_the_per_op_path_bit_for_bit(quantize, monk
             step = model(tokens[:, 8:9], 8, cache).logits
         return [prefill, branch, verify, step]
 
-    calls = count_calls(monkeypatch, "block")
+    stacks, calls = count_calls(monkeypatch, "blocks"), count_calls(monkeypatch, "block")
+    stacked = run()
+    assert stacks["blocks"] == 4 and calls["block"] == 0
+    assert torch.equal(stacked[2][:, 0], stacked[3][:, 0])
+    monkeypatch.setattr(type(model), "block_stack", lambda self, start, stop: None)
     whole = run()
-    assert calls["block"] == 4 * model.config.n_layers
-    assert torch.equal(whole[2][:, 0], whole[3][:, 0])
+    assert stacks["blocks"] == 4 and calls["block"] == 4 * model.config.n_layers
     monkeypatch.setattr(type(model.layers[0]), "kernel_specs", lambda self: None)
     per_op = run()
     assert calls["block"] == 4 * model.config.n_layers
-    for got, want in zip(whole, per_op):
-        assert torch.equal(got, want)
+    for got, want, alone in zip(stacked, whole, per_op):
+        assert torch.equal(got, want) and torch.equal(got, alone)
 
 
 def test_block_specs_follow_swapped_layers_and_copies():

@@ -96,7 +96,10 @@ def library() -> ctypes.CDLL | None:
     lib.qd_kernel_isa.restype = ctypes.c_int
     if os.environ.get("QUICKDRAFT_KERNEL_ISA", "").lower() == "avx2":
         lib.qd_kernel_isa(0)
-    for fn in (lib.qd_block, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
+    lib.qd_blocks.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64,
+                              _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _c_int64, _ptr,
+                              _c_int64, _ptr, _c_int]
+    for fn in (lib.qd_block, lib.qd_blocks, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
         fn.restype = None
     return lib
 
@@ -192,6 +195,37 @@ def block(x: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor, float], spec
     library().qd_block(
         x.data_ptr(), x.shape[-2], x.shape[-1], norms[0].data_ptr(), norms[1].data_ptr(), norms[2],
         *(ctypes.addressof(spec) for spec in specs), *args, y.data_ptr(), torch.get_num_threads(),
+    )
+    return y
+
+
+class BlockStack:
+    """Consecutive Llama blocks as ``qd_blocks`` takes them: per block its two RMSNorm
+    weights and its four ``LinearSpec``s (which point into the blocks' linears: the model
+    must outlive this)."""
+
+    def __init__(self, norms: list[tuple[torch.Tensor, torch.Tensor]], eps: float,
+                 specs: list[tuple[LinearSpec, ...]]) -> None:
+        self.n = len(specs)
+        self.eps = eps
+        self.norms = (ctypes.c_void_p * (2 * self.n))(*(w.data_ptr() for pair in norms for w in pair))
+        self.linears = (LinearSpec * (4 * self.n))(*(spec for block_specs in specs for spec in block_specs))
+        self._alive = norms
+
+
+def blocks(x: torch.Tensor, stack: BlockStack, n_heads: int, rope: tuple[torch.Tensor, torch.Tensor] | None,
+           k_cache: torch.Tensor, v_cache: torch.Tensor, first_layer: int, slots: torch.Tensor | int, kv_len: int,
+           mask: torch.Tensor | None) -> torch.Tensor:
+    """The blocks of ``stack`` (layers ``first_layer ..`` of the cache) over batch row 0 in
+    one call: what :func:`block` does layer after layer, bit for bit, without returning to
+    Python between layers. Arguments as :func:`block` takes them."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    args, _alive = _attention_args(n_heads, rope, k_cache, v_cache, first_layer, 0, slots, kv_len, mask)
+    layer_stride = k_cache.stride(0)
+    library().qd_blocks(
+        x.data_ptr(), x.shape[-2], x.shape[-1], stack.n, stack.norms, stack.eps, stack.linears,
+        *args[:7], layer_stride, *args[7:], y.data_ptr(), torch.get_num_threads(),
     )
     return y
 

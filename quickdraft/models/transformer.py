@@ -238,6 +238,11 @@ class MLP(nn.Module):
 _BLOCK_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+#: Transformer -> {(start, stop): (the blocks' kernel specs, their cpu_kernels.BlockStack)},
+#: outside the module for the reason _BLOCK_KERNELS is.
+_STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 class Block(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -438,6 +443,27 @@ class Transformer(nn.Module):
         rope = self._rope(positions) if self._inv_freq is not None else None
         return rope, row_masks, kv_len
 
+    def block_stack(self, start: int, stop: int) -> cpu_kernels.BlockStack | None:
+        """Layers ``[start, stop)`` as one ``cpu_kernels.BlockStack`` when every one of them
+        runs in one C call (``Block.kernel_specs``) with the same norm eps; else None. Kept
+        beside the model (``_STACKS``) and rebuilt when a block's specs change."""
+        specs = []
+        for i in range(start, stop):
+            block_specs = self.layers[i].kernel_specs()
+            if block_specs is None:
+                return None
+            specs.append(block_specs)
+        known = _STACKS.setdefault(self, {}).get((start, stop))
+        if known is not None and all(a is b for a, b in zip(known[0], specs)):
+            return known[1]
+        norms = [(self.layers[i].attn_norm, self.layers[i].mlp_norm) for i in range(start, stop)]
+        eps = {norm.eps for pair in norms for norm in pair}
+        stack = None
+        if len(eps) == 1:
+            stack = cpu_kernels.BlockStack([(a.weight, m.weight) for a, m in norms], eps.pop(), specs)
+        _STACKS[self][(start, stop)] = (specs, stack)
+        return stack
+
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: the exit head shared by every layer (over the restricted
         vocabulary after :meth:`restrict_head`, other logits ``-inf``)."""
@@ -509,12 +535,24 @@ class Transformer(nn.Module):
         states: dict[int, torch.Tensor] = {}
         if start in output_hidden_states:
             states[start] = x
-        with attention_kernels(x.device):
-            for i in range(start, stop):
-                x = self.layers[i](x, rope, cache, i, rows, slots, mask, kv_len, i not in skip_attn,
-                                   i not in skip_mlp, row_masks)
-                if i + 1 in output_hidden_states:
-                    states[i + 1] = x
+        stack = None
+        if (ragged is None and x.shape[0] == 1 and not any(start <= i < stop for i in (*skip_attn, *skip_mlp))
+                and not any(start < i < stop for i in output_hidden_states) and cpu_kernels.fused_layers(x)
+                and isinstance(cache.k, torch.Tensor)):
+            stack = self.block_stack(start, stop)
+        if stack is not None:  # every block in one C call: what the loop below does, bit for bit
+            x = cpu_kernels.blocks(x, stack, self.layers[start].attn.n_heads, rope, cache.k, cache.v, start,
+                                   slots if isinstance(slots, int) else slots[0], kv_len,
+                                   None if mask is None else mask[0, 0])
+            if stop in output_hidden_states:
+                states[stop] = x
+        else:
+            with attention_kernels(x.device):
+                for i in range(start, stop):
+                    x = self.layers[i](x, rope, cache, i, rows, slots, mask, kv_len, i not in skip_attn,
+                                       i not in skip_mlp, row_masks)
+                    if i + 1 in output_hidden_states:
+                        states[i + 1] = x
         out = None
         if logits == "all":
             out = self.head(x)
