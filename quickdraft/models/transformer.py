@@ -449,7 +449,9 @@ class Transformer(nn.Module):
         beside the model (``_STACKS``) and rebuilt when a block's specs change."""
         specs = []
         for i in range(start, stop):
-            block_specs = self.layers[i].kernel_specs()
+            layer = self.layers[i]
+            # Exactly a Block: a substitute or subclass (tests swap in their own) runs its own forward.
+            block_specs = layer.kernel_specs() if type(layer) is Block else None
             if block_specs is None:
                 return None
             specs.append(block_specs)
