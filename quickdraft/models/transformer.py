@@ -238,7 +238,7 @@ class MLP(nn.Module):
 _BLOCK_KERNELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-#: Transformer -> {(start, stop): (the blocks' kernel specs, their cpu_kernels.BlockStack)},
+#: Transformer -> {(start, stop): (the blocks' linears, their cpu_kernels.BlockStack or None)},
 #: outside the module for the reason _BLOCK_KERNELS is.
 _STACKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -251,11 +251,17 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(config)
         self.mlp = MLP(config)
 
+    def linears(self) -> tuple[nn.Module, ...]:
+        """q/k/v, output, gate/up and down, read from the module dicts (a step asks for them
+        for every layer; ``nn.Module.__getattr__`` would cost ~5 us a layer)."""
+        attn, mlp = self._modules["attn"]._modules, self._modules["mlp"]._modules
+        return attn["wqkv"], attn["wo"], mlp["w_in"], mlp["w_out"]
+
     def kernel_specs(self) -> tuple | None:
         """The four linears as ``cpu_kernels.block`` takes them, when every one runs on our
         kernels and the block is a Llama one (RMSNorm, gated SiLU); else None. Kept with the
         layers they point into (``_BLOCK_KERNELS``), rebuilt if a layer is swapped."""
-        linears = (self.attn.wqkv, self.attn.wo, self.mlp.w_in, self.mlp.w_out)
+        linears = self.linears()
         known = _BLOCK_KERNELS.get(self)
         if known is not None and all(a is b for a, b in zip(known[0], linears)):
             return known[1]
@@ -446,24 +452,28 @@ class Transformer(nn.Module):
     def block_stack(self, start: int, stop: int) -> cpu_kernels.BlockStack | None:
         """Layers ``[start, stop)`` as one ``cpu_kernels.BlockStack`` when every one of them
         runs in one C call (``Block.kernel_specs``) with the same norm eps; else None. Kept
-        beside the model (``_STACKS``) and rebuilt when a block's specs change."""
+        beside the model (``_STACKS``) and rebuilt when a block's linears are swapped."""
+        blocks = [self.layers._modules[str(i)] for i in range(start, stop)]
+        # Exactly Blocks: a substitute or subclass (tests swap in their own) runs its own forward.
+        if any(type(block) is not Block for block in blocks):
+            return None
+        linears = [linear for block in blocks for linear in block.linears()]
+        known = _STACKS.setdefault(self, {}).get((start, stop))
+        if known is not None and len(known[0]) == len(linears) and all(a is b for a, b in zip(known[0], linears)):
+            return known[1]
         specs = []
-        for i in range(start, stop):
-            layer = self.layers[i]
-            # Exactly a Block: a substitute or subclass (tests swap in their own) runs its own forward.
-            block_specs = layer.kernel_specs() if type(layer) is Block else None
+        for block in blocks:
+            block_specs = block.kernel_specs()
             if block_specs is None:
+                _STACKS[self][(start, stop)] = (linears, None)
                 return None
             specs.append(block_specs)
-        known = _STACKS.setdefault(self, {}).get((start, stop))
-        if known is not None and all(a is b for a, b in zip(known[0], specs)):
-            return known[1]
         norms = [(self.layers[i].attn_norm, self.layers[i].mlp_norm) for i in range(start, stop)]
         eps = {norm.eps for pair in norms for norm in pair}
         stack = None
         if len(eps) == 1:
             stack = cpu_kernels.BlockStack([(a.weight, m.weight) for a, m in norms], eps.pop(), specs)
-        _STACKS[self][(start, stop)] = (specs, stack)
+        _STACKS[self][(start, stop)] = (linears, stack)
         return stack
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
