@@ -157,6 +157,11 @@ def test_the_key_follows_machine_and_runtime_not_location(tiny_family, cache_hom
     monkeypatch.setattr(target, "decode_linears", not target.decode_linears)
     assert cache.entry("k", 1, {"target": target}).path != key.path  # the runtime's kernels
     monkeypatch.undo()
+    from quickdraft.models import cpu_kernels
+
+    monkeypatch.setattr(cpu_kernels, "fingerprint", lambda: "another build")
+    assert cache.entry("k", 1, {"target": target}).path != key.path  # our compiled kernels
+    monkeypatch.undo()
     target.model.to(torch.float64)
     try:
         assert cache.entry("k", 1, {"target": target}).path != key.path  # dtype

@@ -241,3 +241,18 @@ def test_avx512_and_avx2_products_agree_bit_for_bit():
                         assert torch.equal(product(x[:rows], *weights), alone[:rows]), (isa, name, n, k, rows)
     finally:
         cpu_kernels.kernel_isa("avx512")
+
+
+def test_kernels_build_where_the_cache_directory_is_unusable(tmp_path, monkeypatch):
+    """An XDG_CACHE_HOME that is a file: the library is built in a temporary directory for
+    this process, not given up (which would turn our kernels off for the whole process)."""
+    from quickdraft.models import cpu_kernels
+
+    if cpu_kernels.library() is None:
+        pytest.skip("needs our compiled kernels")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    built = cpu_kernels._build(cpu_kernels._compiler())
+    assert built.is_file() and blocker not in built.parents
+    assert cpu_kernels.fingerprint().endswith(cpu_kernels.kernel_isa())

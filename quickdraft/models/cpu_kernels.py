@@ -47,14 +47,21 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+def _key(compiler: str) -> str:
+    """The digest of the sources, the flags and the compiler: names the compiled library."""
+    sources = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))
+    return hashlib.sha256(sources + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
+
+
 def _build(compiler: str) -> Path:
     """Compile the source once per (source, flags, compiler); concurrent builds are safe
     (each writes a private file, then renames it into place)."""
-    sources = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))
-    key = hashlib.sha256(sources + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
-    target = _cache_root() / f"qmatmul-{key}.so"
+    target = _cache_root() / f"qmatmul-{_key(compiler)}.so"
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:  # an unusable cache directory: build for this process alone
+            target = Path(tempfile.mkdtemp(prefix="quickdraft-kernels-")) / target.name
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
         try:
@@ -114,6 +121,14 @@ def kernel_isa(want: str | None = None) -> str:
     if want not in (None, "avx2", "avx512"):
         raise ValueError(f"kernel ISA must be 'avx2' or 'avx512', not {want!r}")
     return "avx512" if lib.qd_kernel_isa(-1 if want is None else int(want == "avx512")) else "avx2"
+
+
+def fingerprint() -> str:
+    """What identifies the kernels that run here (measured step costs change with them):
+    the compiled library's digest and :func:`kernel_isa`, or ``"none"``."""
+    if library() is None:
+        return "none"
+    return f"{_key(_compiler())}-{kernel_isa()}"
 
 
 def q8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

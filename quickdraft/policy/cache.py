@@ -151,8 +151,9 @@ def model_fingerprint(lm) -> dict | None:
 
 def machine_fingerprint() -> dict:
     """What identifies the machine: CPU, cores, torch threads and version, and the linear
-    kernels the native runtime decodes with (costs change with them)."""
+    and compiled kernels the native runtime decodes with (costs change with them)."""
     from ..machine import cpu_model
+    from ..models import cpu_kernels
     from ..models.decode_linear import SMALL_WEIGHT_ELEMENTS, onednn_linear_available
 
     return {
@@ -163,6 +164,8 @@ def machine_fingerprint() -> dict:
         "torch": torch.__version__,
         # The drafts' one-row MKL products changed step costs: part of the key.
         "linear_kernels": f"onednn,mkl-rows1<={SMALL_WEIGHT_ELEMENTS}" if onednn_linear_available() else "torch",
+        # Our compiled kernels (a new version, or the AVX2 / AVX-512 path, moves every cost).
+        "native_kernels": cpu_kernels.fingerprint(),
     }
 
 
