@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
@@ -160,6 +162,12 @@ def test_a_q8_0_file_loads_as_its_own_int8_groups(tmp_path):
     model = load_native(path, quantize="auto")
     assert isinstance(model.lm_head, Int8Linear)
     torch.testing.assert_close(model.lm_head.dequantized(), expected, rtol=0, atol=0)
+    # Kept in the cache entry: a second load never parses the file (seconds for a real vocabulary).
+    assert (gguf.cache_entry(path) / gguf.INT8_FILE).is_file()
+    gguf._open_gguf.cache_clear()
+    with mock.patch("gguf.GGUFReader", side_effect=AssertionError("parsed the file again")):
+        again = load_native(path, quantize="auto")
+    assert torch.equal(again.lm_head.dequantized(), model.lm_head.dequantized())
     p = "model.layers.1."
     for module, parts in [("attn.wqkv", ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]),
                           ("mlp.w_in", ["mlp.gate_proj", "mlp.up_proj"]), ("mlp.w_out", ["mlp.down_proj"])]:

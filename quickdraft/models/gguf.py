@@ -268,6 +268,8 @@ FUSED_LINEARS = {"attn.wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_att
                  "attn.wo": ("self_attn.o_proj",), "mlp.w_in": ("mlp.gate_proj", "mlp.up_proj"),
                  "mlp.w_out": ("mlp.down_proj",)}
 INT4_FILE = "int4.safetensors"
+INT8_FILE = "int8.safetensors"
+HEAD_KEY = "lm_head"  # int8.safetensors' name for the Q8_0 head (never a module name there)
 
 
 def int4_blocks(path: Path, config: ModelConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -275,20 +277,48 @@ def int4_blocks(path: Path, config: ModelConfig) -> dict[str, tuple[torch.Tensor
     (``layers.{i}.attn.wqkv``, ...): ``(q, scale, zero)`` with ``q`` uint8 in 0..15 and the
     weight ``(q - 8) * scale + zero``, exactly the file's values (see ``quant_linear``).
     A fused linear is listed only when all its parts are Q4. Converted once, then cached."""
+    def flatten(blocks) -> dict[str, torch.Tensor]:
+        return {f"{name}.{part}": t for name, triple in blocks.items()
+                for part, t in zip(("q", "scale", "zero"), (_pack_nibbles(triple[0]), triple[1], triple[2]))}
+
+    return _cached(path, INT4_FILE, lambda: convert_int4_blocks(path, config), flatten, _unflatten_blocks)
+
+
+def int8_weights(path: Path, config: ModelConfig) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]],
+                                                            tuple[torch.Tensor, torch.Tensor] | None]:
+    """:func:`int8_blocks` and :func:`q8_head` together, converted once, then cached (the
+    GGUF reader parses the whole metadata, a real vocabulary included: seconds a start)."""
+    def flatten(weights) -> dict[str, torch.Tensor]:
+        blocks, head = weights
+        flat = {f"{name}.{part}": t for name, pair in blocks.items() for part, t in zip(("q", "scale"), pair)}
+        if head is not None:
+            flat[f"{HEAD_KEY}.q"], flat[f"{HEAD_KEY}.scale"] = head
+        return flat
+
+    def unflatten(flat: dict[str, torch.Tensor]):
+        pairs = {key.removesuffix(".q"): (t, flat[key.removesuffix(".q") + ".scale"])
+                 for key, t in flat.items() if key.endswith(".q")}
+        return pairs, pairs.pop(HEAD_KEY, None)
+
+    return _cached(path, INT8_FILE, lambda: (int8_blocks(path, config), q8_head(path)), flatten, unflatten)
+
+
+def _cached(path: Path, name: str, convert, flatten, unflatten):
+    """``convert()``, kept as safetensors ``name`` in the file's cache entry (``flatten`` /
+    ``unflatten`` map it to and from flat tensors); converted again if the entry is damaged."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file, save_file
 
-    cached = cache_entry(path) / INT4_FILE
+    cached = cache_entry(path) / name
     if cached.is_file():
         try:
-            return _unflatten_blocks(load_file(str(cached)))
-        except (OSError, SafetensorError):
+            return unflatten(load_file(str(cached)))
+        except (OSError, SafetensorError, KeyError):
             pass  # a damaged entry: convert again
-    blocks = convert_int4_blocks(path, config)
-    flat = {f"{name}.{part}": t for name, triple in blocks.items()
-            for part, t in zip(("q", "scale", "zero"), (_pack_nibbles(triple[0]), triple[1], triple[2]))}
+    value = convert()
+    flat = flatten(value)
     _write_atomic(cached, lambda tmp: save_file(flat, str(tmp)))
-    return blocks
+    return value
 
 
 def _pack_nibbles(q: torch.Tensor) -> torch.Tensor:

@@ -331,9 +331,8 @@ def load_native(model_dir: Path, dtype: torch.dtype = torch.float32,
         fast_here = fast_kernels() and dtype == torch.float32 and torch.device(device).type == "cpu"
         if quantize in ("int8", "int4") or (quantize == "auto" and fast_here):
             int4 = None if quantize == "int8" else gguf.int4_blocks(model_dir, config)
-            int8 = gguf.int8_blocks(model_dir, config) if quantize != "int4" else None
-            quantize_linears(model, quantize, int4, int8)
-            head = gguf.q8_head(model_dir)  # auto: only a head the file stores in 8 bits
+            int8, head = gguf.int8_weights(model_dir, config)  # head: auto takes only a Q8_0 one
+            quantize_linears(model, quantize, int4, None if quantize == "int4" else int8)
             if head is not None or quantize != "auto":
                 quantize_head(model, head)
         return model
