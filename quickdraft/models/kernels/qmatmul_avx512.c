@@ -57,30 +57,13 @@ static inline void q4_group16(const Weights *w, int64_t n, int64_t K, int64_t g,
 
 typedef void (*Group16Fn)(const Weights *, int64_t, int64_t, int64_t, __m512[2]);
 
-/* Weight row n against rows 0 .. rows - 1 of x, into y[r * ldy]. Always inlined with a
- * constant row count, so each count is its own specialization. */
-static inline __attribute__((always_inline)) void row_pass(Group16Fn group, const Weights *w, int64_t n,
-                                                            const float *x, int64_t K, int rows, float *y,
-                                                            int64_t ldy) {
-    __m512 acc[ROWS16];
-    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < K / GROUP; g++) {
-        __m512 wg[2];
-        group(w, n, K, g, wg);
-        for (int r = 0; r < rows; r++) {
-            const float *xg = x + r * K + g * GROUP;
-            acc[r] = _mm512_fmadd_ps(wg[1], _mm512_loadu_ps(xg + 16), _mm512_fmadd_ps(wg[0], _mm512_loadu_ps(xg), acc[r]));
-        }
-    }
-    for (int r = 0; r < rows; r++) y[r * ldy] = sum16(acc[r]);
-}
-
 /* Weight rows n .. n + nb - 1 against rows 0 .. rows - 1 of x, into y[r * ldy + b]: nb *
- * rows accumulator chains in flight (int4: see the header). nb and rows are constants. */
+ * rows accumulator chains in flight (see the header). Always inlined with constant nb and
+ * rows, so each shape is its own specialization. */
 static inline __attribute__((always_inline)) void tile(Group16Fn group, const Weights *w, int64_t n, int nb,
                                                         const float *x, int64_t K, int rows, float *y,
                                                         int64_t ldy) {
-    __m512 acc[4][TILE_ROWS];
+    __m512 acc[4][ROWS16];
     for (int b = 0; b < nb; b++)
         for (int r = 0; r < rows; r++) acc[b][r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < K / GROUP; g++) {
@@ -96,36 +79,21 @@ static inline __attribute__((always_inline)) void tile(Group16Fn group, const We
         for (int r = 0; r < rows; r++) y[r * ldy + b] = sum16(acc[b][r]);
 }
 
-/* Column n of y [M, N] = x [M, K] @ W.T: all M rows against weight row n, ROWS16 at a time. */
-static inline __attribute__((always_inline)) void column(Group16Fn group, const Weights *w, int64_t n,
-                                                          const float *x, int64_t M, int64_t K, int64_t N,
-                                                          float *y) {
-    for (int64_t m = 0; m < M; m += ROWS16) {
+/* Columns n .. n + nb - 1 of y [M, N] = x [M, K] @ W.T: those weight rows against all M
+ * rows of x, `pass` (<= ROWS16) rows at a time; nb and pass are constants. */
+static inline __attribute__((always_inline)) void columns(Group16Fn group, const Weights *w, int64_t n, int nb,
+                                                           int pass, const float *x, int64_t M, int64_t K,
+                                                           int64_t N, float *y) {
+    for (int64_t m = 0; m < M; m += pass) {
         const float *xm = x + m * K;
         float *ym = y + m * N + n;
-#define PASS(r) \
-    case r: row_pass(group, w, n, xm, K, r, ym, N); break
-        switch (M - m < ROWS16 ? M - m : ROWS16) { /* every row count its own specialization */
-            PASS(1); PASS(2); PASS(3); PASS(4); PASS(5); PASS(6); PASS(7); PASS(8);
-            PASS(9); PASS(10); PASS(11); PASS(12); PASS(13); PASS(14); PASS(15); PASS(16);
+#define ROWS(r) \
+    case r: tile(group, w, n, nb, xm, K, r, ym, N); break
+        switch (M - m < pass ? M - m : pass) { /* every row count its own specialization */
+            ROWS(1); ROWS(2); ROWS(3); ROWS(4); ROWS(5); ROWS(6); ROWS(7); ROWS(8);
+            ROWS(9); ROWS(10); ROWS(11); ROWS(12); ROWS(13); ROWS(14); ROWS(15); ROWS(16);
         }
-#undef PASS
-    }
-}
-
-/* Columns n and n + 1 of y: both weight rows against all M rows, TILE_ROWS at a time. */
-static inline __attribute__((always_inline)) void pair_column(Group16Fn group, const Weights *w, int64_t n,
-                                                               const float *x, int64_t M, int64_t K, int64_t N,
-                                                               float *y) {
-    for (int64_t m = 0; m < M; m += TILE_ROWS) {
-        const float *xm = x + m * K;
-        float *ym = y + m * N + n;
-#define PAIR(r) \
-    case r: tile(group, w, n, 2, xm, K, r, ym, N); break
-        switch (M - m < TILE_ROWS ? M - m : TILE_ROWS) {
-            PAIR(1); PAIR(2); PAIR(3); PAIR(4); PAIR(5); PAIR(6); PAIR(7); PAIR(8); PAIR(9); PAIR(10);
-        }
-#undef PAIR
+#undef ROWS
     }
 }
 
@@ -141,11 +109,11 @@ void qd_q4_matmul_avx512(const float *x, int64_t M, int64_t K, const uint8_t *q,
     }
     if (M <= TILE_ROWS && N % 2 == 0) {
 #pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t n = 0; n < N; n += 2) pair_column(q4_group16, &w, n, x, M, K, N, y);
+        for (int64_t n = 0; n < N; n += 2) columns(q4_group16, &w, n, 2, TILE_ROWS, x, M, K, N, y);
         return;
     }
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) column(q4_group16, &w, n, x, M, K, N, y);
+    for (int64_t n = 0; n < N; n++) columns(q4_group16, &w, n, 1, ROWS16, x, M, K, N, y);
 }
 
 int qd_avx512_supported(void) {
