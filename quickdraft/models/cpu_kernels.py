@@ -6,9 +6,10 @@ into one call each, and a whole Llama block in one call (``kernels/layer_ops.c``
 PyTorch's CPU int8 and int4 kernels are slower than the float32 product they would
 replace (torch 2.13, even on this AVX-512 host: 380 us for a 1536x576 int8 product at one
 row, float32 126 us, ours 36 us). oneDNN's float32 product rounds a row differently with
-one row than with several at some widths; ours rounds every row alike (what lossless verify passes need) and is faster for one row. And a small model's
-decode step is mostly per-op overhead: RMSNorm, RoPE, the KV-cache write and attention are
-~40 PyTorch calls a layer, where :func:`rms_norm`, :func:`attend` and :func:`silu_mul` are
+one row than with several at some widths; ours rounds every row alike (what lossless
+verify passes need) and is faster for one row. And a small model's decode step is mostly
+per-op overhead: RMSNorm, RoPE, the KV-cache write and attention are ~40 PyTorch calls a
+layer, where :func:`rms_norm`, :func:`attend` and :func:`silu_mul` are
 one each (:func:`fused_layers` says when the model uses them). The C files (no
 dependencies) are compiled once per machine with the system C compiler into
 ``$XDG_CACHE_HOME/quickdraft/kernels/`` and called through ``ctypes``; the compiled library
@@ -113,9 +114,9 @@ def library() -> ctypes.CDLL | None:
 
 def kernel_isa(want: str | None = None) -> str:
     """Which int4 matrix products run: ``"avx512"`` where the CPU has AVX512F, else
-    ``"avx2"`` (both round every element alike, so the choice changes only speed). ``want`` switches
-    (``"avx2"`` always works; ``"avx512"`` only where supported); ``QUICKDRAFT_KERNEL_ISA=avx2``
-    starts a process on the AVX2 products. Needs :func:`library`."""
+    ``"avx2"`` (both round every element alike, so the choice changes only speed). ``want``
+    switches (``"avx2"`` always works; ``"avx512"`` only where supported);
+    ``QUICKDRAFT_KERNEL_ISA=avx2`` starts a process on the AVX2 products. Needs :func:`library`."""
     lib = library()
     assert lib is not None, "kernel_isa needs the compiled kernels (cpu_kernels.library())"
     if want not in (None, "avx2", "avx512"):

@@ -112,8 +112,8 @@ static inline __attribute__((always_inline)) void column(GroupFn group, const We
     }
 }
 
-/* Which products run: 1 = the AVX-512 file's where the CPU has AVX512F, 0 = these. Chosen
- * once (first call), or by qd_kernel_isa; both round alike, so it only changes the speed. */
+/* Which int4 product runs: 1 = the AVX-512 file's where the CPU has AVX512F, 0 = this one.
+ * Chosen once (first call), or by qd_kernel_isa; both round alike: only the speed changes. */
 static int avx512 = -1;
 
 /* Ask for the AVX-512 products (want = 1) or the AVX2 ones (0), or leave the choice as it
