@@ -49,8 +49,10 @@ def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+@functools.cache
 def _key(compiler: str) -> str:
-    """The digest of the sources, the flags and the compiler: names the compiled library."""
+    """The digest of the sources, the flags and the compiler: names the compiled library
+    (read once a process: every cost-cache lookup asks for it through :func:`fingerprint`)."""
     sources = b"".join(source.read_bytes() for source in (*SOURCES, *HEADERS))
     return hashlib.sha256(sources + " ".join((compiler, *FLAGS)).encode()).hexdigest()[:16]
 
