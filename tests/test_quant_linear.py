@@ -82,11 +82,53 @@ def test_each_row_is_computed_alike_whatever_the_row_count(kind):
     print(kind, "kernel row-invariant:", kernel_rows_are_invariant(kind))
 
 
+def q8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """What ``cpu_kernels.q8_matmul`` computes, in float64: ``x`` quantized per row and group
+    of 32 as llama.cpp quantizes activations (``d = max|x| / 127`` and ``x * (1 / d)``
+    rounded half to even, in float32), times the dequantized int8 weight."""
+    groups = x.float().reshape(x.shape[0], -1, 32)
+    d = groups.abs().amax(-1) / 127
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    xq = (groups * inv[..., None]).round()
+    assert xq.abs().max() <= 127
+    activations = (xq.double() * d.double()[..., None]).reshape(x.shape)
+    weight = (q.double().view(q.shape[0], -1, 32) * scale.double()[..., None]).view(q.shape)
+    return activations @ weight.t()
+
+
+def test_int8_products_quantize_activations_as_llama_cpp_does():
+    """Our int8 product multiplies 8-bit activations (per group of 32) by the int8 weights:
+    exact integer sums per group, so it matches the float64 reference to float32 rounding,
+    and multiplying float32 activations instead (the old rule) is far outside that."""
+    from quickdraft.models import cpu_kernels
+
+    if not native_kernels():
+        pytest.skip("needs our compiled kernels")
+    torch.manual_seed(5)
+    for n, k in [(96, 64), (75, 1216)]:
+        q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+        scale = torch.rand(n, k // 32) * 0.01
+        x = torch.randn(9, k) * torch.rand(9, k // 32).repeat_interleave(32, 1) * 4  # groups of unequal range
+        x[0, :32] = 0  # an all-zero group: d = 0
+        expected = q8_reference(x, q, scale)
+        for isa in ("avx2", cpu_kernels.kernel_isa(None)):
+            cpu_kernels.kernel_isa(isa)
+            got = cpu_kernels.q8_matmul(x, q, scale).double()
+            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+        cpu_kernels.kernel_isa("avx512")
+        float_rule = x.double() @ (q.double().view(n, -1, 32) * scale.double()[..., None]).view(n, k).t()
+        assert (float_rule - expected).abs().max() > 100 * 1e-5 * expected.abs().max()
+
+
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_quantized_products_stay_close_to_float32(kind):
     layer, weight = random_layer(kind, 96, 64, seed=0, scale=0.05)
     x = torch.randn(4, 64)
-    torch.testing.assert_close(layer(x), x @ layer.dequantized().t(), rtol=1e-5, atol=1e-5)
+    if kind == "int8" and layer.native:  # 8-bit activations: see the test above
+        expected = q8_reference(x, layer.q, layer.scale).float()
+    else:
+        expected = x @ layer.dequantized().t()
+    torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
     error = (layer.dequantized() - weight).abs().max().item()
     # Half a quantization step: a group's range / 30 (int4), a channel's max / 254 (int8).
     assert error <= (0.05 * 8 / 30 if kind == "int4" else 0.05 * 5 / 254)

@@ -1,6 +1,7 @@
 """Our own AVX2 CPU kernels: matrix products with float32, int8 or int4 weights
-(``kernels/qmatmul.c``; int4 on ``kernels/qmatmul_avx512.c`` where the CPU has AVX-512:
-same results bit for bit, see :func:`kernel_isa`), a decoder layer's non-matrix work fused
+(``kernels/qmatmul.c``; int4 and int8 on ``kernels/qmatmul_avx512.c`` where the CPU has
+AVX-512: same results bit for bit, see :func:`kernel_isa`; int8 weights take 8-bit
+activations, as llama.cpp runs Q8_0: ``kernels/q8a8.h``), a decoder layer's non-matrix work fused
 into one call each, and a whole Llama block, or all of a model's blocks, in one call
 (``kernels/layer_ops.c``).
 
@@ -34,7 +35,7 @@ from pathlib import Path
 import torch
 
 SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("qmatmul.c", "qmatmul_avx512.c", "layer_ops.c"))
-HEADERS = (Path(__file__).with_name("kernels") / "qmatmul.h",)
+HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("qmatmul.h", "q8a8.h"))
 # -ffp-contract=off: the compiler must not fuse or reorder float operations differently in
 # the row-count specializations, so every row rounds alike (see the source's comment).
 FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")
@@ -137,7 +138,10 @@ def fingerprint() -> str:
 
 def q8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``x @ W.T`` with ``W = q * scale`` group by group: ``x`` float32 ``[M, K]``, ``q`` int8
-    ``[N, K]``, ``scale`` float32 ``[N, K / 32]``; all contiguous. Needs :func:`library`."""
+    ``[N, K]``, ``scale`` float32 ``[N, K / 32]``; all contiguous. ``x`` is quantized on the
+    way, per row and group of 32 (``d = max|x| / 127``, ``x / d`` rounded half to even: see
+    ``kernels/q8a8.h``), as llama.cpp quantizes activations for Q8_0 weights, so each
+    group's product is an exact integer sum. Needs :func:`library`."""
     lib = library()
     assert lib is not None, "q8_matmul needs the compiled kernels (cpu_kernels.library())"
     x = x.contiguous()

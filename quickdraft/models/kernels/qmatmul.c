@@ -1,8 +1,9 @@
-/* Weight-only quantized matrix products for CPU decoding (AVX2 + FMA).
+/* Quantized matrix products for CPU decoding (AVX2 + FMA).
  *
  * y[m, n] = sum_k x[m, k] * w[n, k], x float32 [M, K], w stored quantized in groups of 32
  * along k, each group with float32 parameters:
  *   q8: int8 q [N, K],                      w = q * scale           (GGUF Q8_0, int8 per channel)
+ *       x quantized to 8 bits per group of 32 too, as llama.cpp runs Q8_0 (q8a8.h)
  *   f32: float32 w [N, K]                   (DecodeLinear's float32 weights: row-invariant, unlike oneDNN)
  *   q4: 4-bit q [N, K / 2], 16 bytes/group, w = (q - 8) * scale + zero   (GGUF Q4_0 / Q4_1)
  *       byte j of a group holds q[j] in its low nibble and q[j + 16] in its high one
@@ -14,13 +15,23 @@
  * to read.
  *
  * Exactness: each output element is computed by one thread with the same sequence of
- * operations whatever M is and however the rows are chunked: per group, the 32 weights are
- * dequantized into four 8-lane vectors and accumulated into two per-row accumulators with
- * FMA, then the accumulators are summed in a fixed order. So a row's result never depends
+ * operations whatever M is and however the rows are chunked: per group (q4, f32; q8 in
+ * q8a8.h), the 32 weights are dequantized into four 8-lane vectors and accumulated into
+ * two per-row accumulators with FMA, then the accumulators are summed in a fixed order. So a row's result never depends
  * on the other rows of the product (a verify pass of k+1 rows rounds each row as a one-row
  * step does), nor on the thread count: what lossless speculative decoding needs.
  */
 #include "qmatmul.h"
+
+#include <stdlib.h>
+
+/* AVX2's byte product: pairs into int16 (|w| <= 128, |x| <= 127: no saturation), then
+ * pairs of those into int32. */
+static inline __m256i dot4(__m256i aw, __m256i sx) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+}
+#define Q8A8_ROWS 6
+#include "q8a8.h"
 
 /* Rows of x that share one pass over a weight row, with two accumulators each: 12 of the 16
  * ymm registers, the other 4 hold the group's dequantized weights. Measured on a 2-core AMD
@@ -32,17 +43,6 @@
 #define ACCS 2
 
 static inline float finish(const __m256 a[ACCS]) { return sum8(_mm256_add_ps(a[0], a[1])); }
-
-/* The 32 weights of one group as four vectors of 8 floats. */
-static inline void q8_group(const int8_t *q, float scale, __m256 w[4]) {
-    const __m256 s = _mm256_set1_ps(scale);
-    const __m128i lo = _mm_loadu_si128((const __m128i *)q);
-    const __m128i hi = _mm_loadu_si128((const __m128i *)(q + 16));
-    w[0] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), s);
-    w[1] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), s);
-    w[2] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), s);
-    w[3] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), s);
-}
 
 static inline void q4_group(const uint8_t *q, float scale, float zero, __m256 w[4]) {
     const __m256 s = _mm256_set1_ps(scale), z = _mm256_set1_ps(zero);
@@ -65,10 +65,6 @@ static inline void accumulate(const __m256 w[4], const float *x, __m256 acc[ACCS
 }
 
 /* How one group of a weight row becomes four vectors of 8 floats. */
-static inline void q8_weights(const Weights *w, int64_t n, int64_t K, int64_t g, __m256 out[4]) {
-    q8_group((const int8_t *)w->q + n * K + g * GROUP, w->scale[n * (K / GROUP) + g], out);
-}
-
 static inline void q4_weights(const Weights *w, int64_t n, int64_t K, int64_t g, __m256 out[4]) {
     const int64_t i = n * (K / GROUP) + g;
     q4_group((const uint8_t *)w->q + n * (K / 2) + g * (GROUP / 2), w->scale[i], w->zero[i], out);
@@ -127,12 +123,15 @@ int qd_kernel_isa(int want) {
 /* The parallel loops name their group function inside the region, where it is a constant
  * the compiler inlines (passed in, it would be an indirect call per group). */
 
-/* x [M, K] float32, q [N, K] int8, scale [N, K/32] float32 -> y [M, N] float32. K % 32 == 0. */
+/* x [M, K] float32 (quantized to 8 bits per group of 32 on the way: q8a8.h), q [N, K]
+ * int8, scale [N, K/32] float32 -> y [M, N] float32. K % 32 == 0. */
 void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
                   float *y, int threads) {
-    const Weights w = {q, scale, 0};
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) column(q8_weights, &w, n, x, M, K, N, y);
+    if (qd_kernel_isa(-1) && qd_vnni_supported()) {
+        qd_q8a8_matmul_vnni(x, M, K, q, scale, N, y, threads);
+        return;
+    }
+    q8a8_product(x, M, K, q, scale, N, y, threads);
 }
 
 /* Rows [0, rows) of x against weight rows [0, nb) of w (float32), y[r * ldy + b]: each

@@ -1,4 +1,5 @@
-/* qmatmul.c's int4 products on AVX-512 (AVX512F only), same results bit for bit.
+/* qmatmul.c's int4 products on AVX-512 (AVX512F), and its int8 ones with AVX-512 VNNI
+ * (at the end), same results bit for bit.
  *
  * What it changes, where the CPU has it (AMD Zen 4, Intel since Skylake-SP):
  *   - a group's 32 weights are two 16-lane vectors instead of four 8-lane ones, and a
@@ -11,10 +12,10 @@
  *     replaces two 8-lane ones, so one row alone would wait on FMA latency).
  * Measured on the 2-core Zen 4 EPYC here, whole decode passes interleaved with the AVX2
  * path (scripts/step_ab.py isa): SmolLM2's int4 passes of 1, 2, 3, 5 and 9 tokens take
- * 0.87x, 0.89x, 0.86x, 0.91x and 0.95x the time. The same scheme for int8 and float32
- * weights did not pay and is not here: their one-row products were 1.1-1.4x slower (one
- * chain a row; tiles of several weight rows read streamed int8 weights up to 1.9x slower),
- * several-row ones no faster (within +-5% at 2-17 rows).
+ * 0.87x, 0.89x, 0.86x, 0.91x and 0.95x the time. The same scheme for float32 weights
+ * (and int8 ones with float32 activations, before q8a8.h) did not pay and is not here:
+ * one-row products 1.1-1.4x slower (one chain a row; tiles of several weight rows read
+ * streamed weights up to 1.9x slower), several-row ones no faster (+-5% at 2-17 rows).
  *
  * Same rounding: the AVX2 kernel keeps two 8-lane accumulators per output, lane chunk j of
  * a group (j = 0..3) going into accumulator j % 2, summed at the end as sum8(acc0 + acc1).
@@ -31,6 +32,8 @@
 #endif
 
 #include "qmatmul.h"
+
+#include <stdlib.h>
 
 /* Rows of x that share one dequantized group of a weight row (one accumulator each). */
 #define ROWS16 16
@@ -121,6 +124,35 @@ int qd_avx512_supported(void) {
     return __builtin_cpu_supports("avx512f");
 }
 
+/* int8 weights times 8-bit activations (q8a8.h) with AVX-512 VNNI's byte products: one
+ * vpdpbusd for AVX2's two multiply-adds, and 32 registers for twice the rows a pass. */
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512vnni"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512vnni")
+#endif
+static inline __m256i dot4(__m256i aw, __m256i sx) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx); }
+#define Q8A8_ROWS 12
+#include "q8a8.h"
+
+void qd_q8a8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
+                         float *y, int threads) {
+    q8a8_product(x, M, K, q, scale, N, y, threads);
+}
+
+int qd_vnni_supported(void) {
+    static int supported = -1;
+    if (supported < 0) {
+        __builtin_cpu_init();
+        supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                    __builtin_cpu_supports("avx512vnni");
+    }
+    return supported;
+}
 #if defined(__clang__)
 #pragma clang attribute pop
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
 #endif
