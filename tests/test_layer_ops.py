@@ -227,3 +227,75 @@ def test_block_specs_follow_swapped_layers_and_copies():
     quantize_linears(block, "int4")  # nothing left to swap: still int8
     block.attn.wo = tiny_model("int4").layers[0].attn.wo
     assert block.kernel_specs() is not first and block.kernel_specs()[1].kind == cpu_kernels.LINEAR_KINDS["q4"]
+
+
+def greedy_steps(lm: NativeLM, first: int, n: int, vocab: int) -> list[int]:
+    """``n`` greedy tokens after ``first``, one ``extend`` and one ``argmax`` at a time."""
+    from quickdraft.drafters.draft_model import present_logits
+
+    tokens = [first]
+    for _ in range(n):
+        logits = lm.extend(torch.tensor([tokens[-1]]), logits="last")
+        tokens.append(int(present_logits(logits, vocab)[-1].argmax()))
+    return tokens
+
+
+@pytest.mark.parametrize("quantize", ["none", "int8", "int4", "restricted"])
+def test_a_greedy_chain_in_one_call_is_step_by_step_decoding(quantize):
+    """NativeLM.greedy_chain (the draft's greedy steps in one C call: embedding, blocks,
+    final norm, head, argmax) gives the tokens and the KV cache of one-token extends and
+    torch.argmax, bit for bit: float32, int8 and int4 blocks (the int8 case with an int8
+    head), a restricted head (FR-Spec ids), and a target vocabulary smaller or larger
+    than the draft's."""
+    from quickdraft.models.quant_linear import quantize_head
+
+    torch.manual_seed(0)
+    config = ModelConfig(family="llama", model_type="llama", vocab_size=96, hidden_size=64, n_layers=2, n_heads=4,
+                         n_kv_heads=2, head_dim=16, intermediate_size=96, max_position_embeddings=64)
+    model = Transformer(config).eval()
+    if quantize in ("int8", "int4"):
+        quantize_linears(model, quantize)
+    if quantize == "int8":
+        assert quantize_head(model)
+    if quantize == "restricted":
+        model.restrict_head(torch.randperm(96)[:40])
+    prompt = torch.randint(0, 96, (7,))
+    for vocab in (96, 50, 120):
+        chained, stepped = NativeLM(model), NativeLM(model)
+        with torch.inference_mode():
+            for lm in (chained, stepped):
+                lm.reset(32)
+                lm.extend(prompt, logits="none")
+            got = chained.greedy_chain(3, 12, vocab)
+            assert got is not None, "the one-call path should run on this model"
+            assert got == greedy_steps(stepped, 3, 12, vocab), (quantize, vocab)
+        assert chained.length == stepped.length == 19
+        assert torch.equal(chained.cache.k[:, :, :, :19], stepped.cache.k[:, :, :, :19])
+        assert torch.equal(chained.cache.v[:, :, :, :19], stepped.cache.v[:, :, :, :19])
+    with torch.inference_mode():  # no room for the chain: nothing fed, the caller steps
+        assert chained.greedy_chain(3, 32 - 19 + 1, 96) is None and chained.length == 19
+
+
+def test_the_draft_model_drafts_greedy_chains_in_one_call(monkeypatch):
+    """A greedy chain drafter takes the one-call path, and proposes what its Python loop does."""
+    from quickdraft.decoding.sampling import SamplingParams
+    from quickdraft.drafters.draft_model import DraftModelDrafter
+
+    model = tiny_model()
+    sequence = torch.randint(0, 96, (9,))
+    proposals = []
+    for one_call in (True, False):
+        if not one_call:
+            monkeypatch.setattr(NativeLM, "greedy_chain", lambda *args: None)
+        calls = count_calls(monkeypatch, "greedy_chain")
+        drafter = DraftModelDrafter(NativeLM(model), 96)
+        with torch.inference_mode():
+            drafter.join(0, sequence, SamplingParams(), torch.Generator(), 48)
+            first = drafter.propose([0], [sequence], [6])[0]
+            drafter.verified(0, 9, [0, 1, 2])  # three accepted, then the target's token
+            longer = torch.cat([sequence, first.tokens[:3], torch.tensor([5])])
+            second = drafter.propose([0], [longer], [6])[0]
+        assert calls["greedy_chain"] == (2 if one_call else 0)
+        proposals.append((first.tokens.tolist(), first.parents.tolist(), second.tokens.tolist()))
+    assert proposals[0] == proposals[1]
+    assert len(proposals[0][0]) == 6 and proposals[0][1] == [-1, 0, 1, 2, 3, 4]

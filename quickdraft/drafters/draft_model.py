@@ -109,6 +109,15 @@ class DraftModelDrafter:
         frontier, chain = [-1], True  # chain: every node fed so far is an ancestor of the next
         depth_limit = self.stop.max_depth(self.shape.depth(k))
         adaptive = not isinstance(self.stop, FixedStop)
+        if self.params.greedy and type(self.shape) is Shape and not adaptive and depth_limit > 1:
+            # A greedy chain: the draft's steps in one C call where its model allows (the
+            # same tokens as the loop below; the last one is not fed, as there).
+            burst = getattr(self.model, "greedy_chain", None)
+            tokens = burst(int(logits[-1].argmax()), depth_limit - 1, self.vocab_size) if burst else None
+            if tokens is not None:
+                nodes = [Node(i - 1, token, None) for i, token in enumerate(tokens)]
+                self._kv_rows = {i: i for i in range(len(tokens) - 1)}
+                return self._proposal(nodes, self.shape.finish(nodes, k))
         for depth in range(depth_limit):
             new = self.shape.grow(depth, nodes, frontier, logits, self.params, self.generator)
             if depth + 1 == depth_limit:

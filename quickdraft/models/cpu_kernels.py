@@ -111,14 +111,18 @@ def library() -> ctypes.CDLL | None:
     lib.qd_blocks.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64,
                               _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _c_int64, _ptr,
                               _c_int64, _ptr, _c_int]
-    for fn in (lib.qd_block, lib.qd_blocks, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
+    lib.qd_greedy_chain.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
+                                    _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr,
+                                    _ptr, _c_int64, _ptr, _c_int64, _c_int]
+    for fn in (lib.qd_greedy_chain, lib.qd_block, lib.qd_blocks, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
         fn.restype = None
     return lib
 
 
 def kernel_isa(want: str | None = None) -> str:
-    """Which int4 matrix products run: ``"avx512"`` where the CPU has AVX512F, else
-    ``"avx2"`` (both round every element alike, so the choice changes only speed). ``want``
+    """Which int4 and int8 matrix products run: ``"avx512"`` where the CPU has AVX512F
+    (int8: with AVX-512 VNNI), else ``"avx2"`` (both round every element alike, so the
+    choice changes only speed). ``want``
     switches (``"avx2"`` always works; ``"avx512"`` only where supported);
     ``QUICKDRAFT_KERNEL_ISA=avx2`` starts a process on the AVX2 products. Needs :func:`library`."""
     lib = library()
@@ -251,6 +255,32 @@ def blocks(x: torch.Tensor, stack: BlockStack, n_heads: int, rope: tuple[torch.T
         *args[:7], layer_stride, *args[7:], y.data_ptr(), torch.get_num_threads(),
     )
     return y
+
+
+def greedy_chain(first: int, n: int, embed: torch.Tensor, stack: BlockStack, n_heads: int,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 start: int, final_norm: tuple[torch.Tensor, float], head: LinearSpec,
+                 head_ids: torch.Tensor | None, vocab: int) -> list[int]:
+    """A greedy chain of ``n`` tokens after ``first`` in one call: each step feeds the last
+    token at position and cache slot ``start + i`` (its ``embed`` row, the blocks of
+    ``stack`` from layer 0, ``final_norm``'s RMSNorm, ``head``) and takes the argmax of its
+    logits as ``torch.argmax`` would (over ids below ``vocab``; ``head_ids``: the ids of a
+    restricted head's rows). ``rope``: cos and signed sin for positions ``start ..
+    start + n - 1`` (``[n, D]`` each, contiguous). Returns ``[first, t1, .., tn]``."""
+    tokens = torch.empty(n + 1, dtype=torch.int64)
+    tokens[0] = first
+    ids = None if head_ids is None else head_ids.to(torch.int64).contiguous()
+    cos = sin = None
+    if rope is not None:
+        cos, sin = (t.contiguous() for t in rope)
+    _, _, n_kv_heads, max_len, head_dim = k_cache.shape
+    library().qd_greedy_chain(
+        embed.data_ptr(), embed.shape[1], stack.n, stack.norms, stack.eps, stack.linears, n_heads, n_kv_heads,
+        head_dim, None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(),
+        k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len, start, final_norm[0].data_ptr(),
+        final_norm[1], ctypes.addressof(head), None if ids is None else ids.data_ptr(), vocab, tokens.data_ptr(), n,
+        torch.get_num_threads())
+    return tokens.tolist()
 
 
 def fused_layers(x: torch.Tensor) -> bool:

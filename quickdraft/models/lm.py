@@ -198,6 +198,19 @@ class NativeLM:
         self.length = end
         return None if out.logits is None else out.logits[0]
 
+    def greedy_chain(self, first: int, n: int, vocab: int) -> list[int] | None:
+        """Feed ``first`` and the next ``n - 1`` greedy tokens, one at a time, in one C call
+        (``Transformer.greedy_chain``): ``[first, t1, .., tn]``, the argmax of each step's
+        logits over ids below ``vocab``; the cache then holds ``first .. t(n-1)``. None
+        where that path cannot run here (nothing fed): step with :meth:`extend`."""
+        if self.cache is None or self.static is not None:
+            return None
+        tokens = self.model.greedy_chain(first, n, self.length, self.cache, vocab)
+        if tokens is not None:
+            self.length += n
+            self.hidden_states = {}
+        return tokens
+
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
 

@@ -264,3 +264,60 @@ void qd_blocks(const float *x, int64_t t, int64_t hidden, int64_t n, const float
                  mask_stride, y, threads);
     }
 }
+
+/* The index of the largest of n logits, as torch.argmax picks it: the first maximum, a NaN
+ * above everything (the first NaN). ids (NULL: 0 .. n-1) name the logits; only those below
+ * vocab count, and ties go to the smaller id. None counting: 0 (torch.argmax of a row of
+ * -inf, which is what the model's logits are outside ids and vocab). */
+static int64_t argmax_logits(const float *logits, int64_t n, const int64_t *ids, int64_t vocab) {
+    int64_t best = -1;
+    float top = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t id = ids ? ids[j] : j;
+        if (id >= vocab)
+            continue;
+        const float v = logits[j];
+        int better;
+        if (best < 0)
+            better = 1;
+        else if (isnan(top))
+            better = isnan(v) && id < best;
+        else if (isnan(v) || v > top)
+            better = 1;
+        else
+            better = v == top && id < best;
+        if (better) {
+            best = id;
+            top = v;
+        }
+    }
+    return best < 0 ? 0 : best;
+}
+
+/* A greedy draft chain of a Llama model over one row, in one call: for i = 0 .. n-1, feed
+ * tokens[i] at position and cache slot start + i (embedding row, qd_blocks, the final
+ * RMSNorm, the head) and write its argmax to tokens[i + 1]. What the model's forward
+ * and torch.argmax give a step at a time (the same kernels in the same order), without
+ * returning to Python between the steps (~130 us a step of the embedded draft).
+ * cos / ssin: the RoPE tables from position start on, [n, d]; head_ids (NULL: none) the
+ * vocabulary of a restricted head (head->out ids); vocab: only ids below it are drafted. */
+void qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, const float *const *norms, float eps,
+                        const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos,
+                        const float *ssin, float *k_cache, float *v_cache, int64_t layer_stride, int64_t max_len,
+                        int64_t start, const float *final_norm, float final_eps, const QdLinear *head,
+                        const int64_t *head_ids, int64_t vocab, int64_t *tokens, int64_t n, int threads) {
+    float *x = malloc((size_t)hidden * sizeof(float)), *h = malloc((size_t)hidden * sizeof(float));
+    float *logits = malloc((size_t)head->out * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(x, embed + tokens[i] * hidden, (size_t)hidden * sizeof(float));
+        qd_blocks(x, 1, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos ? cos + i * d : NULL,
+                  ssin ? ssin + i * d : NULL, k_cache, v_cache, layer_stride, max_len, NULL, start + i, start + i + 1,
+                  NULL, 0, x, threads);
+        qd_rms_norm(x, 1, hidden, final_norm, final_eps, h);
+        linear(head, h, 1, logits, threads);
+        tokens[i + 1] = argmax_logits(logits, head->out, head_ids, vocab);
+    }
+    free(x);
+    free(h);
+    free(logits);
+}
