@@ -69,16 +69,22 @@ static inline __attribute__((always_inline)) void q8a8_group(const int8_t *wq, c
  * inlined with a constant `rows`; groups go in pairs so each accumulator is a register. */
 static inline __attribute__((always_inline)) void q8a8_pass(const int8_t *wq, const float *wd, const int8_t *xq,
                                                              const float *dx, int64_t K, int rows, float *y,
-                                                             int64_t ldy) {
+                                                             int64_t ldy, const int8_t *next) {
     const int64_t groups = K / GROUP;
     __m256 acc[Q8A8_ROWS][2];
     for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     int64_t g = 0;
     for (; g + 2 <= groups; g += 2) {
+        if (next) /* the next weight row, a cache line per two groups (see q8a8_product) */
+            _mm_prefetch((const char *)(next + g * GROUP), _MM_HINT_T0);
         q8a8_group(wq, wd, xq, dx, K, g, rows, acc, 0);
         q8a8_group(wq, wd, xq, dx, K, g + 1, rows, acc, 1);
     }
-    if (g < groups) q8a8_group(wq, wd, xq, dx, K, g, rows, acc, 0);
+    if (g < groups) {
+        if (next)
+            _mm_prefetch((const char *)(next + g * GROUP), _MM_HINT_T0);
+        q8a8_group(wq, wd, xq, dx, K, g, rows, acc, 0);
+    }
     for (int r = 0; r < rows; r++) y[r * ldy] = sum8(_mm256_add_ps(acc[r][0], acc[r][1]));
 }
 
@@ -93,13 +99,17 @@ static void q8a8_product(const float *x, int64_t M, int64_t K, const int8_t *q, 
     for (int64_t n = 0; n < N; n++) {
         const int8_t *wq = q + n * K;
         const float *wd = scale + n * groups;
-        for (int64_t m = 0; m < M; m += Q8A8_ROWS) {
+        /* Several rows of x: the first pass prefetches the next weight row, which arrives
+         * while the passes compute (the hardware prefetcher alone left compute and memory
+         * reads in turn; one row is bound by memory either way). */
+        const int8_t *next = M > 1 && n + 1 < N ? wq + K : NULL;
+        for (int64_t m = 0; m < M; m += Q8A8_ROWS, next = NULL) {
             const int64_t rows = M - m < Q8A8_ROWS ? M - m : Q8A8_ROWS;
             const int8_t *xm = xq + m * K;
             const float *dm = dx + m * groups;
             float *ym = y + m * N + n;
 #define Q8A8_CASE(c) \
-    case c: q8a8_pass(wq, wd, xm, dm, K, c, ym, N); break
+    case c: q8a8_pass(wq, wd, xm, dm, K, c, ym, N, next); break
             switch (rows) { /* every row count its own specialization */
                 Q8A8_CASE(1); Q8A8_CASE(2); Q8A8_CASE(3); Q8A8_CASE(4); Q8A8_CASE(5); Q8A8_CASE(6);
 #if Q8A8_ROWS == 12
