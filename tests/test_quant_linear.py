@@ -262,11 +262,12 @@ def test_quantized_layers_refuse_to_train():
 
 
 def test_avx512_and_avx2_products_agree_bit_for_bit():
-    """qmatmul_avx512.c rounds every int4 element as qmatmul.c does (one 16-lane accumulator
-    is the AVX2 kernel's two 8-lane ones): row counts across both files' passes (AVX2: 6
-    rows; AVX-512: 16 and tiles of 4 weight rows x 1 row, 2 x 2-10), widths not a multiple
-    of 4. Also each AVX2 product's several-row passes against its single rows (int8; float32
-    row pass up to 7 rows, tiles from 8)."""
+    """qmatmul_avx512.c rounds every int4 and int8 element as qmatmul.c does (one 16-lane
+    accumulator is the AVX2 kernel's two 8-lane ones; int8 on AVX-512 VNNI, two groups a
+    vector, odd group counts too): row counts across both files' passes (AVX2: 6 rows;
+    AVX-512: 16 and tiles of 4 weight rows x 1 row, 2 x 2-10), widths not a multiple of 4.
+    Also each AVX2 product's several-row passes against its single rows (float32 row pass
+    up to 7 rows, tiles from 8)."""
     from quickdraft.models import cpu_kernels
 
     if not native_kernels():

@@ -25,13 +25,87 @@
 
 #include <stdlib.h>
 
+#include "q8a8.h"
+
 /* AVX2's byte product: pairs into int16 (|w| <= 128, |x| <= 127: no saturation), then
  * pairs of those into int32. */
 static inline __m256i dot4(__m256i aw, __m256i sx) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
 }
+
+/* Rows of x a pass over an int8 weight row takes: two accumulators each, 12 of the 16
+ * registers. */
 #define Q8A8_ROWS 6
-#include "q8a8.h"
+
+/* Group g of weight row wq against `rows` rows of the quantized x, into accumulator a. */
+static inline __attribute__((always_inline)) void q8a8_group(const int8_t *wq, const float *wd, const int8_t *xq,
+                                                              const float *dx, int64_t K, int64_t g, int rows,
+                                                              __m256 acc[][2], int a) {
+    const int64_t groups = K / GROUP;
+    const __m256i w = _mm256_loadu_si256((const __m256i *)(wq + g * GROUP));
+    const __m256i aw = _mm256_sign_epi8(w, w);
+    const __m256 dw = _mm256_set1_ps(wd[g]);
+    for (int r = 0; r < rows; r++) {
+        const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xq + r * K + g * GROUP)), w);
+        const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(dx[r * groups + g]));
+        acc[r][a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4(aw, sx)), d, acc[r][a]);
+    }
+}
+
+/* Weight row n against rows 0 .. rows - 1 of the quantized x, into y[r * ldy]. Always
+ * inlined with a constant `rows`; groups go in pairs so each accumulator is a register. */
+static inline __attribute__((always_inline)) void q8a8_pass(const int8_t *wq, const float *wd, const int8_t *xq,
+                                                             const float *dx, int64_t K, int rows, float *y,
+                                                             int64_t ldy, const int8_t *next) {
+    const int64_t groups = K / GROUP;
+    __m256 acc[Q8A8_ROWS][2];
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    int64_t g = 0;
+    for (; g + 2 <= groups; g += 2) {
+        if (next) /* the next weight row, a cache line per two groups (see q8a8_product) */
+            _mm_prefetch((const char *)(next + g * GROUP), _MM_HINT_T0);
+        q8a8_group(wq, wd, xq, dx, K, g, rows, acc, 0);
+        q8a8_group(wq, wd, xq, dx, K, g + 1, rows, acc, 1);
+    }
+    if (g < groups) {
+        if (next)
+            _mm_prefetch((const char *)(next + g * GROUP), _MM_HINT_T0);
+        q8a8_group(wq, wd, xq, dx, K, g, rows, acc, 0);
+    }
+    for (int r = 0; r < rows; r++) y[r * ldy] = sum8(_mm256_add_ps(acc[r][0], acc[r][1]));
+}
+
+/* y [M, N] = x @ W.T, x float32 [M, K], W int8 q [N, K] with scale [N, K / 32]. */
+static void q8a8_product(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
+                         float *y, int threads) {
+    int8_t *xq = malloc((size_t)(M * K));
+    float *dx = malloc((size_t)(M * K / GROUP) * sizeof(float));
+    q8a8_quantize(x, M, K, xq, dx);
+    const int64_t groups = K / GROUP;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) {
+        const int8_t *wq = q + n * K;
+        const float *wd = scale + n * groups;
+        /* Several rows of x: the first pass prefetches the next weight row, which arrives
+         * while the passes compute (the hardware prefetcher alone left compute and memory
+         * reads in turn; one row is bound by memory either way). */
+        const int8_t *next = M > 1 && n + 1 < N ? wq + K : NULL;
+        for (int64_t m = 0; m < M; m += Q8A8_ROWS, next = NULL) {
+            const int64_t rows = M - m < Q8A8_ROWS ? M - m : Q8A8_ROWS;
+            const int8_t *xm = xq + m * K;
+            const float *dm = dx + m * groups;
+            float *ym = y + m * N + n;
+#define Q8A8_CASE(c) \
+    case c: q8a8_pass(wq, wd, xm, dm, K, c, ym, N, next); break
+            switch (rows) { /* every row count its own specialization */
+                Q8A8_CASE(1); Q8A8_CASE(2); Q8A8_CASE(3); Q8A8_CASE(4); Q8A8_CASE(5); Q8A8_CASE(6);
+            }
+#undef Q8A8_CASE
+        }
+    }
+    free(xq);
+    free(dx);
+}
 
 /* Rows of x that share one pass over a weight row, with two accumulators each: 12 of the 16
  * ymm registers, the other 4 hold the group's dequantized weights. Measured on a 2-core AMD
@@ -128,7 +202,7 @@ int qd_kernel_isa(int want) {
 void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
                   float *y, int threads) {
     if (qd_kernel_isa(-1) && qd_vnni_supported()) {
-        qd_q8a8_matmul_vnni(x, M, K, q, scale, N, y, threads);
+        qd_q8_matmul_vnni(x, M, K, q, scale, N, y, threads);
         return;
     }
     q8a8_product(x, M, K, q, scale, N, y, threads);

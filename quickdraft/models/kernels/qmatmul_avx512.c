@@ -124,29 +124,96 @@ int qd_avx512_supported(void) {
     return __builtin_cpu_supports("avx512f");
 }
 
-/* int8 weights times 8-bit activations (q8a8.h) with AVX-512 VNNI's byte products: one
- * vpdpbusd for AVX2's two multiply-adds, and 32 registers for twice the rows a pass. */
+/* int8 weights times 8-bit activations (q8a8.h) with AVX-512 VNNI: two groups a 512-bit
+ * vector ([acc0 | acc1] in one accumulator, as the int4 path above does), one vpdpbusd
+ * for AVX2's two multiply-adds, so each instruction does two groups' work and a pass
+ * holds up to ZMM_ROWS rows. The sign trick by mask (negate x where w < 0; AVX-512 has no
+ * 512-bit vpsignb): where w = 0 the product is 0 either way. An odd last group goes into
+ * the low half alone (masked), as AVX2 adds it to acc0 alone. Measured against the same
+ * scheme on 256-bit vectors (interleaved, the embedded target's products, weights
+ * streamed): 0.90x / 0.77x / 0.82x / 0.85x the time at 9 / 13 / 17 / 25 rows, the same at
+ * 1-2; 24 rows a pass spilled registers (1.14x at 17 rows). */
 #if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512vl,avx512vnni"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
 #else
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512vnni")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
 #endif
-static inline __m256i dot4(__m256i aw, __m256i sx) { return _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, sx); }
-#define Q8A8_ROWS 12
 #include "q8a8.h"
 
-void qd_q8a8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
-                         float *y, int threads) {
-    q8a8_product(x, M, K, q, scale, N, y, threads);
+#define ZMM_ROWS 16
+
+static inline __attribute__((always_inline)) void q8a8_pass16(const int8_t *wq, const float *wd, const int8_t *xq,
+                                                               const float *dx16, int64_t K, int rows, float *y,
+                                                               int64_t ldy, const int8_t *next) {
+    const int64_t groups = K / GROUP, pairs = (groups + 1) / 2;
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc[ZMM_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < pairs; p++) {
+        const int64_t g = 2 * p;
+        const int two = g + 1 < groups;
+        const __mmask64 bytes = two ? ~0ULL : 0xFFFFFFFFULL;
+        if (next)
+            _mm_prefetch((const char *)(next + g * GROUP), _MM_HINT_T0);
+        const __m512i w = _mm512_maskz_loadu_epi8(bytes, wq + g * GROUP);
+        const __m512i aw = _mm512_abs_epi8(w);
+        const __mmask64 neg = _mm512_movepi8_mask(w);
+        const __m512 dw = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(wd[g])),
+                                                              _mm256_castps_pd(_mm256_set1_ps(two ? wd[g + 1] : 0.0f)), 1));
+        const __mmask16 lanes = two ? 0xFFFF : 0x00FF;
+        for (int r = 0; r < rows; r++) {
+            const __m512i xv = _mm512_maskz_loadu_epi8(bytes, xq + r * K + g * GROUP);
+            const __m512i sx = _mm512_mask_sub_epi8(xv, neg, zero, xv);
+            const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, aw, sx));
+            const __m512 d = _mm512_mul_ps(dw, _mm512_loadu_ps(dx16 + (r * pairs + p) * 16));
+            acc[r] = _mm512_mask3_fmadd_ps(f, d, acc[r], lanes);
+        }
+    }
+    for (int r = 0; r < rows; r++) y[r * ldy] = sum16(acc[r]);
+}
+
+void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
+                        float *y, int threads) {
+    const int64_t groups = K / GROUP, pairs = (groups + 1) / 2;
+    int8_t *xq = malloc((size_t)(M * K));
+    float *dx = malloc((size_t)(M * groups) * sizeof(float)), *dx16 = malloc((size_t)(M * pairs * 16) * sizeof(float));
+    q8a8_quantize(x, M, K, xq, dx);
+    for (int64_t r = 0; r < M; r++) /* each pair of group scales as [dx_g x 8 | dx_g+1 x 8] */
+        for (int64_t g = 0; g < 2 * pairs; g++)
+            _mm256_storeu_ps(dx16 + (r * pairs + g / 2) * 16 + (g % 2) * 8,
+                             _mm256_set1_ps(g < groups ? dx[r * groups + g] : 0.0f));
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) {
+        const int8_t *wq = q + n * K;
+        const float *wd = scale + n * groups;
+        const int8_t *next = M > 1 && n + 1 < N ? wq + K : NULL;
+        for (int64_t m = 0; m < M; m += ZMM_ROWS, next = NULL) {
+            const int64_t rows = M - m < ZMM_ROWS ? M - m : ZMM_ROWS;
+            const int8_t *xm = xq + m * K;
+            const float *dm = dx16 + m * pairs * 16;
+            float *ym = y + m * N + n;
+#define ZMM_CASE(c) \
+    case c: q8a8_pass16(wq, wd, xm, dm, K, c, ym, N, next); break
+            switch (rows) {
+                ZMM_CASE(1); ZMM_CASE(2); ZMM_CASE(3); ZMM_CASE(4); ZMM_CASE(5); ZMM_CASE(6); ZMM_CASE(7); ZMM_CASE(8);
+                ZMM_CASE(9); ZMM_CASE(10); ZMM_CASE(11); ZMM_CASE(12); ZMM_CASE(13); ZMM_CASE(14); ZMM_CASE(15);
+                ZMM_CASE(16);
+            }
+#undef ZMM_CASE
+        }
+    }
+    free(xq);
+    free(dx);
+    free(dx16);
 }
 
 int qd_vnni_supported(void) {
     static int supported = -1;
     if (supported < 0) {
         __builtin_cpu_init();
-        supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                    __builtin_cpu_supports("avx512vnni");
+        supported = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     }
     return supported;
 }
