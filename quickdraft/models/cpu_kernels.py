@@ -1,6 +1,6 @@
 """Our own AVX2 CPU kernels: matrix products with float32, int8 or int4 weights
-(``kernels/qmatmul.c``; int4 and int8 on ``kernels/qmatmul_avx512.c`` where the CPU has
-AVX-512: same results bit for bit, see :func:`kernel_isa`; int8 weights take 8-bit
+(``kernels/qmatmul.c``; int4, int8 and several-row float32 on ``kernels/qmatmul_avx512.c``
+where the CPU has AVX-512: same results bit for bit, see :func:`kernel_isa`; int8 weights take 8-bit
 activations, as llama.cpp runs Q8_0: ``kernels/q8a8.h``), a decoder layer's non-matrix work fused
 into one call each, and a whole Llama block, or all of a model's blocks, in one call
 (``kernels/layer_ops.c``).
@@ -120,9 +120,9 @@ def library() -> ctypes.CDLL | None:
 
 
 def kernel_isa(want: str | None = None) -> str:
-    """Which int4 and int8 matrix products run: ``"avx512"`` where the CPU has AVX512F
-    (int8: with AVX-512 VNNI), else ``"avx2"`` (both round every element alike, so the
-    choice changes only speed). ``want``
+    """Which int4, int8 and several-row float32 matrix products run: ``"avx512"`` where
+    the CPU has AVX512F (int8: with AVX-512 VNNI), else ``"avx2"`` (both round every
+    element alike, so the choice changes only speed). ``want``
     switches (``"avx2"`` always works; ``"avx512"`` only where supported);
     ``QUICKDRAFT_KERNEL_ISA=avx2`` starts a process on the AVX2 products. Needs :func:`library`."""
     lib = library()

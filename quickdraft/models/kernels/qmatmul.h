@@ -30,6 +30,7 @@ int qd_avx512_supported(void);
 void qd_q4_matmul_avx512(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
                          const float *zero, int64_t N, float *y, int threads);
 
+void qd_f32_matmul_avx512(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads);
 int qd_vnni_supported(void);
 void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
                        float *y, int threads);
