@@ -1,9 +1,9 @@
 """Our own AVX2 CPU kernels: matrix products with float32, int8 or int4 weights
 (``kernels/qmatmul.c``; int4, int8 and several-row float32 on ``kernels/qmatmul_avx512.c``
-where the CPU has AVX-512: same results bit for bit, see :func:`kernel_isa`; int8 weights take 8-bit
-activations, as llama.cpp runs Q8_0: ``kernels/q8a8.h``), a decoder layer's non-matrix work fused
-into one call each, and a whole Llama block, or all of a model's blocks, in one call
-(``kernels/layer_ops.c``).
+where the CPU has AVX-512: same results bit for bit, see :func:`kernel_isa`; int8 weights
+take 8-bit activations, as llama.cpp runs Q8_0: ``kernels/q8a8.h``), a decoder layer's
+non-matrix work fused into one call each, a whole Llama block, or all of a model's
+blocks, in one call, and a greedy draft chain in one call (``kernels/layer_ops.c``).
 
 PyTorch's CPU int8 and int4 kernels are slower than the float32 product they would
 replace (torch 2.13, even on this AVX-512 host: 380 us for a 1536x576 int8 product at one
