@@ -289,12 +289,12 @@ def test_the_draft_model_drafts_greedy_chains_in_one_call(monkeypatch):
             monkeypatch.setattr(NativeLM, "greedy_chain", lambda *args: None)
         calls = count_calls(monkeypatch, "greedy_chain")
         drafter = DraftModelDrafter(NativeLM(model), 96)
-        with torch.inference_mode():
-            drafter.join(0, sequence, SamplingParams(), torch.Generator(), 48)
-            first = drafter.propose([0], [sequence], [6])[0]
-            drafter.verified(0, 9, [0, 1, 2])  # three accepted, then the target's token
-            longer = torch.cat([sequence, first.tokens[:3], torch.tensor([5])])
-            second = drafter.propose([0], [longer], [6])[0]
+        # (Outside inference mode, as the engine calls it: the one-call path enters it itself.)
+        drafter.join(0, sequence, SamplingParams(), torch.Generator(), 48)
+        first = drafter.propose([0], [sequence], [6])[0]
+        drafter.verified(0, 9, [0, 1, 2])  # three accepted, then the target's token
+        longer = torch.cat([sequence, first.tokens[:3], torch.tensor([5])])
+        second = drafter.propose([0], [longer], [6])[0]
         assert calls["greedy_chain"] == (2 if one_call else 0)
         proposals.append((first.tokens.tolist(), first.parents.tolist(), second.tokens.tolist()))
     assert proposals[0] == proposals[1]

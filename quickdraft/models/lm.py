@@ -198,6 +198,7 @@ class NativeLM:
         self.length = end
         return None if out.logits is None else out.logits[0]
 
+    @torch.inference_mode()
     def greedy_chain(self, first: int, n: int, vocab: int) -> list[int] | None:
         """Feed ``first`` and the next ``n - 1`` greedy tokens, one at a time, in one C call
         (``Transformer.greedy_chain``): ``[first, t1, .., tn]``, the argmax of each step's
