@@ -299,3 +299,23 @@ def test_the_draft_model_drafts_greedy_chains_in_one_call(monkeypatch):
         proposals.append((first.tokens.tolist(), first.parents.tolist(), second.tokens.tolist()))
     assert proposals[0] == proposals[1]
     assert len(proposals[0][0]) == 6 and proposals[0][1] == [-1, 0, 1, 2, 3, 4]
+
+
+def test_step_costs_time_the_draft_burst_as_the_drafter_runs_it(monkeypatch):
+    """The cost model's draft burst is timed the way DraftModelDrafter drafts a greedy
+    chain: one extend, then one greedy_chain call for the other steps (else extends)."""
+    from quickdraft.policy.autok import StepCostSampler
+
+    target, draft = NativeLM(tiny_model()), NativeLM(tiny_model())
+    context = torch.randint(0, 96, (20,))
+    calls = count_calls(monkeypatch, "greedy_chain")
+    sampler = StepCostSampler(target, draft, context, verify_sizes=(1, 2, 5))
+    sampler.sample(2)
+    assert calls["greedy_chain"] == 2
+    costs = sampler.costs()
+    assert sorted(costs.draft_burst) == [1, 2, 3, 4]
+    times = [costs.draft_burst[j] for j in range(1, 5)]
+    assert all(0 < a < b for a, b in zip(times, times[1:]))
+    monkeypatch.setattr(NativeLM, "greedy_chain", lambda *args: None)  # no one-call path: extends
+    StepCostSampler(target, draft, context, verify_sizes=(1, 2, 5)).sample(1)
+    assert calls["greedy_chain"] == 2

@@ -53,8 +53,9 @@ class StepCostSampler:
 
     One round times, at a context of ``context_length`` tokens: ``target.extend`` over n
     tokens for every verify size (logits of all of them, as the engine asks; n = 1 is a
-    plain decode step), and right after a target pass a burst of consecutive 1-token
-    ``draft.extend`` calls (last logits), as a draft step runs inside a speculative step
+    plain decode step), and right after a target pass a burst of consecutive draft steps
+    as the drafter runs them inside a speculative step (``_draft_burst``: one-token
+    ``extend`` calls, or a greedy chain in one call)
     (the first draft call after a target pass is slower: the target evicted the draft's
     weights from the CPU caches). ``costs()`` gives the medians, ``spread()`` how noisy
     they are (:func:`.timing.spread_of`).
@@ -105,12 +106,29 @@ class StepCostSampler:
                     self.times[n].append(elapsed)
                 if self.draft is not None and n == self.sizes[-1]:
                     with row_dependent_rounding():  # the kernels DraftModelDrafter drafts with
-                        started = perf()
-                        for j in range(self.burst):
-                            self.draft.extend(self.draft_tokens[j : j + 1], logits="last")
-                            if record:
-                                self.burst_times[j + 1].append(perf() - started)
+                        burst = self._draft_burst(perf)
+                    if record:
+                        for j, elapsed in enumerate(burst, 1):
+                            self.burst_times[j].append(elapsed)
                     self.draft.crop(self.length)
+
+    def _draft_burst(self, perf) -> list[float]:
+        """Seconds from the start of a burst to the end of each of its draft steps, drafted
+        as DraftModelDrafter drafts a greedy chain: one ``extend`` (its catch-up), then the
+        other steps in one ``greedy_chain`` call where the draft has one (spread evenly
+        over its steps: the call returns once), else one ``extend`` each."""
+        started = perf()
+        self.draft.extend(self.draft_tokens[:1], logits="last")
+        times = [perf() - started]
+        chain = getattr(self.draft, "greedy_chain", None)
+        if chain is not None and self.burst > 1:
+            if chain(int(self.draft_tokens[0]), self.burst - 1, self.draft.vocab_size) is not None:
+                step = (perf() - started - times[0]) / (self.burst - 1)
+                return times + [times[0] + step * j for j in range(1, self.burst)]
+        for j in range(1, self.burst):
+            self.draft.extend(self.draft_tokens[j : j + 1], logits="last")
+            times.append(perf() - started)
+        return times
 
     def spread(self) -> float:
         """How noisy the recorded timings are (:func:`.timing.spread_of`)."""
