@@ -345,10 +345,11 @@ def add_placement_options(parser: argparse.ArgumentParser, device_help: str = ""
                         "bfloat16 on CUDA), float32, bfloat16 or float16; acceptance probabilities "
                         "are float32 whatever this is")
     parser.add_argument("--quantize", default="auto", choices=QUANTIZE_CHOICES,
-                        help="how the linears' weights are stored (CPU, float32 activations): auto (default: "
+                        help="how the linears' weights are stored (CPU, float32 compute): auto (default: "
                         "a GGUF file's own Q4_0/Q4_1 blocks as int4 and Q8_0 blocks and head as int8, where the "
                         "kernels are fast on this CPU; anything else float32), none (float32), int8 or int4 "
-                        "(every block linear, a GGUF file's blocks as they are, the LM head in int8); "
+                        "(every block linear, a GGUF file's blocks as they are, the LM head in int8). int8 "
+                        "layers quantize their inputs to 8 bits per group of 32, as llama.cpp runs Q8_0; "
                         "docs/quantization.md")
     if not capture:
         return

@@ -113,7 +113,7 @@ class DraftModelDrafter:
             # A greedy chain: the draft's steps in one C call where its model allows (the
             # same tokens as the loop below; the last one is not fed, as there).
             burst = getattr(self.model, "greedy_chain", None)
-            tokens = burst(int(logits[-1].argmax()), depth_limit - 1, self.vocab_size) if burst else None
+            tokens = burst(logits[-1], depth_limit - 1, self.vocab_size) if burst else None
             if tokens is not None:
                 nodes = [Node(i - 1, token, None) for i, token in enumerate(tokens)]
                 self._kv_rows = {i: i for i in range(len(tokens) - 1)}

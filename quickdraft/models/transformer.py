@@ -476,11 +476,13 @@ class Transformer(nn.Module):
         _STACKS[self][(start, stop)] = (linears, stack)
         return stack
 
-    def greedy_chain(self, first: int, n: int, start: int, cache: KVCache, vocab: int) -> list[int] | None:
+    def greedy_chain(self, first: int | torch.Tensor, n: int, start: int, cache: KVCache,
+                     vocab: int) -> list[int] | None:
         """``[first, t1, .., tn]``: ``first`` and ``n`` greedy tokens after it, fed at
         position and cache slot ``start`` on, in one C call (``cpu_kernels.greedy_chain``):
         what ``n`` one-token forwards (row 0) and ``argmax`` over the first ``vocab``
-        logits give, bit for bit, without the Python between them. None where it cannot
+        logits give, bit for bit, without the Python between them. ``first`` may be the
+        logits it is the argmax of (read only if the chain runs). None where it cannot
         run (not a Llama model whose blocks and head all run on our kernels, or the cache
         is too short): the caller steps in Python."""
         weight = self.embed.weight
@@ -494,6 +496,7 @@ class Transformer(nn.Module):
         if spec is None or stack is None:
             return None
         cos, sin = self._rope(start, n)
+        first = int(first.argmax()) if isinstance(first, torch.Tensor) else first
         return cpu_kernels.greedy_chain(first, n, weight, stack, self.layers[0].attn.n_heads, (cos[0, 0], sin[0, 0]),
                                         cache.k, cache.v, start, (self.norm.weight, self.norm.eps), spec,
                                         self.head_ids, vocab)
