@@ -55,9 +55,8 @@ class StepCostSampler:
     tokens for every verify size (logits of all of them, as the engine asks; n = 1 is a
     plain decode step), and right after a target pass a burst of consecutive draft steps
     as the drafter runs them inside a speculative step (``_draft_burst``: one-token
-    ``extend`` calls, or a greedy chain in one call)
-    (the first draft call after a target pass is slower: the target evicted the draft's
-    weights from the CPU caches). ``costs()`` gives the medians, ``spread()`` how noisy
+    ``extend`` calls, or a greedy chain in one call; the first draft call after a target
+    pass is slower: the target evicted the draft's weights from the CPU caches). ``costs()`` gives the medians, ``spread()`` how noisy
     they are (:func:`.timing.spread_of`).
     """
 

@@ -302,10 +302,10 @@ static int64_t argmax_logits(const float *logits, int64_t n, const int64_t *ids,
  * cos / ssin: the RoPE tables from position start on, [n, d]; head_ids (NULL: none) the
  * vocabulary of a restricted head (head->out ids); vocab: only ids below it are drafted. */
 void qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, const float *const *norms, float eps,
-                        const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos,
-                        const float *ssin, float *k_cache, float *v_cache, int64_t layer_stride, int64_t max_len,
-                        int64_t start, const float *final_norm, float final_eps, const QdLinear *head,
-                        const int64_t *head_ids, int64_t vocab, int64_t *tokens, int64_t n, int threads) {
+                     const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos, const float *ssin,
+                     float *k_cache, float *v_cache, int64_t layer_stride, int64_t max_len, int64_t start,
+                     const float *final_norm, float final_eps, const QdLinear *head, const int64_t *head_ids,
+                     int64_t vocab, int64_t *tokens, int64_t n, int threads) {
     float *x = malloc((size_t)hidden * sizeof(float)), *h = malloc((size_t)hidden * sizeof(float));
     float *logits = malloc((size_t)head->out * sizeof(float));
     for (int64_t i = 0; i < n; i++) {

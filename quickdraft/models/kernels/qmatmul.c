@@ -17,9 +17,10 @@
  * Exactness: each output element is computed by one thread with the same sequence of
  * operations whatever M is and however the rows are chunked: per group (q4, f32; q8 in
  * q8a8.h), the 32 weights are dequantized into four 8-lane vectors and accumulated into
- * two per-row accumulators with FMA, then the accumulators are summed in a fixed order. So a row's result never depends
- * on the other rows of the product (a verify pass of k+1 rows rounds each row as a one-row
- * step does), nor on the thread count: what lossless speculative decoding needs.
+ * two per-row accumulators with FMA, then the accumulators are summed in a fixed order.
+ * So a row's result never depends on the other rows of the product (a verify pass of k+1
+ * rows rounds each row as a one-row step does), nor on the thread count: what lossless
+ * speculative decoding needs.
  */
 #include "qmatmul.h"
 
