@@ -87,10 +87,10 @@ static void q8a8_product(const float *x, int64_t M, int64_t K, const int8_t *q, 
     for (int64_t n = 0; n < N; n++) {
         const int8_t *wq = q + n * K;
         const float *wd = scale + n * groups;
-        /* Several rows of x: the first pass prefetches the next weight row, which arrives
-         * while the passes compute (the hardware prefetcher alone left compute and memory
-         * reads in turn; one row is bound by memory either way). */
-        const int8_t *next = M > 1 && n + 1 < N ? wq + K : NULL;
+        /* The first pass prefetches the next weight row, which arrives while the passes
+         * compute (the hardware prefetcher alone left compute and memory reads in turn:
+         * 9-17 rows 0.93-0.95x the time with it, one row 0.92-0.99x). */
+        const int8_t *next = n + 1 < N ? wq + K : NULL;
         for (int64_t m = 0; m < M; m += Q8A8_ROWS, next = NULL) {
             const int64_t rows = M - m < Q8A8_ROWS ? M - m : Q8A8_ROWS;
             const int8_t *xm = xq + m * K;

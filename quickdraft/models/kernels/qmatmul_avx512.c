@@ -64,13 +64,30 @@ typedef void (*Group16Fn)(const Weights *, int64_t, int64_t, int64_t, __m512[2])
 /* Weight rows n .. n + nb - 1 against rows 0 .. rows - 1 of x, into y[r * ldy + b]: nb *
  * rows accumulator chains in flight (see the header). Always inlined with constant nb and
  * rows, so each shape is its own specialization. */
+/* `ahead` (0: none) prefetches weight rows n + ahead .. as this tile reads rows n ..: the
+ * scales, zeros and nibbles of 4 rows are 12 streams, more than the hardware prefetcher
+ * follows (SmolLM2's int4 products, interleaved, weights streamed: 0.74x / 0.85x / 0.90x
+ * / 0.93x the time at 1 / 2 / 3 / 5 rows, ~0.98x from 9; a distance of two tiles was no
+ * better). */
 static inline __attribute__((always_inline)) void tile(Group16Fn group, const Weights *w, int64_t n, int nb,
                                                         const float *x, int64_t K, int rows, float *y,
-                                                        int64_t ldy) {
+                                                        int64_t ldy, int64_t ahead) {
     __m512 acc[4][ROWS16];
     for (int b = 0; b < nb; b++)
         for (int r = 0; r < rows; r++) acc[b][r] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < K / GROUP; g++) {
+    const int64_t groups = K / GROUP;
+    for (int64_t g = 0; g < groups; g++) {
+        if (ahead) { /* weight rows n + ahead ..: their nibbles (a line per 4 groups), scales and zeros (per 16) */
+            for (int b = 0; b < nb; b++) {
+                const int64_t row = n + ahead + b;
+                if (g % 4 == 0)
+                    _mm_prefetch((const char *)w->q + row * (K / 2) + g * (GROUP / 2), _MM_HINT_T0);
+                if (g % 16 == 0) {
+                    _mm_prefetch((const char *)(w->scale + row * groups + g), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(w->zero + row * groups + g), _MM_HINT_T0);
+                }
+            }
+        }
         __m512 wg[4][2];
         for (int b = 0; b < nb; b++) group(w, n + b, K, g, wg[b]);
         for (int r = 0; r < rows; r++) {
@@ -87,12 +104,12 @@ static inline __attribute__((always_inline)) void tile(Group16Fn group, const We
  * rows of x, `pass` (<= ROWS16) rows at a time; nb and pass are constants. */
 static inline __attribute__((always_inline)) void columns(Group16Fn group, const Weights *w, int64_t n, int nb,
                                                            int pass, const float *x, int64_t M, int64_t K,
-                                                           int64_t N, float *y) {
-    for (int64_t m = 0; m < M; m += pass) {
+                                                           int64_t N, float *y, int64_t ahead) {
+    for (int64_t m = 0; m < M; m += pass, ahead = 0) {
         const float *xm = x + m * K;
         float *ym = y + m * N + n;
 #define ROWS(r) \
-    case r: tile(group, w, n, nb, xm, K, r, ym, N); break
+    case r: tile(group, w, n, nb, xm, K, r, ym, N, ahead); break
         switch (M - m < pass ? M - m : pass) { /* every row count its own specialization */
             ROWS(1); ROWS(2); ROWS(3); ROWS(4); ROWS(5); ROWS(6); ROWS(7); ROWS(8);
             ROWS(9); ROWS(10); ROWS(11); ROWS(12); ROWS(13); ROWS(14); ROWS(15); ROWS(16);
@@ -108,16 +125,16 @@ void qd_q4_matmul_avx512(const float *x, int64_t M, int64_t K, const uint8_t *q,
     const Weights w = {q, scale, zero};
     if (M == 1 && N % 4 == 0) {
 #pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t n = 0; n < N; n += 4) tile(q4_group16, &w, n, 4, x, K, 1, y + n, N);
+        for (int64_t n = 0; n < N; n += 4) tile(q4_group16, &w, n, 4, x, K, 1, y + n, N, n + 8 <= N ? 4 : 0);
         return;
     }
     if (M <= TILE_ROWS && N % 2 == 0) {
 #pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t n = 0; n < N; n += 2) columns(q4_group16, &w, n, 2, TILE_ROWS, x, M, K, N, y);
+        for (int64_t n = 0; n < N; n += 2) columns(q4_group16, &w, n, 2, TILE_ROWS, x, M, K, N, y, n + 4 <= N ? 2 : 0);
         return;
     }
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) columns(q4_group16, &w, n, 1, ROWS16, x, M, K, N, y);
+    for (int64_t n = 0; n < N; n++) columns(q4_group16, &w, n, 1, ROWS16, x, M, K, N, y, n + 2 <= N ? 1 : 0);
 }
 
 /* float32 products of 8 rows or more: tiles of 4 rows of x x 4 weight rows, one 16-lane
@@ -242,7 +259,7 @@ void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, co
     for (int64_t n = 0; n < N; n++) {
         const int8_t *wq = q + n * K;
         const float *wd = scale + n * groups;
-        const int8_t *next = M > 1 && n + 1 < N ? wq + K : NULL;
+        const int8_t *next = n + 1 < N ? wq + K : NULL;
         for (int64_t m = 0; m < M; m += ZMM_ROWS, next = NULL) {
             const int64_t rows = M - m < ZMM_ROWS ? M - m : ZMM_ROWS;
             const int8_t *xm = xq + m * K;
