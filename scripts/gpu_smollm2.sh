@@ -9,19 +9,29 @@
 #   (any timing parts can follow in the same call: they need no model files)
 # Device call 2 (carry [".whl", ".gguf-b"]):  scripts/gpu_smollm2.sh run .gguf-b
 #   joins the halves (checked against the sha256 recorded at split), then the stages in
-#   STAGES (default data,eagle,server): the target writes chat and code data on the GPU
-#   (`train data`, DATA_SECONDS), an EAGLE drafter trains on it and the shipped shards
-#   (TRAIN_LIMIT), and the server is loaded with SmolLM2 (1 vs 8 streams). A later call
-#   (`run .gguf-b` again, the GGUF already joined) can run other stages.
-# Results: $RES (default /tmp/qd-smol-results), tarred into $OUT when $OUT is set.
+#   STAGES (default data,eagle,draft,exit): DATA_PROCS writers of the target write chat and
+#   code data on the GPU (`train data`, DATA_SECONDS), then the EAGLE drafter, the separate
+#   draft and the layer-8 exit head train on it side by side (TRAIN_LIMIT each). A later
+#   call (`run .gguf-b` again, the GGUF already joined) can run other stages.
+#   Dry run on a CPU: DEVICE=cpu PY=.venv/bin/python NO_WHEELS=1 with tiny DATA_ROWS,
+#   SHARD_JOBS, TRAIN_ROWS, *STEPS and EVAL_TOKENS.
+# Results: $RES (default /tmp/qd-smol-results), tarred into $OUT when $OUT is set
+# (one tarball per data folder and model, plus logs.tgz).
 set -u
 cd "$(dirname "$0")/.."
 STASH=/tmp/qd-gguf
 RES=${RES:-/tmp/qd-smol-results}
 GGUF_NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 
-pack() {  # the results so far, into the tool's $OUT (a killed command returns only what is there)
-    [ -n "${OUT:-}" ] && tar -czf "$OUT/smollm2-results.tgz" -C "$(dirname "$RES")" "$(basename "$RES")"
+pack() {  # the results so far into the tool's $OUT: a tarball per artefact (at most 8 files of
+          # 16 MiB come back), the logs and the work folders (logs, no checkpoints) in one
+    [ -n "${OUT:-}" ] || return 0
+    local d
+    for d in "$RES"/*/; do
+        d=$(basename "$d")
+        [[ $d == *-work ]] || tar -czf "$OUT/$d.tgz" -C "$RES" "$d"
+    done
+    (cd "$RES" && tar -czf "$OUT/logs.tgz" --exclude='checkpoints' $(ls -d -- *.log *.txt *-work 2>/dev/null))
     return 0
 }
 
@@ -57,41 +67,51 @@ run)
     fi
     mkdir -p "$RES"
     nvidia-smi > "$RES/nvidia-smi.txt" 2>&1
-    STAGES=",${STAGES:-data,eagle,server},"
+    STAGES=",${STAGES:-data,eagle,draft,exit},"
     # 1. Self-distillation data on the GPU (bf16): chat through the template, self-instruct,
-    #    code continuations; 128 rows at a time. The shipped shards hold only ~35k chat tokens.
+    #    code continuations. DATA_PROCS writers, each its own seed (the shipped shards are
+    #    seed 0) and folder, share the GPU: one writer leaves it mostly idle (batch 256 of a
+    #    135M model). The shipped shards hold only ~35k chat tokens.
     if [[ $STAGES == *,data,* ]]; then
-        "$PY" -m quickdraft train data --target "$GGUF" --out "$RES/selfdistill-gpu" \
-            --tokens "${DATA_TOKENS:-3000000}" --batch-size "${DATA_ROWS:-128}" --shard-jobs 256 \
-            --max-seconds "${DATA_SECONDS:-150}" --device "$DEVICE" --no-progress > "$RES/data.log" 2>&1
-        echo "data: exit $?" | tee -a "$RES/parts.txt"; tail -n 4 "$RES/data.log"
+        for i in $(seq 1 "${DATA_PROCS:-2}"); do
+            "$PY" -m quickdraft train data --target "$GGUF" --out "$RES/selfdistill-gpu-$i" --seed "$i" \
+                --tokens "${DATA_TOKENS:-3000000}" --batch-size "${DATA_ROWS:-256}" --shard-jobs "${SHARD_JOBS:-256}" \
+                --max-seconds "${DATA_SECONDS:-150}" --device "$DEVICE" --no-progress > "$RES/data-$i.log" 2>&1 &
+        done
+        wait
+        tail -n 2 "$RES"/data-*.log | tee -a "$RES/parts.txt"
         pack
     fi
-    DATA=(data/selfdistill/smollm2-135m stdlib)
-    [ -d "$RES/selfdistill-gpu" ] && DATA=("$RES/selfdistill-gpu" "${DATA[@]}")
+    GPU_DATA=("$RES"/selfdistill-gpu-*)
+    [ -d "${GPU_DATA[0]}" ] || GPU_DATA=()
+    SELF=("${GPU_DATA[@]}" data/selfdistill/smollm2-135m)
     STEPS=${STEPS:-1100}  # the H100 ran 1,128 of 1,200 in its 280 s (~95 s of loading first)
-    # 2. EAGLE for SmolLM2 (the CPU run's settings, 16x the tokens a step); SIGINT at the
-    #    limit still saves a usable drafter (its optimizer checkpoints are dropped below:
-    #    too large to come back).
-    [[ $STAGES == *,eagle,* ]] && {
-    timeout -s INT --kill-after=30 "${TRAIN_LIMIT:-280}" "$PY" -m quickdraft train heads --kind eagle \
-        --target "$GGUF" --data "${DATA[@]}" --out "$RES/smollm2-135m-eagle" \
-        --steps "$STEPS" --seq-len 512 --batch-size "${EAGLE_ROWS:-16}" --lr 1.5e-3 --warmup 40 --reg-weight 0.5 \
-        --ttt-steps 5 --draft-vocab 4096 --ckpt-every 250 --log-every 25 --eval-tokens 65536 \
-        --device "$DEVICE" --no-progress > "$RES/eagle-train.log" 2>&1
-    echo "eagle-train: exit $?" | tee -a "$RES/parts.txt"; tail -n 8 "$RES/eagle-train.log"
-    rm -rf "$RES/smollm2-135m-eagle-work/checkpoints"   # 3x the head's size; the head is enough
+    LIMIT=${TRAIN_LIMIT:-280}
+    # 2. The drafters, side by side on the GPU, each stopped by SIGINT at LIMIT (a usable
+    #    model is saved; the optimizer checkpoints are dropped below: too large to come back).
+    #    EAGLE: session 18's recipe on the new chat data as well.
+    [[ $STAGES == *,eagle,* ]] && timeout -s INT --kill-after=30 "$LIMIT" "$PY" -m quickdraft train heads \
+        --kind eagle --target "$GGUF" --data "${SELF[@]}" stdlib --out "$RES/smollm2-135m-eagle" \
+        --steps "$STEPS" --seq-len 512 --batch-size "${TRAIN_ROWS:-16}" --lr 1.5e-3 --warmup 40 --reg-weight 0.5 \
+        --ttt-steps 5 --draft-vocab 4096 --ckpt-every 250 --log-every 25 --eval-tokens "${EVAL_TOKENS:-65536}" \
+        --device "$DEVICE" --no-progress > "$RES/eagle-train.log" 2>&1 &
+    #    The separate draft: two of the target's layers, hard labels of the target's own text
+    #    (the shipped one saw 150 steps of 4 x 256 tokens on a CPU).
+    [[ $STAGES == *,draft,* ]] && timeout -s INT --kill-after=30 "$LIMIT" "$PY" -m quickdraft train draft \
+        --target "$GGUF" --data "${SELF[@]}" --out "$RES/qd-smollm2-135m-draft" --from-target --kl-weight 0 \
+        --steps "${DRAFT_STEPS:-2000}" --seq-len 512 --batch-size "${TRAIN_ROWS:-16}" --lr 1e-3 --warmup 40 --ckpt-every 250 \
+        --log-every 25 --probe-every 0 --eval-tokens "${EVAL_TOKENS:-16384}" --device "$DEVICE" --no-progress > "$RES/draft-train.log" 2>&1 &
+    #    The early-exit head after layer 8 (the shipped one: 77 CPU steps of 4 x 256).
+    [[ $STAGES == *,exit,* ]] && timeout -s INT --kill-after=30 "$LIMIT" "$PY" -m quickdraft train exit-head \
+        --target "$GGUF" --data "${SELF[@]}" stdlib --out "$RES/smollm2-135m-exit8x" --exit-layer 8 --extra-block \
+        --steps "${EXIT_STEPS:-2000}" --seq-len 512 --batch-size "${TRAIN_ROWS:-16}" --lr 2e-3 --warmup 40 --ckpt-every 250 \
+        --log-every 25 --probe-every 0 --eval-tokens "${EVAL_TOKENS:-16384}" --device "$DEVICE" --no-progress > "$RES/exit-train.log" 2>&1 &
+    wait
+    for part in eagle draft exit; do
+        [ -f "$RES/$part-train.log" ] && { echo "== $part"; tail -n 4 "$RES/$part-train.log"; } | tee -a "$RES/parts.txt"
+    done
+    rm -rf "$RES"/*-work/checkpoints
     pack
-    }
-    # 3. The server on SmolLM2, bf16 on the GPU: 8 concurrent streams against 1, plain
-    #    decoding (this copy has no SmolLM2 draft, the server's default method).
-    [[ $STAGES == *,server,* ]] && {
-    timeout --kill-after=10 "${SERVER_LIMIT:-100}" "$PY" -m quickdraft.server.loadtest --start \
-        --categories short --requests 16 --max-tokens 128 --concurrency 1,8 \
-        --json "$RES/server-load-smollm2.json" -- --model "$GGUF" --device "$DEVICE" --method ar > "$RES/server.log" 2>&1
-    echo "server: exit $?" | tee -a "$RES/parts.txt"; tail -n 12 "$RES/server.log"
-    pack
-    }
     exit 0
     ;;
 *)
