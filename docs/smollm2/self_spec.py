@@ -29,6 +29,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json")
+    ap.add_argument("--head", action="append", default=[], metavar="DIR",
+                    help="another exit head to time beside the shipped one (rows 'early-exit DIR k=...')")
+    ap.add_argument("--k", default="1,2,3", help="draft lengths of the early-exit rows")
     args = ap.parse_args()
     torch.set_num_threads(2)
     pair = load_pair("smollm2-135m", need_draft=False)
@@ -37,10 +40,14 @@ def main() -> None:
     prompts = {p.category: p for p in reversed(builtin_prompts(("chat", "code")))}
     ids = {c: torch.tensor(chat_prompt_ids(tok, p.messages) if p.is_chat else tok(p.prompt)["input_ids"])
            for c, p in prompts.items()}
-    head, profile = resolve_exit_head(target, None, None), load_profile(target)
+    heads = {"": resolve_exit_head(target, None, None)}
+    heads.update({f" {d}": resolve_exit_head(target, d, None) for d in args.head})
+    profile = load_profile(target)
     rows = {"ar": (lambda: NoDrafter(), 1)}
-    for k in (1, 2, 3):
-        rows[f"early-exit L={head.exit_layer} k={k}"] = (lambda: EarlyExitDrafter(target, head, share_kv=True), k)
+    for label, head in heads.items():
+        for k in map(int, args.k.split(",")):
+            rows[f"early-exit{label} L={head.exit_layer} k={k}"] = (
+                lambda head=head: EarlyExitDrafter(target, head, share_kv=True), k)
     rows[f"layer-skip k={profile.k}"] = (lambda: DraftModelDrafter(LayerSkipLM(target, profile), target.vocab_size),
                                          profile.k)
     drafters = {name: make() for name, (make, _) in rows.items()}
