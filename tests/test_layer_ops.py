@@ -75,6 +75,47 @@ def test_attend_matches_pytorch_with_tree_slots_and_mask(hq, hkv, d, rope):
     torch.testing.assert_close(k_cache, ref_k)
 
 
+def test_a_tree_node_rounds_as_the_plain_step_after_its_path_is_accepted():
+    """A tree node sees the cache and its ancestors at scattered slots; once its path is
+    accepted, the same keys sit packed behind the cache and a one-query step attends over
+    them. Both must round alike, bit for bit (with 8-bit activations one ulp of difference
+    can move a rounding step and change the greedy token)."""
+    gen = torch.Generator().manual_seed(1)
+    hq, hkv, d, context, max_len = 9, 3, 64, 37, 80
+    parents = [-1, 0, 0, 1, 2, 3, 4, 5, 1, 6, 9]  # node 10's path: 0, 2, 4, 6, 9, 10
+    t = len(parents)
+    depth = [0] * t
+    for node in range(1, t):
+        depth[node] = depth[parents[node]] + 1
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen)
+    base_k, base_v = torch.randn(hkv, max_len, d, generator=gen), torch.randn(hkv, max_len, d, generator=gen)
+    visible = torch.zeros(t, context + t, dtype=torch.bool)
+    visible[:, :context] = True
+    for node in range(t):
+        walk = node
+        while walk >= 0:
+            visible[node, context + walk] = True
+            walk = parents[walk]
+    tables = rope_tables(context + torch.tensor(depth), d)
+    k, v = base_k.clone(), base_v.clone()
+    tree = torch.empty(t, hq * d)
+    attend(qkv, tables, k, v, torch.arange(context, context + t), context + t, additive_mask(visible, torch.float32),
+           tree, hq)
+    for node in range(t):
+        path = [node]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        path.reverse()
+        packed_k, packed_v = base_k.clone(), base_v.clone()
+        for i, n in enumerate(path[:-1]):  # accepted ancestors, packed behind the cache
+            packed_k[:, context + i], packed_v[:, context + i] = k[:, context + n], v[:, context + n]
+        step = torch.empty(1, hq * d)
+        slot = context + len(path) - 1
+        attend(qkv[node : node + 1], tuple(x[node : node + 1] for x in tables), packed_k, packed_v, slot, slot + 1,
+               None, step, hq)
+        assert torch.equal(step[0], tree[node]), node
+
+
 def test_attend_rounds_each_query_alike_whatever_shares_the_pass():
     """A causal pass of 9 queries equals nine one-query steps bit for bit, with one thread
     or two, and a query that sees no slot gets zeros (SDPA would give NaN)."""

@@ -14,7 +14,9 @@
  * each token as a one-token step does, which lossless speculative decoding needs:
  *   - sums over a row run in 8 lanes over zero-padded chunks (lane i % 8 for index i),
  *     lanes added in a fixed order, so extra masked keys add exact zeros, never a reorder;
- *   - masked keys (mask -inf, or past the query's own slot) are skipped, not weighted by 0.
+ *   - masked keys (mask -inf, or past the query's own slot) are skipped, not weighted by 0,
+ *     and the softmax sums the visible keys by rank, not slot: a tree node rounds as the
+ *     plain step that later sees the same keys packed behind the cache does.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -143,43 +145,53 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
         const int64_t j = task / hq, h = task % hq, kvh = h / group;
         const float *qv = q + task * d, *keys = k_cache + kvh * max_len * d, *values = v_cache + kvh * max_len * d;
         const float *mrow = mask ? mask + j * mask_stride : NULL;
+        /* The visible keys' scores, packed in slot order: key n of the pack sums into lane
+         * n % 8. A tree node's ancestors sit at other slots than the same tokens after
+         * acceptance (packed behind the cache), so summing by slot would round the softmax
+         * total differently from the plain step that later sees them; by rank it is the same
+         * sequence of float operations, bit for bit (8-bit activations would magnify one ulp). */
         float *p = malloc((size_t)padded * sizeof(float));
+        int64_t *seen = malloc((size_t)kv_len * sizeof(int64_t));
+        int64_t n = 0;
         float best = -INFINITY;
         for (int64_t s = 0; s < kv_len; s++) {
-            if (mrow && mrow[s] == -INFINITY) {
-                p[s] = -INFINITY;
+            if (mrow && mrow[s] == -INFINITY)
                 continue;
-            }
-            p[s] = dot(qv, keys + s * d, d) * scale + (mrow ? mrow[s] : 0.0f);
-            if (p[s] > best)
-                best = p[s];
+            const float score = dot(qv, keys + s * d, d) * scale + (mrow ? mrow[s] : 0.0f);
+            seen[n] = s;
+            p[n++] = score;
+            if (score > best)
+                best = score;
         }
         float *o = out + (j * hq + h) * d;
         if (best == -INFINITY) {
             memset(o, 0, (size_t)d * sizeof(float));
             free(p);
+            free(seen);
             continue;
         }
-        for (int64_t s = kv_len; s < padded; s++)
-            p[s] = -INFINITY;
+        const int64_t lanes = (n + 7) / 8 * 8;
+        for (int64_t i = n; i < lanes; i++)
+            p[i] = -INFINITY;
         __m256 total = _mm256_setzero_ps();
         const __m256 top = _mm256_set1_ps(best), hidden = _mm256_set1_ps(-INFINITY);
-        for (int64_t s = 0; s < padded; s += 8) {
-            const __m256 v = _mm256_loadu_ps(p + s);
+        for (int64_t i = 0; i < lanes; i += 8) {
+            const __m256 v = _mm256_loadu_ps(p + i);
             const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(v, hidden, _CMP_EQ_OQ), exp8(_mm256_sub_ps(v, top)));
-            _mm256_storeu_ps(p + s, e);
+            _mm256_storeu_ps(p + i, e);
             total = _mm256_add_ps(total, e);
         }
         const float inv = 1.0f / lanes_sum(total);
         for (int64_t i = 0; i < d; i++)
             o[i] = 0.0f;
-        for (int64_t s = 0; s < kv_len; s++) {
-            if (p[s] == 0.0f)  /* hidden (or underflowed): contributes nothing, skip it */
+        for (int64_t k = 0; k < n; k++) {
+            if (p[k] == 0.0f)  /* underflowed: contributes nothing, skip it */
                 continue;
-            const float w = p[s], *v = values + s * d;
+            const float w = p[k], *v = values + seen[k] * d;
             for (int64_t i = 0; i < d; i++)
                 o[i] += w * v[i];
         }
+        free(seen);
         for (int64_t i = 0; i < d; i++)
             o[i] *= inv;
         free(p);
