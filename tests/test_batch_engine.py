@@ -423,3 +423,49 @@ def test_a_lone_row_drafts_with_the_lone_sequence_kernels(models, prompts, monke
             tokens.setdefault(row, []).extend(update.tokens)
     assert any(rows == 2 for rows, _ in seen) and not any(free for rows, free in seen if rows == 2), seen
     assert tokens[1] == plain(target, prompts[3], StopConditions(12, eos))
+
+
+@pytest.fixture
+def padded_rows_on_cpu(monkeypatch):
+    """Ragged passes attend in one padded call here too (as they do on CUDA)."""
+    from quickdraft.models import transformer
+
+    monkeypatch.setattr(transformer, "PADDED_RAGGED_DEVICES", ("cuda", "cpu"))
+
+
+def test_padded_attention_matches_the_row_loop(models, prompts, monkeypatch):
+    """The one-call layout of a ragged pass (GPUs) gives each row its row-by-row logits and
+    cache (up to rounding: the padding changes the sums' lengths)."""
+    from quickdraft.models import transformer
+
+    model = models[1].model
+    rows = [*prompts, prompts[1][:7]]
+    widths = [1, 5, 3, 2, 4]
+    results = []
+    for devices in (("cuda",), ("cuda", "cpu")):
+        monkeypatch.setattr(transformer, "PADDED_RAGGED_DEVICES", devices)
+        cache = model.new_cache(len(rows), 160)
+        prefill = ragged_forward(model, cache, [Feed(s, 0, ids, 1) for s, ids in enumerate(rows)])
+        step = ragged_forward(model, cache, [Feed(s, rows[s].numel(), torch.arange(3, 3 + widths[s]), widths[s])
+                                             for s in (3, 0, 4, 2, 1)])
+        results.append((prefill, step, cache.k.clone(), cache.v.clone()))
+    (prefill, step, k, v), (prefill_p, step_p, k_p, v_p) = results
+    for a, b in zip([*prefill, *step], [*prefill_p, *step_p]):
+        assert a.shape == b.shape
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(k_p, k, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(v_p, v, rtol=1e-4, atol=1e-4)
+    assert k.abs().sum() > 0  # the caches were written
+
+
+@pytest.mark.parametrize("method", ["ar", "draft"])
+def test_padded_attention_rows_equal_plain_decoding(models, prompts, method, padded_rows_on_cpu):
+    tok, target, drafts = models
+    eos = [tok.eos_token_id]
+    budgets = [MAX_NEW, 9, MAX_NEW, 15]
+    jobs = [(ids, SamplingParams(), StopConditions(n, eos)) for ids, n in zip(prompts, budgets)]
+    engine = make_batch_engine(target, method=method, draft=drafts["perturbed"], max_batch_size=4, max_len=200,
+                               num_speculative_tokens=None if method == "ar" else 4)
+    out, _ = run(engine, jobs, join_at={3: 3})
+    for i, (ids, n) in enumerate(zip(prompts, budgets)):
+        assert out[i] == plain(target, ids, StopConditions(n, eos)), i

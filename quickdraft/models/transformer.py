@@ -122,6 +122,60 @@ class RaggedRow:
     offset: int = 0
 
 
+# Devices whose ragged passes attend in one padded call (PaddedRows) instead of row by row:
+# on a GPU the row loop launches ~6 kernels per row and layer, which at 256 rows (the
+# self-distillation writer) is ~46k launches a decode step. The CPU keeps the row loop
+# (its fused kernel is already one call per row, and batch invariance holds there bit for
+# bit; docs/batching.md): padding changes a row's rounding with the other rows' lengths.
+PADDED_RAGGED_DEVICES = ("cuda",)
+
+
+@dataclass(frozen=True)
+class PaddedRows:
+    """A ragged pass's rows laid out for one attention call: row ``i`` of the padded batch
+    is cache row ``cache_rows[i]``; its token ``t`` sits at ``packed[i, t]`` of the packed
+    sequence and goes to cache slot ``slots[i, t]`` (``valid`` marks real tokens); ``mask``
+    (additive, ``[R, 1, T, kv_len]``) lets each token see its row's cache and its row's
+    earlier tokens, nothing else (a padded query sees slot 0 only, and is dropped)."""
+
+    cache_rows: torch.Tensor
+    packed: torch.Tensor
+    valid: torch.Tensor
+    slots: torch.Tensor
+    mask: torch.Tensor
+
+    @staticmethod
+    def build(ragged: Sequence[RaggedRow], kv_len: int, dtype: torch.dtype, device: torch.device) -> PaddedRows:
+        width = max(r.tokens for r in ragged)
+        t = torch.arange(width)
+        tokens = torch.tensor([r.tokens for r in ragged])[:, None]
+        starts = torch.tensor([r.start for r in ragged])[:, None]
+        valid = t < tokens
+        packed = torch.tensor([r.offset for r in ragged])[:, None] + torch.minimum(t, tokens - 1)
+        slots = starts + t
+        seen = torch.arange(kv_len) <= torch.where(valid, slots, 0)[:, :, None]
+        mask = additive_mask(seen[:, None], dtype)
+        return PaddedRows(*(v.to(device, non_blocking=True) for v in (
+            torch.tensor([r.cache_row for r in ragged]), packed, valid, slots, mask)))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
+               gqa: bool) -> torch.Tensor:
+        """Write the rows' keys and values (``[1, H, P, D]`` packed) to their cache rows and
+        return the attention output in the packed layout (padding after the rows: 0)."""
+        pick = self.packed[self.valid]
+        rows = self.cache_rows[:, None].expand_as(self.packed)[self.valid]
+        cache.k[layer, rows, :, self.slots[self.valid]] = k[0][:, pick].transpose(0, 1)
+        cache.v[layer, rows, :, self.slots[self.valid]] = v[0][:, pick].transpose(0, 1)
+        kv_len = self.mask.shape[-1]
+        keys = cache.k[layer, self.cache_rows, :, :kv_len]
+        values = cache.v[layer, self.cache_rows, :, :kv_len]
+        queries = q[0][:, self.packed].transpose(0, 1)  # [R, H, T, D]
+        att = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.mask, enable_gqa=gqa)
+        out = q.new_zeros(q.shape)
+        out[0][:, pick] = att.transpose(0, 1)[:, self.valid]
+        return out
+
+
 class Attention(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -144,7 +198,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
         q_size, kv_size = self.n_heads * self.head_dim, self.n_kv_heads * self.head_dim
-        if cpu_kernels.fused_layers(x) and isinstance(cache.k, torch.Tensor):
+        if cpu_kernels.fused_layers(x) and isinstance(cache.k, torch.Tensor) and not isinstance(ragged, PaddedRows):
             return self._fused(x, rope, cache, layer, slots, mask, kv_len, ragged)
         qk, v = self.wqkv(x).split([q_size + kv_size, kv_size], dim=-1)
         # Queries and keys get the same rotation: one RoPE over both halves the op count.
@@ -154,7 +208,9 @@ class Attention(nn.Module):
         q, k = qk.split([self.n_heads, self.n_kv_heads], dim=1)
         v = v.view(bsz, seqlen, self.n_kv_heads, self.head_dim).transpose(1, 2)
         gqa = self.n_heads != self.n_kv_heads
-        if ragged:  # packed rows (batch 1); tokens after the last row are padding: output 0
+        if isinstance(ragged, PaddedRows):
+            out = ragged.attend(q, k, v, cache, layer, gqa)
+        elif ragged:  # packed rows (batch 1); tokens after the last row are padding: output 0
             out = q.new_zeros(bsz, self.n_heads, seqlen, self.head_dim)
             for row, row_mask in ragged:
                 # Each row writes its own run of its cache row and attends over exactly its
@@ -435,8 +491,14 @@ class Transformer(nn.Module):
 
     def ragged_inputs(self, positions: torch.Tensor, cache: KVCache, ragged: Sequence[RaggedRow]) -> tuple:
         """What every block of a ragged pass shares (see :meth:`forward`'s ``ragged``):
-        ``(rope, [(row, its causal mask or None)], kv_len)``."""
+        ``(rope, [(row, its causal mask or None)], kv_len)``, or on the devices of
+        ``PADDED_RAGGED_DEVICES`` ``(rope, PaddedRows, kv_len)``: one attention call for all rows."""
         kv_len = max(r.start + r.tokens for r in ragged)
+        if kv_len > cache.max_len:
+            raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
+        rope = self._rope(positions) if self._inv_freq is not None else None
+        if isinstance(cache.k, torch.Tensor) and cache.k.device.type in PADDED_RAGGED_DEVICES:
+            return rope, PaddedRows.build(ragged, kv_len, cache.k.dtype, cache.k.device), kv_len
         row_masks = []
         for r in ragged:
             causal = None
@@ -444,9 +506,6 @@ class Transformer(nn.Module):
                 causal = torch.ones(r.tokens, r.start + r.tokens, dtype=torch.bool, device=positions.device)
                 causal = additive_mask(causal.tril(diagonal=r.start), cache.k.dtype)
             row_masks.append((r, causal))
-        if kv_len > cache.max_len:
-            raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
-        rope = self._rope(positions) if self._inv_freq is not None else None
         return rope, row_masks, kv_len
 
     def block_stack(self, start: int, stop: int) -> cpu_kernels.BlockStack | None:
@@ -562,7 +621,7 @@ class Transformer(nn.Module):
         else:
             x = hidden
         slots = positions if slots is None else slots
-        row_masks: list[tuple[RaggedRow, torch.Tensor | None]] = []
+        row_masks: list[tuple[RaggedRow, torch.Tensor | None]] | PaddedRows = []
         if ragged is None:
             rope, rows, mask, kv_len = self.attention_inputs(positions, cache, slots, mask, x.shape[:2])
         else:
