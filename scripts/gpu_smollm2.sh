@@ -73,17 +73,24 @@ run)
     #    seed 0) and folder, share the GPU: one writer leaves it mostly idle (batch 256 of a
     #    135M model). The shipped shards hold only ~35k chat tokens.
     if [[ $STAGES == *,data,* ]]; then
+        # --max-seconds is checked between shards only: a hard stop 60 s later keeps a slow
+        # writer (session 23's H200 wrote no 256-job shard in 9 minutes, before ragged passes
+        # attended in one call on CUDA) from eating the training stages' time; shards
+        # already written stay usable.
         for i in $(seq 1 "${DATA_PROCS:-2}"); do
+            timeout -s INT --kill-after=10 "$(( ${DATA_SECONDS:-150} + 60 ))" \
             "$PY" -m quickdraft train data --target "$GGUF" --out "$RES/selfdistill-gpu-$i" --seed "$i" \
-                --tokens "${DATA_TOKENS:-3000000}" --batch-size "${DATA_ROWS:-256}" --shard-jobs "${SHARD_JOBS:-256}" \
+                --tokens "${DATA_TOKENS:-3000000}" --batch-size "${DATA_ROWS:-128}" --shard-jobs "${SHARD_JOBS:-128}" \
                 --max-seconds "${DATA_SECONDS:-150}" --device "$DEVICE" --no-progress > "$RES/data-$i.log" 2>&1 &
         done
         wait
         tail -n 2 "$RES"/data-*.log | tee -a "$RES/parts.txt"
         pack
     fi
-    GPU_DATA=("$RES"/selfdistill-gpu-*)
-    [ -d "${GPU_DATA[0]}" ] || GPU_DATA=()
+    GPU_DATA=()
+    for d in "$RES"/selfdistill-gpu-*; do  # only folders that hold a shard
+        compgen -G "$d/shard-*.npy" > /dev/null && GPU_DATA+=("$d")
+    done
     SELF=("${GPU_DATA[@]}" data/selfdistill/smollm2-135m)
     STEPS=${STEPS:-1100}  # the H100 ran 1,128 of 1,200 in its 280 s (~95 s of loading first)
     LIMIT=${TRAIN_LIMIT:-280}
