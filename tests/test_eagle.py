@@ -191,22 +191,99 @@ def test_the_shipped_drafter_accepts_more_than_medusa_and_stays_lossless():
         assert got.stats.mean_accepted_tokens > medusa.generate(prompt, max_new_tokens=48).stats.mean_accepted_tokens
 
 
-def test_beside_a_quantized_target_the_drafter_runs_in_int8_and_stays_lossless(tiny_family, tiny_eagle, capsys):
-    """A float32 EAGLE level would be a large share of a quantized target's draft step, so
-    the drafter is quantized too (where our kernels run); the output stays plain decoding's."""
+def test_the_drafter_runs_in_int8_where_our_kernels_run_and_stays_lossless(tiny_family, tiny_eagle, capsys):
+    """A float32 EAGLE level reads as much as a target layer or two, so the drafter is
+    quantized wherever our kernels run, beside a float32 target as beside a quantized one;
+    the output stays plain decoding's."""
     from quickdraft.drafters.eagle import load_eagle_head
     from quickdraft.models.lm import load_model
     from quickdraft.models.placement import resolve_placement
     from quickdraft.models.quant_linear import Int8Linear, native_kernels
 
-    target = load_model(tiny_family["target"], placement=resolve_placement(quantize="int8"))
-    head = load_eagle_head(target, str(tiny_eagle))
-    assert any(isinstance(m, Int8Linear) for m in head.modules()) == native_kernels()
-    assert not any(isinstance(m, Int8Linear) for m in load_eagle_head(load_model(tiny_family["target"]),
-                                                                        str(tiny_eagle)).modules())
+    def int8(target) -> bool:
+        return any(isinstance(m, Int8Linear) for m in load_eagle_head(target, str(tiny_eagle)).modules())
+
+    assert int8(load_model(tiny_family["target"], placement=resolve_placement(quantize="int8"))) == native_kernels()
+    assert int8(load_model(tiny_family["target"])) == native_kernels()
     common = ["generate", "--model", str(tiny_family["target"]), "--max-new-tokens", "40", "--json",
               "--quantize", "int8", "--prompt", "def add(a, b):"]
     assert main([*common, "--method", "ar"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert main([*common, "--method", "eagle", "--heads", str(tiny_eagle), "--tree", "dynamic:6"]) == 0
     assert json.loads(capsys.readouterr().out)["token_ids"] == plain["token_ids"]
+
+
+def test_a_greedy_chain_proposes_what_the_tree_loop_proposes(monkeypatch):
+    """The chain's fast path (causal levels, argmax over the draft vocabulary) computes, bit
+    for bit, the drafter outputs the general tree loop computes (the same keys, attended in
+    the same order), so it drafts the same tokens and every verify accepts the same."""
+    from quickdraft.decoding.engine import decode
+    from quickdraft.decoding.stats import GenerationStats
+    from quickdraft.decoding.stopping import StopConditions
+    from quickdraft.drafters.eagle import load_eagle_head
+    from quickdraft.pair import load_pair
+
+    pair = load_pair(None, need_draft=False)
+    head = load_eagle_head(pair.target, None)
+    prompt = torch.tensor(pair.tokenizer("def median(values):\n")["input_ids"])
+    scored = EagleHead.sub_logits
+    monkeypatch.setattr(EagleHead, "greedy_chain", lambda *args: None)  # the chain's Python levels
+    runs = []
+    for fast in (True, False):
+        seen: list[torch.Tensor] = []  # every drafter output its LM head scored, in order
+        monkeypatch.setattr(EagleHead, "sub_logits", lambda self, h, t, seen=seen: seen.append(h.clone()) or scored(self, h, t))
+        monkeypatch.setattr(EagleDrafter, "_greedy_chain", lambda self, fast=fast: fast)
+        stats = GenerationStats()
+        drafter = EagleDrafter(pair.target, head, StaticTree((1, 1, 1, 1, 1), sample=False))
+        steps = list(decode(pair.target, prompt, StopConditions(64), drafter=drafter, num_speculative_tokens=5,
+                            stats=stats))
+        runs.append(([s.tokens for s in steps], stats.mean_accepted_tokens, seen))
+    assert runs[0][:2] == runs[1][:2]
+    assert len(runs[0][2]) == len(runs[1][2]) and all(torch.equal(a, b) for a, b in zip(runs[0][2], runs[1][2]))
+    assert runs[0][1] > 2  # the chain drafts and is accepted, not a run of empty proposals
+    plain = [t for s in decode(pair.target, prompt, StopConditions(64)) for t in s.tokens]
+    assert [t for step in runs[0][0] for t in step] == plain
+
+
+def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch):
+    """``qd_eagle_chain`` runs the chain's levels in C: the same tokens as the Python levels
+    (float rounding aside, which the argmax does not see here), the same drafter cache,
+    and greedy output stays plain decoding's."""
+    from quickdraft.decoding.engine import decode
+    from quickdraft.decoding.stats import GenerationStats
+    from quickdraft.decoding.stopping import StopConditions
+    from quickdraft.drafters.eagle import load_eagle_head
+    from quickdraft.models import cpu_kernels
+    from quickdraft.pair import load_pair
+
+    if cpu_kernels.library() is None:
+        pytest.skip("needs the compiled CPU kernels")
+    pair = load_pair(None, need_draft=False)
+    head = load_eagle_head(pair.target, None)
+    chained = EagleHead.greedy_chain
+    runs = []
+    for in_c in (True, False):
+        ran_in_c = []
+
+        def chain(self, *args, in_c=in_c, ran_in_c=ran_in_c):
+            tokens = chained(self, *args) if in_c else None
+            ran_in_c.append(tokens is not None)
+            return tokens
+
+        monkeypatch.setattr(EagleHead, "greedy_chain", chain)
+        out, caches = [], []
+        for text in ("def median(values):\n", "import os\n\n\ndef walk(root):\n"):
+            prompt = torch.tensor(pair.tokenizer(text)["input_ids"])
+            stats = GenerationStats()
+            drafter = EagleDrafter(pair.target, head, StaticTree((1,) * 7, sample=False))
+            steps = list(decode(pair.target, prompt, StopConditions(64), drafter=drafter, num_speculative_tokens=7,
+                                stats=stats))
+            out.append(([s.tokens for s in steps], stats.mean_accepted_tokens))
+            caches.append(drafter.cache.k[..., : prompt.numel() + 60, :].clone())
+            plain = [t for s in decode(pair.target, prompt, StopConditions(64)) for t in s.tokens]
+            assert [t for step in out[-1][0] for t in step] == plain
+        assert ran_in_c and all(ran_in_c) == in_c
+        runs.append((out, caches))
+    assert runs[0][0] == runs[1][0]
+    for a, b in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)

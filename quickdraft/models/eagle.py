@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from . import cpu_kernels
 from .exit_head import target_fingerprint
 from .head_files import HeadFiles
 from .kv_cache import KVCache
 from .loading import CheckpointError
-from .transformer import Block, Transformer, apply_rope
+from .transformer import Block, RMSNorm, Transformer, apply_rope
 
 EAGLE_KIND = "quickdraft-eagle-head"
 
@@ -91,6 +92,52 @@ class EagleHead(nn.Module):
         if self.vocab_head is None:
             return target.head(hidden)
         return self.vocab_head(target.norm(hidden))
+
+    def best_token(self, hidden: torch.Tensor, target: Transformer) -> int:
+        """The drafter's argmax token for one output ``[1, H]``: the first maximum over the
+        draft vocabulary (no full-vocabulary scores filled in)."""
+        index = int(self.sub_logits(hidden, target)[0].argmax())
+        return index if self.vocab_ids is None else int(self.vocab_ids[index])
+
+    def greedy_chain(self, feature: torch.Tensor, n: int, start: int, cache: KVCache, target: Transformer
+                     ) -> list[int] | None:
+        """``n`` greedy draft tokens after the output ``feature`` (``[H]``) in one C call
+        (``cpu_kernels.eagle_chain``): :meth:`best_token` of it, then of each level fed the
+        token before at position and cache slot ``start``, ``start + 1``, ... (what
+        :meth:`extend` and :meth:`best_token` compute, up to float rounding). None where it
+        cannot run (float32 CPU inference with a reduced head, our kernels running every
+        linear, a Llama target, room in the cache): the caller steps in Python."""
+        weight = target.embed.weight
+        if (self.vocab_head is None or target.pos_embed is not None or target._inv_freq is None
+                or not isinstance(target.norm, RMSNorm) or not cpu_kernels.fused_layers(feature)
+                or not weight.is_contiguous() or weight.dtype != torch.float32
+                or not isinstance(cache.k, torch.Tensor) or start + n - 1 > cache.max_len):
+            return None
+        specs = self._chain_specs()
+        if specs is None:
+            return None
+        fc, stack, head = specs
+        cos, sin = target._rope(start, max(n - 1, 1))
+        return cpu_kernels.eagle_chain(feature, n, weight, float(self.embed_scale), fc, stack,
+                                       self.layer.attn.n_heads, (cos[0, 0], sin[0, 0]), cache.k, cache.v, start,
+                                       (target.norm.weight, target.norm.eps), head, self.vocab_ids,
+                                       target.config.vocab_size)
+
+    def _chain_specs(self) -> tuple | None:
+        """(fc, the block as a one-layer stack, the reduced head) for ``qd_eagle_chain``,
+        kept while the linears are the same objects (quantizing swaps them)."""
+        linears = (self.fc, self.vocab_head, *self.layer.linears())
+        known = getattr(self, "_specs", None)
+        if known is not None and all(a is b for a, b in zip(known[0], linears)):
+            return known[1]
+        block = self.layer.kernel_specs()
+        fc, head = (getattr(m, "kernel_spec", lambda: None)() for m in (self.fc, self.vocab_head))
+        norms = (self.layer.attn_norm, self.layer.mlp_norm)
+        specs = None
+        if block is not None and fc is not None and head is not None and norms[0].eps == norms[1].eps:
+            specs = (fc, cpu_kernels.BlockStack([(norms[0].weight, norms[1].weight)], norms[0].eps, [block]), head)
+        self._specs = (linears, specs)
+        return specs
 
     def logits(self, hidden: torch.Tensor, target: Transformer) -> torch.Tensor:
         """Logits over the target's vocabulary: ``-inf`` outside the draft vocabulary."""
