@@ -287,3 +287,34 @@ def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch):
     assert runs[0][0] == runs[1][0]
     for a, b in zip(runs[0][1], runs[1][1]):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-3)
+
+
+def test_the_drafter_reads_a_long_prompts_last_tokens_only(monkeypatch):
+    """Past PROMPT_WINDOW prompt tokens the drafter reads only the last ones (its cache
+    slots shifted, positions true): greedy output stays plain decoding's, on the tree loop
+    and on the chain, and the drafter's cache holds no more than the window and what
+    followed."""
+    import quickdraft.drafters.eagle as eagle
+    from quickdraft.decoding.engine import decode
+    from quickdraft.decoding.stopping import StopConditions
+    from quickdraft.pair import load_pair
+
+    monkeypatch.setattr(eagle, "PROMPT_WINDOW", 24)
+    pair = load_pair(None, need_draft=False)
+    head = eagle.load_eagle_head(pair.target, None)
+    prompt = torch.tensor(pair.tokenizer("import os\n\n\ndef walk(root):\n    for name in os.listdir(root):\n"
+                                         "        path = os.path.join(root, name)\n")["input_ids"])
+    assert prompt.numel() > 24
+    plain = [t for s in decode(pair.target, prompt, StopConditions(40)) for t in s.tokens]
+    leave = EagleDrafter.leave
+    for shape in (StaticTree((1,) * 6, sample=False), DynamicTree(8)):
+        drafter = EagleDrafter(pair.target, head, shape)
+        at_leave = []
+        monkeypatch.setattr(EagleDrafter, "leave", lambda self, slot, at_leave=at_leave: at_leave.append((self.offset, self.fed)) or
+                            leave(self, slot))
+        out = [t for s in decode(pair.target, prompt, StopConditions(40), drafter=drafter, num_speculative_tokens=6)
+               for t in s.tokens]
+        assert out == plain, shape.name
+        (offset, fed), = at_leave
+        assert offset == prompt.numel() + 1 - 24 and fed > prompt.numel()  # first drafted after the prefill's token
+        assert not drafter.cache.k[..., fed - offset + 8 :, :].any()  # no slot past the window and the drafts

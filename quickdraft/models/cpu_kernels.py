@@ -272,18 +272,22 @@ def greedy_chain(first: int, n: int, embed: torch.Tensor, stack: BlockStack, n_h
     start + n - 1`` (``[n, D]`` each, contiguous). Returns ``[first, t1, .., tn]``."""
     tokens = torch.empty(n + 1, dtype=torch.int64)
     tokens[0] = first
-    ids = None if head_ids is None else head_ids.to(torch.int64).contiguous()
-    cos = sin = None
-    if rope is not None:
-        cos, sin = (t.contiguous() for t in rope)
+    ids, cos, sin, _alive = _chain_args(head_ids, rope)
     _, _, n_kv_heads, max_len, head_dim = k_cache.shape
     library().qd_greedy_chain(
         embed.data_ptr(), embed.shape[1], stack.n, stack.norms, stack.eps, stack.linears, n_heads, n_kv_heads,
-        head_dim, None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(),
-        k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len, start, final_norm[0].data_ptr(),
-        final_norm[1], ctypes.addressof(head), None if ids is None else ids.data_ptr(), vocab, tokens.data_ptr(), n,
+        head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len, start,
+        final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab, tokens.data_ptr(), n,
         torch.get_num_threads())
     return tokens.tolist()
+
+
+def _chain_args(head_ids: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor] | None) -> tuple:
+    """A chain call's head-id, cos and sin pointers (or None), and the tensors behind them."""
+    ids = None if head_ids is None else head_ids.to(torch.int64).contiguous()
+    tables = () if rope is None else tuple(t.contiguous() for t in rope)
+    cos, sin = (t.data_ptr() for t in tables) if tables else (None, None)
+    return None if ids is None else ids.data_ptr(), cos, sin, (ids, tables)
 
 
 def eagle_chain(feature: torch.Tensor, n: int, embed: torch.Tensor, embed_scale: float, fc: LinearSpec,
@@ -298,16 +302,12 @@ def eagle_chain(feature: torch.Tensor, n: int, embed: torch.Tensor, embed_scale:
     signed sin for positions ``start .. start + n - 2``."""
     tokens = torch.empty(n, dtype=torch.int64)
     feature = feature.float().contiguous().clone()
-    ids = None if head_ids is None else head_ids.to(torch.int64).contiguous()
-    cos = sin = None
-    if rope is not None:
-        cos, sin = (t.contiguous() for t in rope)
+    ids, cos, sin, _alive = _chain_args(head_ids, rope)
     _, _, n_kv_heads, max_len, head_dim = k_cache.shape
     library().qd_eagle_chain(
         embed.data_ptr(), embed_scale, embed.shape[1], ctypes.addressof(fc), stack.norms, stack.eps, stack.linears,
-        n_heads, n_kv_heads, head_dim, None if cos is None else cos.data_ptr(), None if sin is None else sin.data_ptr(),
-        k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len, start, final_norm[0].data_ptr(),
-        final_norm[1], ctypes.addressof(head), None if ids is None else ids.data_ptr(), vocab, feature.data_ptr(),
+        n_heads, n_kv_heads, head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len,
+        start, final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab, feature.data_ptr(),
         tokens.data_ptr(), n, torch.get_num_threads())
     return tokens.tolist()
 

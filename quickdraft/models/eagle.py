@@ -99,11 +99,12 @@ class EagleHead(nn.Module):
         index = int(self.sub_logits(hidden, target)[0].argmax())
         return index if self.vocab_ids is None else int(self.vocab_ids[index])
 
-    def greedy_chain(self, feature: torch.Tensor, n: int, start: int, cache: KVCache, target: Transformer
-                     ) -> list[int] | None:
+    def greedy_chain(self, feature: torch.Tensor, n: int, start: int, cache: KVCache, target: Transformer,
+                     slot: int | None = None) -> list[int] | None:
         """``n`` greedy draft tokens after the output ``feature`` (``[H]``) in one C call
         (``cpu_kernels.eagle_chain``): :meth:`best_token` of it, then of each level fed the
-        token before at position and cache slot ``start``, ``start + 1``, ... (what
+        token before at positions ``start``, ``start + 1``, ... and cache slots ``slot``,
+        ``slot + 1``, ... (default: the positions) (what
         :meth:`extend` and :meth:`best_token` compute, up to float rounding). None where it
         cannot run (float32 CPU inference with a reduced head, our kernels running every
         linear, a Llama target, room in the cache): the caller steps in Python."""
@@ -111,7 +112,7 @@ class EagleHead(nn.Module):
         if (self.vocab_head is None or target.pos_embed is not None or target._inv_freq is None
                 or not isinstance(target.norm, RMSNorm) or not cpu_kernels.fused_layers(feature)
                 or not weight.is_contiguous() or weight.dtype != torch.float32
-                or not isinstance(cache.k, torch.Tensor) or start + n - 1 > cache.max_len):
+                or not isinstance(cache.k, torch.Tensor) or (start if slot is None else slot) + n - 1 > cache.max_len):
             return None
         specs = self._chain_specs()
         if specs is None:
@@ -119,7 +120,8 @@ class EagleHead(nn.Module):
         fc, stack, head = specs
         cos, sin = target._rope(start, max(n - 1, 1))
         return cpu_kernels.eagle_chain(feature, n, weight, float(self.embed_scale), fc, stack,
-                                       self.layer.attn.n_heads, (cos[0, 0], sin[0, 0]), cache.k, cache.v, start,
+                                       self.layer.attn.n_heads, (cos[0, 0], sin[0, 0]), cache.k, cache.v,
+                                       start if slot is None else slot,
                                        (target.norm.weight, target.norm.eps), head, self.vocab_ids,
                                        target.config.vocab_size)
 
