@@ -153,16 +153,14 @@ class EagleDrafter:
         ``base + d`` sees the cache and the nodes before it, which is what causal attention
         gives (no mask to build), and its token is the argmax over the draft vocabulary (no
         full-vocabulary scores to fill). In one C call where our kernels run every part."""
-        chain = self.head.greedy_chain(out, depth, n, self.cache, self.target, base)
-        if chain is not None:
-            return Proposal(torch.tensor(chain), torch.arange(-1, depth - 1), None, None)
-        tokens: list[int] = []
-        h = out[None]
-        for d in range(depth):
-            tokens.append(self.head.best_token(h, self.target))
-            if d + 1 < depth:
-                h = self.head.extend(torch.tensor(tokens[-1:]), h, self.target, self.cache, n + d, base + d)
-        return Proposal(torch.tensor(tokens), torch.arange(-1, len(tokens) - 1), None, None)
+        tokens = self.head.greedy_chain(out, depth, n, self.cache, self.target, base)
+        if tokens is None:
+            tokens, h = [], out[None]
+            for d in range(depth):
+                tokens.append(self.head.best_token(h, self.target))
+                if d + 1 < depth:
+                    h = self.head.extend(torch.tensor(tokens[-1:]), h, self.target, self.cache, n + d, base + d)
+        return Proposal(torch.tensor(tokens), torch.arange(-1, depth - 1), None, None)
 
     def verified(self, slot: int, length: int, path: list[int]) -> None:
         pass  # the tree's keys are overwritten next step by the accepted tokens, with the target's features

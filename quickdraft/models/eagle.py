@@ -108,11 +108,11 @@ class EagleHead(nn.Module):
         :meth:`extend` and :meth:`best_token` compute, up to float rounding). None where it
         cannot run (float32 CPU inference with a reduced head, our kernels running every
         linear, a Llama target, room in the cache): the caller steps in Python."""
-        weight = target.embed.weight
+        weight, slot = target.embed.weight, start if slot is None else slot
         if (self.vocab_head is None or target.pos_embed is not None or target._inv_freq is None
                 or not isinstance(target.norm, RMSNorm) or not cpu_kernels.fused_layers(feature)
                 or not weight.is_contiguous() or weight.dtype != torch.float32
-                or not isinstance(cache.k, torch.Tensor) or (start if slot is None else slot) + n - 1 > cache.max_len):
+                or not isinstance(cache.k, torch.Tensor) or slot + n - 1 > cache.max_len):
             return None
         specs = self._chain_specs()
         if specs is None:
@@ -120,8 +120,7 @@ class EagleHead(nn.Module):
         fc, stack, head = specs
         cos, sin = target._rope(start, max(n - 1, 1))
         return cpu_kernels.eagle_chain(feature, n, weight, float(self.embed_scale), fc, stack,
-                                       self.layer.attn.n_heads, (cos[0, 0], sin[0, 0]), cache.k, cache.v,
-                                       start if slot is None else slot,
+                                       self.layer.attn.n_heads, (cos[0, 0], sin[0, 0]), cache.k, cache.v, slot,
                                        (target.norm.weight, target.norm.eps), head, self.vocab_ids,
                                        target.config.vocab_size)
 
