@@ -8,7 +8,8 @@ prefilled next to a 1400-token one used to be padded to 1400).
 Batch invariance (a row's logits do not depend, bit for bit, on the other rows) needs
 identical per-row arithmetic, so:
 
-- attention runs row by row over the row's own tokens and cache (``RaggedRow``);
+- attention runs row by row over the row's own tokens and cache (``RaggedRow``; on a GPU
+  in one padded call instead, ``transformer.PaddedRows``: no bit-for-bit promise there);
 - every matrix product has a *canonical* row count (``decode_linear.canonical_rows``):
   with the native decode linears (oneDNN) every count is canonical; with plain
   ``nn.Linear`` (MKL) the packed sequence is padded at its end up to such a count (the
