@@ -39,3 +39,28 @@ def test_top_p_always_keeps_the_top_token(top_p):
 def test_a_broken_distribution_is_a_sampling_error(probs):
     with pytest.raises(SamplingError):
         sample(probs, torch.Generator().manual_seed(0))
+
+
+def test_draws_follow_the_distribution_and_never_pick_a_zero():
+    """The inverse-CDF draw samples what torch.multinomial would: frequencies within a
+    chi-square bound, no id of zero probability, a fixed seed the same ids."""
+    from scipy.stats import chisquare
+
+    from quickdraft.decoding.sampling import draw
+
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.25, 0.05, 0.0])
+    ids = draw(probs, 100_000, torch.Generator().manual_seed(1))
+    counts = torch.bincount(ids, minlength=probs.numel())
+    assert counts[probs == 0].sum() == 0
+    mass = probs > 0
+    assert chisquare(counts[mass].numpy(), probs[mass].numpy() * 100_000).pvalue > 1e-4
+    assert torch.equal(draw(probs, 50, torch.Generator().manual_seed(3)), draw(probs, 50, torch.Generator().manual_seed(3)))
+    skewed = draw(torch.tensor([0.0, 0.0, 0.0, 1.0]), 200, torch.Generator().manual_seed(0))  # a unnormalised one
+    assert (skewed == 3).all()
+
+
+def test_a_uniform_that_rounds_up_to_the_total_takes_the_last_id_with_mass(monkeypatch):
+    from quickdraft.decoding import sampling
+
+    monkeypatch.setattr(sampling.torch, "rand", lambda n, **kw: torch.ones(n, dtype=kw["dtype"]))
+    assert sampling.draw(torch.tensor([0.2, 0.8, 0.0, 0.0]), 3, torch.Generator()).tolist() == [1, 1, 1]

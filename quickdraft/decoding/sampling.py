@@ -101,7 +101,21 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:
         raise SamplingError("the sampling distribution has NaN, infinite or no probability mass; "
                             "try another temperature or top_p")
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(draw(probs, 1, generator)[0])
+
+
+def draw(probs: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+    """``n`` i.i.d. token ids from the 1-D distribution ``probs`` (non-negative, any positive
+    total), by inverse CDF in float64: ``u`` uniform below the total, the first id whose
+    cumulative mass exceeds ``u``, so an id of zero probability is never drawn. What
+    ``torch.multinomial(probs, n, replacement=True)`` samples, at ~60 us instead of ~1 ms
+    over a 49,152-token vocabulary on this CPU (a sampled SmolLM2 step is ~7 ms)."""
+    cdf = probs.double().cumsum(0)
+    u = torch.rand(n, generator=generator, dtype=torch.float64, device=cdf.device) * cdf[-1]
+    ids = torch.searchsorted(cdf, u, right=True)
+    if bool((ids == cdf.numel()).any()):  # u rounded up to the total: the last id with mass
+        ids.clamp_(max=int(probs.nonzero()[-1]))
+    return ids
 
 
 def choose(

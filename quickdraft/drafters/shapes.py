@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ..decoding.proposal import Proposal
-from ..decoding.sampling import SamplingParams, choose, host_probabilities
+from ..decoding.sampling import SamplingParams, choose, draw, host_probabilities
 
 
 @dataclass
@@ -29,7 +29,7 @@ class Node:
 def draws(q: torch.Tensor, n: int, generator: torch.Generator) -> list[tuple[int, int]]:
     """``n`` i.i.d. draws from ``q`` merged into (token, count), in order of first draw."""
     counts: dict[int, int] = {}
-    for token in torch.multinomial(q, n, replacement=True, generator=generator).tolist():
+    for token in draw(q, n, generator).tolist():
         counts[token] = counts.get(token, 0) + 1
     return list(counts.items())
 
