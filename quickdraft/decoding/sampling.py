@@ -6,6 +6,7 @@ distribution p are warped identically, so there is exactly one warping function.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -98,9 +99,6 @@ def host_probabilities_rows(logits: Sequence[torch.Tensor], params: Sequence[Sam
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
     """Draw one token id from a 1-D probability vector; :class:`SamplingError` when it has
     NaN, inf or no mass (checked here, per row, so one bad row fails alone)."""
-    if not bool(torch.isfinite(probs).all()) or not float(probs.sum()) > 0:
-        raise SamplingError("the sampling distribution has NaN, infinite or no probability mass; "
-                            "try another temperature or top_p")
     return int(draw(probs, 1, generator)[0])
 
 
@@ -109,9 +107,15 @@ def draw(probs: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tenso
     total), by inverse CDF in float64: ``u`` uniform below the total, the first id whose
     cumulative mass exceeds ``u``, so an id of zero probability is never drawn. What
     ``torch.multinomial(probs, n, replacement=True)`` samples, at ~60 us instead of ~1 ms
-    over a 49,152-token vocabulary on this CPU (a sampled SmolLM2 step is ~7 ms)."""
+    over a 49,152-token vocabulary on this CPU (a sampled SmolLM2 step is ~7 ms).
+    :class:`SamplingError` when ``probs`` has NaN, inf or no mass (a NaN or inf anywhere
+    reaches the running total's last entry)."""
     cdf = probs.double().cumsum(0)
-    u = torch.rand(n, generator=generator, dtype=torch.float64, device=cdf.device) * cdf[-1]
+    total = float(cdf[-1])
+    if not math.isfinite(total) or not total > 0:
+        raise SamplingError("the sampling distribution has NaN, infinite or no probability mass; "
+                            "try another temperature or top_p")
+    u = torch.rand(n, generator=generator, dtype=torch.float64, device=cdf.device) * total
     ids = torch.searchsorted(cdf, u, right=True)
     if bool((ids == cdf.numel()).any()):  # u rounded up to the total: the last id with mass
         ids.clamp_(max=int(probs.nonzero()[-1]))
