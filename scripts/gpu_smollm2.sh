@@ -91,7 +91,7 @@ run)
     for d in "$RES"/selfdistill-gpu-*; do  # only folders that hold a shard
         compgen -G "$d/shard-*.npy" > /dev/null && GPU_DATA+=("$d")
     done
-    SELF=("${GPU_DATA[@]}" data/selfdistill/smollm2-135m)
+    SELF=("${GPU_DATA[@]}" data/selfdistill/smollm2-135m data/selfdistill/smollm2-135m-s1)  # shipped: seeds 0, 1
     STEPS=${STEPS:-1100}  # the H100 ran 1,128 of 1,200 in its 280 s (~95 s of loading first)
     LIMIT=${TRAIN_LIMIT:-280}
     # 2. The drafters, side by side on the GPU, each stopped by SIGINT at LIMIT (a usable

@@ -29,7 +29,7 @@ git worktree add -q --detach "$tmp" HEAD
         quickdraft/assets/heads/qd-stdlib-target-exit1x
     if [ $code_only = 1 ]; then
         git rm -rq quickdraft/assets/models quickdraft/assets/heads
-        git checkout -q HEAD -- data/selfdistill/smollm2-135m
+        git checkout -q HEAD -- data/selfdistill/smollm2-135m data/selfdistill/smollm2-135m-s1
     fi
     git ls-files 'quickdraft/assets/*.png' 'tests/*' | grep -v -E '^tests/(test_gpu.py|conftest.py)$' \
         | xargs -r git rm -q
