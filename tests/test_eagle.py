@@ -4,6 +4,7 @@ target's, where a wrong rule fails the same test), and bad input is one line."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -158,6 +159,53 @@ def test_train_heads_eagle_end_to_end_resume_and_lossless(tmp_path, capsys):
         assert got.token_ids == plain.generate(prompt, max_new_tokens=32).token_ids
 
 
+def test_train_heads_init_starts_from_the_given_weights(tmp_path, capsys):
+    """`--init DIR` trains on from heads trained before: scored before training on, they
+    agree with the target exactly as they did when saved (fresh weights would not); an EAGLE
+    drafter keeps its draft vocabulary, and --draft-vocab widens it; a drafter of another
+    kind, or --init for a prophet, is one line and exit 2."""
+    from conftest import build_tokenizer, save_llama
+
+    tok = build_tokenizer(tmp_path / "target")
+    save_llama(tmp_path / "target", len(tok), layers=2, hidden=64, seed=0, eos=tok.eos_token_id, scale=20.0)
+    (tmp_path / "data").mkdir()
+    for i in range(8):
+        (tmp_path / "data" / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i} + len(str(x))\n" * 12)
+
+    def train(kind, out, *extra):
+        return main(["train", "heads", "--kind", kind, "--ttt-steps", "2", "--num-heads", "2", "--target",
+                     str(tmp_path / "target"), "--data", str(tmp_path / "data"), "--out", str(tmp_path / out),
+                     "--steps", "4", "--seq-len", "32", "--batch-size", "2", "--lr", "1e-2", "--warmup", "1",
+                     "--eval-tokens", "256", "--threads", "1", "--probe-every", "0", "--no-progress", *extra])
+
+    def report(out):
+        return json.loads((tmp_path / out / "train_report.json").read_text())
+
+    for kind in ["eagle", "medusa"]:
+        assert train(kind, f"{kind}0", *(["--draft-vocab", "48"] if kind == "eagle" else [])) == 0
+        assert train(kind, f"{kind}1", "--init", str(tmp_path / f"{kind}0")) == 0
+        first, second = report(f"{kind}0"), report(f"{kind}1")
+        assert second["init_heldout_agreement"] == first["heldout_agreement"]
+        assert second["init"]["sha256"] == hashlib.sha256((tmp_path / f"{kind}0" / "model.safetensors").read_bytes()).hexdigest()
+        assert "before (`--init " in (tmp_path / f"{kind}1" / "README.md").read_text()
+    from quickdraft.train.exit_head import load_native_teacher
+
+    target = load_native_teacher(str(tmp_path / "target"))[0]  # unpacked, as the trainer loads it
+    start = load_eagle(tmp_path / "eagle0", target)
+    assert torch.equal(load_eagle(tmp_path / "eagle1", target).vocab_ids, start.vocab_ids)
+    assert train("eagle", "eagle2", "--init", str(tmp_path / "eagle0"), "--draft-vocab", "64") == 0
+    widened = load_eagle(tmp_path / "eagle2", target)
+    assert widened.draft_vocab > start.draft_vocab and set(start.vocab_ids.tolist()) <= set(widened.vocab_ids.tolist())
+    rows = target.lm_head.weight[widened.vocab_ids].bfloat16().float()  # the target's rows, stored in bf16
+    assert torch.equal(widened.vocab_head.weight, rows)
+    capsys.readouterr()
+    assert train("eagle", "eagle3", "--init", str(tmp_path / "medusa0")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--init" in err and "Traceback" not in err
+    assert train("prophet", "prophet0", "--init", str(tmp_path / "eagle0")) == 2
+    assert "--init is for --kind medusa or eagle" in capsys.readouterr().err
+
+
 def test_the_server_serves_eagle_losslessly(tiny_family, tiny_eagle, tmp_path, capsys):
     from serving import ServerProcess
 
@@ -246,9 +294,9 @@ def test_a_greedy_chain_proposes_what_the_tree_loop_proposes(monkeypatch):
 
 
 def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch):
-    """``qd_eagle_chain`` runs the chain's levels in C: the same tokens as the Python levels
-    (float rounding aside, which the argmax does not see here), the same drafter cache,
-    and greedy output stays plain decoding's."""
+    """``qd_eagle_chain`` feeds the accepted tokens and runs the chain's levels in C: the
+    same tokens as the Python feed and levels (float rounding aside, which the argmax does
+    not see here), the same drafter cache, and greedy output stays plain decoding's."""
     from quickdraft.decoding.engine import decode
     from quickdraft.decoding.stats import GenerationStats
     from quickdraft.decoding.stopping import StopConditions

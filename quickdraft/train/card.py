@@ -622,6 +622,21 @@ def training_and_data_sections(r: dict, out: Path) -> list[str]:
     ]
 
 
+def _before_header(r: dict) -> str:
+    """The held-out table's extra column for heads trained on from ``--init``: the same
+    held-out windows scored with the starting weights."""
+    return f" before (`--init {Path(r['init']['path']).name}`) |" if r.get("init_heldout_agreement") else ""
+
+
+def init_line(r: dict) -> list[str]:
+    """A card's line naming the weights training started from (``--init``), if any."""
+    init = r.get("init")
+    if not init:
+        return []
+    return [f"Started from `{init['path']}` (`model.safetensors` sha256 {init['sha256'][:12]}...), its draft "
+            "vocabulary kept, and trained on from there: the held-out table scores both on the same windows.", ""]
+
+
 def write_heads_card(out: Path, r: dict) -> None:
     """README.md of heads trained by ``quickdraft train heads`` (see ``heads.py``)."""
     tr, st = r["train"], r["stage"]
@@ -640,14 +655,17 @@ def write_heads_card(out: Path, r: dict) -> None:
         "THIS_DIR` uses them (verified as a token tree: output identical to the target's) and refuses them for "
         "another target.",
         "",
+        *init_line(r),
         "## Held-out results",
         "",
     ]
     agreement = r.get("heldout_agreement")
     if agreement:
+        before = r.get("init_heldout_agreement")
         lines += ["Teacher-forced top-1 agreement of each head with the target's own greedy token at its depth:",
-                  "", "| head | predicts | top-1 agreement |", "|---:|---|---:|"]
-        lines += [f"| {i} | token t + {i + 2} | {a:.2%} |" for i, a in enumerate(agreement)]
+                  "", "| head | predicts | top-1 agreement |" + _before_header(r), "|---:|---|---:|" + "---:|" * bool(before)]
+        lines += [f"| {i} | token t + {i + 2} | {a:.2%} |" + (f" {before[i]:.2%} |" if before else "")
+                  for i, a in enumerate(agreement)]
         lines.append("")
     else:
         lines += ["(not measured: training was stopped)", ""]
@@ -718,14 +736,17 @@ def write_eagle_card(out: Path, r: dict) -> None:
         "THIS_DIR` uses it (a dynamic token tree verified by the target: output identical to the target's) and "
         "refuses it for another target.",
         "",
+        *init_line(r),
         "## Held-out results",
         "",
     ]
     agreement = r.get("heldout_agreement")
     if agreement:
+        before = r.get("init_heldout_agreement")
         lines += ["Top-1 agreement with the target's own greedy token at each unrolled step (step k = a tree "
-                  "node at depth k whose ancestors were right):", "", "| step | top-1 agreement |", "|---:|---:|"]
-        lines += [f"| {k} | {a:.2%} |" for k, a in enumerate(agreement)]
+                  "node at depth k whose ancestors were right):", "",
+                  "| step | top-1 agreement |" + _before_header(r), "|---:|---:|" + "---:|" * bool(before)]
+        lines += [f"| {k} | {a:.2%} |" + (f" {before[k]:.2%} |" if before else "") for k, a in enumerate(agreement)]
         lines.append("")
     else:
         lines += ["(not measured: training was stopped)", ""]

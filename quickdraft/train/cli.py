@@ -165,6 +165,11 @@ def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="eagle: training-time test, steps unrolled on the drafter's own features (default 5)")
     p.add_argument("--reg-weight", type=float, default=0.5,
                    help="eagle: weight of the SmoothL1 feature regression (default 0.5)")
+    p.add_argument("--init", type=Path, default=None, metavar="DIR",
+                   help="medusa, eagle: start from heads trained before for this target (e.g. a shipped "
+                        "directory) and train on with this run's data; an EAGLE drafter keeps its draft "
+                        "vocabulary, widened by --draft-vocab N to include this text's N most frequent tokens "
+                        "(default: fresh weights)")
     p.add_argument("--draft-vocab", type=non_negative_int, default=None, metavar="N",
                    help="eagle: its LM head scores the N most frequent tokens of the training text (default: "
                         "an eighth of the vocabulary, at least 1024; 0 = all)")
@@ -281,6 +286,9 @@ def run_train_exit_head(args) -> int:
 
 def run_train_heads(args) -> int:
     if args.kind == "prophet":
+        if args.init is not None:
+            raise TrainInputError("--init is for --kind medusa or eagle; train a prophet from scratch "
+                                  "(drop --init)")
         from .prophet import run_train_prophet as run
     else:
         from .heads import run_train_heads as run

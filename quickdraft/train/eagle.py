@@ -29,6 +29,13 @@ def frequent_tokens(stream: np.ndarray, vocab_size: int, size: int) -> tuple[tor
     return torch.as_tensor(np.sort(ranking), dtype=torch.long), float(counts[ranking].sum() / max(counts.sum(), 1))
 
 
+def vocab_cover(stream: np.ndarray, ids: torch.Tensor | None) -> float:
+    """The share of ``stream`` that a draft vocabulary ``ids`` (None: all) covers."""
+    if ids is None:
+        return 1.0
+    return float(np.isin(stream, ids.numpy()).mean()) if stream.size else 0.0
+
+
 def teacher_probs(head: EagleHead, t_logits: torch.Tensor) -> torch.Tensor:
     """The target's probabilities over the draft vocabulary ``[B, T, V']`` (mass of other
     tokens dropped: the drafter cannot propose them)."""

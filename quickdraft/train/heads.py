@@ -18,6 +18,7 @@ bar (:func:`.distill.train`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -31,6 +32,7 @@ from ..drafters.medusa import MedusaDrafter
 from ..machine import machine_info
 from ..models.draft_vocab import default_vocab_size
 from ..models.eagle import EagleHead, is_eagle_dir, load_eagle, save_eagle
+from ..models.errors import CheckpointError
 from ..models.medusa import MedusaHeads, is_medusa_dir, load_medusa, save_medusa
 from ..models.registry import read_meta
 from . import card
@@ -152,28 +154,55 @@ def eagle_probe(target, heldout: np.ndarray, depth: int) -> Callable[[EagleHead]
     return lambda head: acceptance_probe(lm, lambda: EagleDrafter(lm, snapshot(head), shape), prompts, k=depth)
 
 
+def read_init(path: Path, target, load) -> tuple[torch.nn.Module, dict[str, str]]:
+    """Heads trained before for ``target`` (``--init``) and what the run records of them;
+    a one-line TrainInputError when ``path`` holds none for it."""
+    try:
+        heads = load(path, target)
+    except CheckpointError as exc:
+        raise TrainInputError(f"--init {path}: {exc}") from None
+    digest = hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+    return heads, {"path": str(path), "sha256": digest}
+
+
 def _student(args, target, tokens, log):
     """The kind's student, its loss, save, load and held-out check, and its settings."""
     states = TargetStates(target)
     if args.kind == "medusa":
-        heads = MedusaHeads(args.num_heads, target.config.hidden_size)
+        start, init = read_init(args.init, target, load_medusa) if args.init is not None else (None, None)
+        heads = MedusaHeads(args.num_heads if start is None else start.num_heads, target.config.hidden_size)
+        if start is not None:
+            heads.load_state_dict(start.state_dict())
+            log(f"[train heads] starting from {args.init} ({heads.num_heads} heads)")
         return (heads, make_medusa_loss(states, args.kl_weight, args.ce_weight), save_medusa, load_medusa,
                 lambda h: head_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens),
-                {"num_heads": args.num_heads, "kl_weight": args.kl_weight, "ce_weight": args.ce_weight})
-    from .eagle import eagle_agreement, frequent_tokens, make_eagle_loss
+                {"num_heads": heads.num_heads, "kl_weight": args.kl_weight, "ce_weight": args.ce_weight, "init": init})
+    from .eagle import eagle_agreement, frequent_tokens, make_eagle_loss, vocab_cover
 
-    size = default_vocab_size(target.config.vocab_size) if args.draft_vocab is None else args.draft_vocab
-    ids, covers = frequent_tokens(tokens.train, target.config.vocab_size, size)
+    start, init = read_init(args.init, target, load_eagle) if args.init is not None else (None, None)
+    if start is None:
+        size = default_vocab_size(target.config.vocab_size) if args.draft_vocab is None else args.draft_vocab
+        ids, covers = frequent_tokens(tokens.train, target.config.vocab_size, size)
+    else:
+        ids = start.vocab_ids
+        if ids is not None and args.draft_vocab:  # widen: the rows are the target's, nothing learned is lost
+            ids = torch.unique(torch.cat([ids, frequent_tokens(tokens.train, target.config.vocab_size,
+                                                               args.draft_vocab)[0]]))
+        covers = vocab_cover(tokens.train, ids)
+        log(f"[train heads] starting from {args.init}")
     if ids is not None:
-        log(f"[train heads] draft vocabulary: the {ids.numel():,} most frequent tokens ({covers:.1%} of the "
-            "training text)")
+        log(f"[train heads] draft vocabulary: {ids.numel():,} tokens ({covers:.1%} of the training text)")
     head = EagleHead(target, ids)
     head.copy_vocab_rows(target)
+    if start is not None:  # its own layers; the reduced head's rows (frozen) come from the target above
+        state = head.state_dict()
+        state.update((k, v) for k, v in start.state_dict().items() if not k.startswith("vocab_"))
+        head.load_state_dict(state)
     return (head, make_eagle_loss(states, args.ttt_steps, args.reg_weight, args.kl_weight), save_eagle,
             load_eagle,
             lambda h: eagle_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens, args.ttt_steps),
             {"ttt_steps": args.ttt_steps, "draft_vocab": 0 if ids is None else ids.numel(),
-             "draft_vocab_covers": covers, "reg_weight": args.reg_weight, "kl_weight": args.kl_weight})
+             "draft_vocab_covers": covers, "reg_weight": args.reg_weight, "kl_weight": args.kl_weight, "init": init})
 
 
 def run_train_heads(args, command: str, log=print) -> int:
@@ -206,6 +235,16 @@ def run_train_heads(args, command: str, log=print) -> int:
         f"tokens; {args.steps} steps of {args.batch_size} x {args.seq_len}")
     probe = (medusa_probe(target, tokens.heldout) if args.kind == "medusa" else
              eagle_probe(target, tokens.heldout, args.ttt_steps))
+    before = None
+    if settings["init"]:  # scored before training on: the card compares start and result on one set of windows
+        saved = work / "init_heldout_agreement.json"
+        if saved.exists():  # a --resume: the weights are past their start
+            before = json.loads(saved.read_text())
+        else:
+            before = agreement(student.eval())
+            work.mkdir(parents=True, exist_ok=True)
+            saved.write_text(json.dumps(before) + "\n")
+        student.train()
     task = DistillTask(args.kind, target, student, loss_fn, lambda d: save(student, target, target_name, d), probe)
     summary = train(task, tokens, stage, args.seq_len, args.seed, work, resume=args.resume,
                     progress=not args.no_progress, threads=args.threads)
@@ -219,6 +258,8 @@ def run_train_heads(args, command: str, log=print) -> int:
               "data": {k: v for k, v in tokens.manifest.items() if k != "file_list"},
               "hardware": {**machine_info(),
                            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}}
+    if before is not None:
+        report["init_heldout_agreement"] = before
     if not summary["interrupted"]:
         report["heldout_agreement"] = agreement(load(out, target))
     (out / "train_report.json").write_text(json.dumps(report, indent=1) + "\n")
