@@ -107,9 +107,13 @@ class EagleDrafter:
         if self.fed == 0:
             features = torch.cat([features.new_zeros(1, features.shape[1]), features])
         base = n - self.offset  # the slot of position n
-        out = self.head.extend(sequence[self.fed : n], features, self.target, self.cache, self.fed,
-                               self.fed - self.offset)
-        self.fed = n
+        fed, self.fed = self.fed, n
+        if self._greedy_chain():  # feed and chain in one C call where our kernels run
+            tokens = self.head.greedy_chain(sequence[fed:n], features, self.shape.depth(k), n, self.cache,
+                                            self.target, base)
+            if tokens is not None:
+                return self._chain_proposal(tokens)
+        out = self.head.extend(sequence[fed:n], features, self.target, self.cache, fed, fed - self.offset)
         if self._greedy_chain():
             return self._chain(out[-1], n, base, self.shape.depth(k))
         nodes: list[Node] = []
@@ -152,15 +156,17 @@ class EagleDrafter:
         """The tree loop's chain without its tree: node ``d`` at position ``n + d`` and slot
         ``base + d`` sees the cache and the nodes before it, which is what causal attention
         gives (no mask to build), and its token is the argmax over the draft vocabulary (no
-        full-vocabulary scores to fill). In one C call where our kernels run every part."""
-        tokens = self.head.greedy_chain(out, depth, n, self.cache, self.target, base)
-        if tokens is None:
-            tokens, h = [], out[None]
-            for d in range(depth):
-                tokens.append(self.head.best_token(h, self.target))
-                if d + 1 < depth:
-                    h = self.head.extend(torch.tensor(tokens[-1:]), h, self.target, self.cache, n + d, base + d)
-        return Proposal(torch.tensor(tokens), torch.arange(-1, depth - 1), None, None)
+        full-vocabulary scores to fill). ``EagleHead.greedy_chain`` is the same in one C call."""
+        tokens, h = [], out[None]
+        for d in range(depth):
+            tokens.append(self.head.best_token(h, self.target))
+            if d + 1 < depth:
+                h = self.head.extend(torch.tensor(tokens[-1:]), h, self.target, self.cache, n + d, base + d)
+        return self._chain_proposal(tokens)
+
+    @staticmethod
+    def _chain_proposal(tokens: list[int]) -> Proposal:
+        return Proposal(torch.tensor(tokens), torch.arange(-1, len(tokens) - 1), None, None)
 
     def verified(self, slot: int, length: int, path: list[int]) -> None:
         pass  # the tree's keys are overwritten next step by the accepted tokens, with the target's features

@@ -116,7 +116,7 @@ def library() -> ctypes.CDLL | None:
                                     _ptr, _c_int64, _ptr, _c_int64, _c_int]
     lib.qd_eagle_chain.argtypes = [_ptr, _c_float, _c_int64, _ptr, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                    _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr,
-                                   _c_int64, _ptr, _ptr, _c_int64, _c_int]
+                                   _c_int64, _ptr, _ptr, _ptr, _c_int64, _ptr, _c_int64, _c_int]
     for fn in (lib.qd_eagle_chain, lib.qd_greedy_chain, lib.qd_block, lib.qd_blocks, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
         fn.restype = None
     return lib
@@ -290,25 +290,30 @@ def _chain_args(head_ids: torch.Tensor | None, rope: tuple[torch.Tensor, torch.T
     return None if ids is None else ids.data_ptr(), cos, sin, (ids, tables)
 
 
-def eagle_chain(feature: torch.Tensor, n: int, embed: torch.Tensor, embed_scale: float, fc: LinearSpec,
-                stack: BlockStack, n_heads: int, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, final_norm: tuple[torch.Tensor, float],
-                head: LinearSpec, head_ids: torch.Tensor | None, vocab: int) -> list[int]:
-    """An EAGLE drafter's greedy chain of ``n`` tokens in one call (``qd_eagle_chain``): each
-    token the argmax of ``head`` over the final-normed feature, the first from ``feature``
-    (the drafter's last output, ``[H]``), each later one from the output of one level fed
-    the token before it at position and slot ``start + i`` (``fc`` over the scaled
-    embedding and the unit-RMS feature, then the one block of ``stack``). ``rope``: cos and
-    signed sin for positions ``start .. start + n - 2``."""
+def eagle_chain(feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, embed: torch.Tensor,
+                embed_scale: float, fc: LinearSpec, stack: BlockStack, n_heads: int,
+                rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                start: int, final_norm: tuple[torch.Tensor, float], head: LinearSpec, head_ids: torch.Tensor | None,
+                vocab: int) -> list[int]:
+    """An EAGLE drafter's feed and greedy chain of ``n`` tokens in one call
+    (``qd_eagle_chain``). The feed: ``feed_tokens`` ``[m]``, each with ``feed_features``
+    ``[m, H]`` (the target's feature of the token before it), through ``fc`` (over the
+    scaled embedding and the unit-RMS feature) and the one block of ``stack`` at cache
+    slots ``start - m .. start - 1``, causally. Then each token is the argmax of ``head``
+    over the final-normed feature, the first from the feed's last output, each later one
+    from the output of one level fed the token before it at slot ``start + i``. ``rope``:
+    cos and signed sin for the ``m + n - 1`` positions fed."""
     tokens = torch.empty(n, dtype=torch.int64)
-    feature = feature.float().contiguous().clone()
+    feed = feed_tokens.to(torch.int64).contiguous()
+    features = feed_features.float().contiguous()
+    feature = torch.empty(features.shape[1], dtype=torch.float32)
     ids, cos, sin, _alive = _chain_args(head_ids, rope)
     _, _, n_kv_heads, max_len, head_dim = k_cache.shape
     library().qd_eagle_chain(
         embed.data_ptr(), embed_scale, embed.shape[1], ctypes.addressof(fc), stack.norms, stack.eps, stack.linears,
         n_heads, n_kv_heads, head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len,
         start, final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab, feature.data_ptr(),
-        tokens.data_ptr(), n, torch.get_num_threads())
+        feed.data_ptr(), features.data_ptr(), feed.numel(), tokens.data_ptr(), n, torch.get_num_threads())
     return tokens.tolist()
 
 

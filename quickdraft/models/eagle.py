@@ -99,27 +99,31 @@ class EagleHead(nn.Module):
         index = int(self.sub_logits(hidden, target)[0].argmax())
         return index if self.vocab_ids is None else int(self.vocab_ids[index])
 
-    def greedy_chain(self, feature: torch.Tensor, n: int, start: int, cache: KVCache, target: Transformer,
-                     slot: int | None = None) -> list[int] | None:
-        """``n`` greedy draft tokens after the output ``feature`` (``[H]``) in one C call
-        (``cpu_kernels.eagle_chain``): :meth:`best_token` of it, then of each level fed the
-        token before at positions ``start``, ``start + 1``, ... and cache slots ``slot``,
-        ``slot + 1``, ... (default: the positions) (what
-        :meth:`extend` and :meth:`best_token` compute, up to float rounding). None where it
-        cannot run (float32 CPU inference with a reduced head, our kernels running every
-        linear, a Llama target, room in the cache): the caller steps in Python."""
-        weight, slot = target.embed.weight, start if slot is None else slot
+    def greedy_chain(self, feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, start: int,
+                     cache: KVCache, target: Transformer, slot: int | None = None) -> list[int] | None:
+        """Feed, then ``n`` greedy draft tokens, in one C call (``cpu_kernels.eagle_chain``).
+
+        The feed: ``feed_tokens`` ``[m]`` (m >= 1), each with the target's feature of the
+        token before it (``feed_features`` ``[m, H]``), at positions ``start - m .. start -
+        1`` and cache slots ``slot - m ..`` (:meth:`extend`'s causal pass). Then
+        :meth:`best_token` of its last output, and of each level fed the token before at
+        positions ``start``, ``start + 1``, ... and slots ``slot``, ``slot + 1``, ...
+        (default: the positions): what :meth:`extend` and :meth:`best_token` compute, up to
+        float rounding. None, with nothing written, where it cannot run (float32 CPU
+        inference with a reduced head, our kernels running every linear, a Llama target,
+        room in the cache): the caller feeds and steps in Python."""
+        weight, slot, m = target.embed.weight, start if slot is None else slot, feed_tokens.numel()
         if (self.vocab_head is None or target.pos_embed is not None or target._inv_freq is None
-                or not isinstance(target.norm, RMSNorm) or not cpu_kernels.fused_layers(feature)
-                or not weight.is_contiguous() or weight.dtype != torch.float32
+                or not isinstance(target.norm, RMSNorm) or not cpu_kernels.fused_layers(feed_features)
+                or not weight.is_contiguous() or weight.dtype != torch.float32 or m < 1 or slot < m
                 or not isinstance(cache.k, torch.Tensor) or slot + n - 1 > cache.max_len):
             return None
         specs = self._chain_specs()
         if specs is None:
             return None
         fc, stack, head = specs
-        cos, sin = target._rope(start, max(n - 1, 1))
-        return cpu_kernels.eagle_chain(feature, n, weight, float(self.embed_scale), fc, stack,
+        cos, sin = target._rope(start - m, m + n - 1)
+        return cpu_kernels.eagle_chain(feed_tokens, feed_features, n, weight, float(self.embed_scale), fc, stack,
                                        self.layer.attn.n_heads, (cos[0, 0], sin[0, 0]), cache.k, cache.v, slot,
                                        (target.norm.weight, target.norm.eps), head, self.vocab_ids,
                                        target.config.vocab_size)

@@ -334,38 +334,67 @@ void qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, const
     free(logits);
 }
 
-/* An EAGLE drafter's greedy chain (models/eagle.py) in one call: from the drafter's last
- * output `feature` ([hidden]), n tokens, each the argmax of head(final_norm(feature)) (a
- * reduced head's row index mapped through head_ids); after each token but the last, one
- * level: x = fc([embed[token] * embed_scale ; feature / rms(feature)]), the drafter's one
- * block at position and cache slot start + i, and x becomes the next feature. What the
- * drafter's Python levels compute, up to float rounding (a drafter's rounding never
- * changes what the target accepts); it saves ~0.35 ms of Python and PyTorch calls a level. */
+/* fc's input for one token of an EAGLE drafter: [embed[token] * embed_scale ; feature /
+ * rms(feature)] (a zero feature stays zero). */
+static void eagle_input(const float *embed, float embed_scale, int64_t hidden, int64_t token, const float *feature,
+                        float *in) {
+    const float *e = embed + token * hidden;
+    float squares = 0.0f;
+    for (int64_t j = 0; j < hidden; j++)
+        squares += feature[j] * feature[j];
+    const float unit = 1.0f / sqrtf(squares / (float)hidden + 1e-6f);
+    for (int64_t j = 0; j < hidden; j++) {
+        in[j] = e[j] * embed_scale;
+        in[hidden + j] = feature[j] * unit;
+    }
+}
+
+/* An EAGLE drafter's greedy chain (models/eagle.py) in one call. First, if m > 0, the feed:
+ * the m tokens the target accepted since the last proposal (feed_tokens), each with the
+ * target's feature of the token before it (feed_features [m, hidden]), through fc and the
+ * drafter's block at cache slots start - m .. start - 1, causally, in one m-row pass; its
+ * last output becomes `feature` ([hidden], written). Then n tokens, each the argmax of
+ * head(final_norm(feature)) (a reduced head's row index mapped through head_ids); after
+ * each token but the last, one level: x = fc([embed[token] * embed_scale ; feature /
+ * rms(feature)]), the block at cache slot start + i, and x becomes the next feature. cos /
+ * ssin: [m + n - 1, d] (the feed's positions, then the levels'). What the drafter's Python
+ * extend and levels compute, up to float rounding (a drafter's rounding never changes what
+ * the target accepts); it saves ~0.35 ms of Python and PyTorch calls a level. */
 void qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, const QdLinear *fc,
                     const float *const *norms, float eps, const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d,
                     const float *cos, const float *ssin, float *k_cache, float *v_cache, int64_t layer_stride,
                     int64_t max_len, int64_t start, const float *final_norm, float final_eps, const QdLinear *head,
-                    const int64_t *head_ids, int64_t vocab, float *feature, int64_t *tokens, int64_t n, int threads) {
+                    const int64_t *head_ids, int64_t vocab, float *feature, const int64_t *feed_tokens,
+                    const float *feed_features, int64_t m, int64_t *tokens, int64_t n, int threads) {
     float *in = malloc((size_t)(2 * hidden) * sizeof(float)), *x = malloc((size_t)hidden * sizeof(float));
     float *h = malloc((size_t)hidden * sizeof(float)), *logits = malloc((size_t)head->out * sizeof(float));
+    if (m > 0) {
+        float *fin = malloc((size_t)(2 * m * hidden) * sizeof(float)), *fx = malloc((size_t)(m * hidden) * sizeof(float));
+        float *mask = malloc((size_t)(m * start) * sizeof(float)); /* row j sees slots <= start - m + j */
+        for (int64_t j = 0; j < m; j++) {
+            eagle_input(embed, embed_scale, hidden, feed_tokens[j], feed_features + j * hidden, fin + j * 2 * hidden);
+            for (int64_t s = 0; s < start; s++)
+                mask[j * start + s] = s <= start - m + j ? 0.0f : -INFINITY;
+        }
+        linear(fc, fin, m, fx, threads);
+        qd_blocks(fx, m, hidden, 1, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache, layer_stride,
+                  max_len, NULL, start - m, start, mask, start, fx, threads);
+        memcpy(feature, fx + (m - 1) * hidden, (size_t)hidden * sizeof(float));
+        free(fin);
+        free(fx);
+        free(mask);
+    }
     for (int64_t i = 0; i < n; i++) {
         qd_rms_norm(feature, 1, hidden, final_norm, final_eps, h);
         linear(head, h, 1, logits, threads);
         tokens[i] = argmax_logits(logits, head->out, head_ids, vocab);
         if (i + 1 == n)
             break;
-        const float *e = embed + tokens[i] * hidden;
-        float squares = 0.0f;
-        for (int64_t j = 0; j < hidden; j++)
-            squares += feature[j] * feature[j];
-        const float unit = 1.0f / sqrtf(squares / (float)hidden + 1e-6f);
-        for (int64_t j = 0; j < hidden; j++) {
-            in[j] = e[j] * embed_scale;
-            in[hidden + j] = feature[j] * unit;
-        }
+        eagle_input(embed, embed_scale, hidden, tokens[i], feature, in);
         linear(fc, in, 1, x, threads);
-        qd_blocks(x, 1, hidden, 1, norms, eps, linears, hq, hkv, d, cos ? cos + i * d : NULL, ssin ? ssin + i * d : NULL,
-                  k_cache, v_cache, layer_stride, max_len, NULL, start + i, start + i + 1, NULL, 0, feature, threads);
+        qd_blocks(x, 1, hidden, 1, norms, eps, linears, hq, hkv, d, cos ? cos + (m + i) * d : NULL,
+                  ssin ? ssin + (m + i) * d : NULL, k_cache, v_cache, layer_stride, max_len, NULL, start + i,
+                  start + i + 1, NULL, 0, feature, threads);
     }
     free(in);
     free(x);
