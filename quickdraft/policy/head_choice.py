@@ -26,6 +26,7 @@ from ..decoding.stopping import StopConditions
 from ..drafters.factory import DraftOptions, make_drafter
 from ..drafters.per_row import HEAD_BATCH_K
 from ..models.lm import CausalLM, NativeLM
+from .cache import file_digest
 from .cost_model import StepCosts
 
 #: The head methods auto weighs, each at the k it runs with by default (the same table as
@@ -45,7 +46,8 @@ HEAD_SHAPES["eagle"] += ((1, (1,)), (5, (1, 1, 1, 1, 1)))
 
 def shipped_head_methods(target: CausalLM) -> dict[str, str]:
     """The head methods with heads shipped for ``target`` (native runtime only): method ->
-    the heads' directory name (part of auto's cache key: new heads are weighed again)."""
+    the heads' directory name and weights' digest (part of auto's cache key: new heads,
+    or heads retrained under the same name, are weighed again)."""
     if not isinstance(target, NativeLM):
         return {}
     from ..drafters.eagle import shipped_eagle
@@ -53,7 +55,8 @@ def shipped_head_methods(target: CausalLM) -> dict[str, str]:
     from ..drafters.prophet import shipped_prophet
 
     found = {"medusa": shipped_medusa(target), "prophet": shipped_prophet(target), "eagle": shipped_eagle(target)}
-    return {method: path.name for method, path in found.items() if path is not None}
+    return {method: f"{path.name}@{file_digest(path / 'model.safetensors')[:16]}"
+            for method, path in found.items() if path is not None}
 
 
 class _TimedDrafter:
