@@ -108,13 +108,14 @@ class EagleDrafter:
             features = torch.cat([features.new_zeros(1, features.shape[1]), features])
         base = n - self.offset  # the slot of position n
         fed, self.fed = self.fed, n
-        if self._greedy_chain():  # feed and chain in one C call where our kernels run
+        chain = self._greedy_chain()
+        if chain:  # feed and chain in one C call where our kernels run
             tokens = self.head.greedy_chain(sequence[fed:n], features, self.shape.depth(k), n, self.cache,
                                             self.target, base)
             if tokens is not None:
                 return self._chain_proposal(tokens)
         out = self.head.extend(sequence[fed:n], features, self.target, self.cache, fed, fed - self.offset)
-        if self._greedy_chain():
+        if chain:
             return self._chain(out[-1], n, base, self.shape.depth(k))
         nodes: list[Node] = []
         outputs = {-1: out[-1]}  # node -> the drafter's output there (its children's feature)

@@ -633,8 +633,8 @@ def init_line(r: dict) -> list[str]:
     init = r.get("init")
     if not init:
         return []
-    return [f"Started from `{init['path']}` (`model.safetensors` sha256 {init['sha256'][:12]}...), its draft "
-            "vocabulary kept, and trained on from there: the held-out table scores both on the same windows.", ""]
+    return [f"Started from `{init['path']}` (`model.safetensors` sha256 {init['sha256'][:12]}...) and trained on "
+            "from there: the held-out table scores both on the same windows.", ""]
 
 
 def write_heads_card(out: Path, r: dict) -> None:
