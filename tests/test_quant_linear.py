@@ -265,9 +265,10 @@ def test_avx512_and_avx2_products_agree_bit_for_bit():
     """qmatmul_avx512.c rounds every int4 and int8 element as qmatmul.c does (one 16-lane
     accumulator is the AVX2 kernel's two 8-lane ones; int8 on AVX-512 VNNI, two groups a
     vector, odd group counts too): row counts across both files' passes (AVX2: 6 rows;
-    AVX-512: 16 and tiles of 4 weight rows x 1 row, 2 x 2-10), widths not a multiple of 4.
-    Also each AVX2 product's several-row passes against its single rows (float32 row pass
-    up to 7 rows, tiles from 8)."""
+    AVX-512: 16 and tiles of 4 weight rows x 1 row, 2 x 2-10; float32: a prefetching row
+    pass of 4-16 rows, 4 x 4 tiles from 17), widths not a multiple of 4. Also each AVX2
+    product's several-row passes against its single rows (float32 row pass up to 7 rows,
+    tiles from 8)."""
     from quickdraft.models import cpu_kernels
 
     if not native_kernels():
@@ -288,7 +289,7 @@ def test_avx512_and_avx2_products_agree_bit_for_bit():
                 alone = torch.cat([product(x[i : i + 1], *weights) for i in range(len(x))])
                 for isa in ("avx2", "avx512"):  # each path's several-row passes, against AVX2's single rows
                     cpu_kernels.kernel_isa(isa)
-                    for rows in (1, 2, 3, 5, 7, 8, 9, 10, 11, 16, 17, 20):
+                    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 16, 17, 20):
                         assert torch.equal(product(x[:rows], *weights), alone[:rows]), (isa, name, n, k, rows)
     finally:
         cpu_kernels.kernel_isa("avx512")

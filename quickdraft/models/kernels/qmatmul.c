@@ -258,12 +258,14 @@ static inline __attribute__((always_inline)) void f32_columns(const float *x, in
  * bit-identical, any M). Measured with weights streamed from memory as in a decode step
  * (60 matrices of the embedded target's shapes, 2 threads): the row pass is 1.2-1.7x faster
  * for 2-7 rows (the two-row tiles' interleaved weight streams read slowly), the tiles ~5%
- * faster for 9. Where the CPU has AVX-512, 8 rows or more take its 4 x 4 tiles instead
- * (0.79-0.90x the time at 8-25 rows; for 2-7 rows the row pass stayed as fast or faster). */
+ * faster for 9. Where the CPU has AVX-512, 4-16 rows take its prefetching row pass and
+ * 17 or more its 4 x 4 tiles (qmatmul_avx512.c: 0.72-0.94x the time at 4-16 rows, the
+ * tiles 0.79-0.90x at 8-25 before the pass; 1-3 rows stay here, as fast or faster). */
 void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads) {
     const Weights weights = {w, 0, 0};
-    if (M >= 8 && qd_kernel_isa(-1)) { /* AVX-512's 4 x 4 tiles (qmatmul_avx512.c), same bits */
-        qd_f32_matmul_avx512(x, M, K, w, N, y, threads);
+    if (M >= 4 && qd_kernel_isa(-1)) { /* AVX-512, same bits */
+        if (M <= 16) qd_f32_rows_avx512(x, M, K, w, N, y, threads);
+        else qd_f32_matmul_avx512(x, M, K, w, N, y, threads);
         return;
     }
     if (M < 8) {

@@ -15,8 +15,8 @@
  * 0.87x, 0.89x, 0.86x, 0.91x and 0.95x the time. The same scheme for float32 weights
  * (and int8 ones with float32 activations, before q8a8.h) did not pay: one-row products
  * 1.1-1.4x slower (one chain a row; tiles of several weight rows read streamed weights
- * up to 1.9x slower), several-row ones no faster (+-5% at 2-17 rows); float32 products
- * of 8+ rows take 4 x 4 tiles instead (below).
+ * up to 1.9x slower), several-row ones no faster (+-5% at 2-17 rows) until the pass
+ * prefetched its weights (f32_pass below: 4-16 rows); 17+ rows take 4 x 4 tiles.
  *
  * Same rounding: the AVX2 kernel keeps two 8-lane accumulators per output, lane chunk j of
  * a group (j = 0..3) going into accumulator j % 2, summed at the end as sum8(acc0 + acc1).
@@ -187,6 +187,51 @@ void qd_f32_matmul_avx512(const float *x, int64_t M, int64_t K, const float *w, 
         case 3: f32_quad(x, M, K, w + n * K, 3, y + n, N, NULL); break;
         case 2: f32_quad(x, M, K, w + n * K, 2, y + n, N, NULL); break;
         case 1: f32_quad(x, M, K, w + n * K, 1, y + n, N, NULL); break;
+        }
+    }
+}
+
+/* float32 products of 4-16 rows (a verify pass of 3-15 drafted tokens): one weight row
+ * against all the rows of x, one 16-lane accumulator a row ([acc0 | acc1] as above), and
+ * a prefetch of the weight row F32_AHEAD rows on. Without the prefetch the pass waited
+ * for its weights and then computed, in turn (the header's "no faster"); with it, one
+ * weight stream arrives while the rows compute. Interleaved against what ran before (the
+ * AVX2 row pass to 7 rows, the 4 x 4 tiles from 8) over the embedded target's 33 products
+ * of a pass (92 MB of weights streamed, 2 threads, three runs): 0.88x / 0.72x / 0.80-0.91x
+ * / 0.78x / 0.81x / 0.89x / 0.94x the time at 4 / 6 / 7 / 8 / 9 / 13 / 16 rows; 1-3 rows
+ * no faster (the AVX2 pass stays), 17+ slower than the tiles (which stay). Prefetch
+ * distances of 1-4 rows were within 3% of each other. */
+#define F32_PASS_ROWS 16
+#define F32_AHEAD 2
+
+static inline __attribute__((always_inline)) void f32_pass(const float *w, const float *ahead, const float *x,
+                                                            int64_t K, int rows, float *y, int64_t ldy) {
+    __m512 acc[F32_PASS_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k += 32) {
+        if (ahead) { /* the two cache lines of this step's 32 floats, F32_AHEAD rows on */
+            _mm_prefetch((const char *)(ahead + k), _MM_HINT_T0);
+            _mm_prefetch((const char *)(ahead + k + 16), _MM_HINT_T0);
+        }
+        const __m512 w0 = _mm512_loadu_ps(w + k), w1 = _mm512_loadu_ps(w + k + 16);
+        for (int r = 0; r < rows; r++) acc[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * K + k), acc[r]);
+        for (int r = 0; r < rows; r++) acc[r] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * K + k + 16), acc[r]);
+    }
+    for (int r = 0; r < rows; r++) y[r * ldy] = sum16(acc[r]);
+}
+
+/* x [M, K] float32 (M <= F32_PASS_ROWS), w [N, K] -> y [M, N], K % 32 == 0: qd_f32_matmul's result. */
+void qd_f32_rows_avx512(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) {
+        const float *ahead = n + F32_AHEAD < N ? w + (n + F32_AHEAD) * K : NULL;
+        switch (M) { /* every row count its own specialization */
+#define F32_CASE(c) \
+    case c: f32_pass(w + n * K, ahead, x, K, c, y + n, N); break
+            F32_CASE(1); F32_CASE(2); F32_CASE(3); F32_CASE(4); F32_CASE(5); F32_CASE(6); F32_CASE(7); F32_CASE(8);
+            F32_CASE(9); F32_CASE(10); F32_CASE(11); F32_CASE(12); F32_CASE(13); F32_CASE(14); F32_CASE(15);
+            F32_CASE(16);
+#undef F32_CASE
         }
     }
 }
