@@ -11,7 +11,7 @@ import torch
 
 from quickdraft.bench.cli import add_bench_parser
 from quickdraft.bench.prompts import BenchPrompt, save_prompts
-from quickdraft.bench.results import slower_than_plain
+from quickdraft.bench.results import slower_than_plain, unmeasured_prompts
 
 
 def parse(argv):
@@ -101,3 +101,17 @@ def test_warns_when_a_method_is_slower_than_plain():
               {"category": "long", "rows": [dict(rows[3], speedup=0.9)]}]
     lines = slower_than_plain(rows[3:], groups)
     assert lines == ["draft k=2 is slower than plain decoding (ar) on long 0.90x (1.30x over all categories)"]
+
+
+def test_warns_about_a_prompt_the_target_ends_at_once():
+    """The long category once measured one of its two quick prompts: the target ended the
+    other at once (0 tokens: no ratio), and nothing said so."""
+    def runs(*counts):
+        return [{"new_tokens": n} for n in counts]
+
+    groups = [{"category": "long", "rows": [
+        {"label": "ar", "runs_by_prompt": {"long-a": runs(128, 128), "long-b": runs(0, 0)}},
+        {"label": "draft k=4", "runs_by_prompt": {"long-a": runs(128, 128), "long-b": runs(0, 0)}}]},
+        {"category": "short", "rows": [{"label": "ar", "runs_by_prompt": {"s": runs(3, 0)}}]}]
+    lines = unmeasured_prompts(groups)
+    assert len(lines) == 1 and lines[0].startswith("long: ar wrote no token after prompt long-b")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from quickdraft.bench.prompt_sets import (
     _significant_lines,
     build_long,
     build_short,
+    embedded_continues,
     embedded_token_counter,
     stdlib_lines,
 )
@@ -25,6 +27,7 @@ from quickdraft.bench.prompts import (
     BenchPrompt,
     PromptFileError,
     builtin_prompts,
+    category_file,
     load_prompts,
     parse_categories,
     save_prompts,
@@ -107,9 +110,13 @@ def fake_corpus(root, functions: int):
     return root
 
 
+def always(text: str) -> bool:  # the embedded target's check, standing in for text it never saw
+    return True
+
+
 def test_build_short_is_deterministic(tmp_path):
     root = fake_corpus(tmp_path, 3)
-    a, b = build_short(root), build_short(root)
+    a, b = build_short(root, continues=always), build_short(root, continues=always)
     assert a == b and {p.kind for p in a} == set(KINDS) and {p.category for p in a} == {"short"}
     doc = next(p for p in a if p.kind == "docstring")
     assert doc.prompt.endswith('"""')
@@ -123,9 +130,28 @@ def test_build_long_is_deterministic(tmp_path):
     def count(text):  # about as many tokens as the real tokenizer gives
         return len(text) // 4
 
-    a = build_long(root, count_tokens=count)
-    assert a == build_long(root, count_tokens=count) and a
+    a = build_long(root, count_tokens=count, continues=always)
+    assert a == build_long(root, count_tokens=count, continues=always) and a
     assert all(LONG_TOKENS[0] <= count(p.prompt) <= LONG_TOKENS[1] and p.category == "long" for p in a)
+    # a prompt the target would end at once is passed over for the next candidate
+    ended = a[0].prompt
+    b = build_long(root, count_tokens=count, continues=lambda text: text != ended)
+    assert ended not in {p.prompt for p in b} and len(b) == len(a)
+
+
+def test_the_embedded_target_continues_every_stored_prompt():
+    """A prompt the target ends at once has no speedup to measure: the bench's long
+    category once measured one prompt, its other (long-repetitive-1, cp865.py's table at
+    1,000 tokens) ending at once. The builders now pass such prompts over; the stored ones
+    each get at least a token (the full 128 are checked when the files are built)."""
+    import encodings
+
+    table = (Path(encodings.__file__).parent / "cp865.py").read_text().splitlines(keepends=True)
+    continues = embedded_continues(1)
+    assert not continues("".join(table[155:225]))  # the old long-repetitive-1
+    for category in ("short", "long", "out-of-domain"):
+        for p in load_prompts(category_file(category)):
+            assert continues(p.prompt), p.id
 
 
 def test_category_selection(tmp_path):

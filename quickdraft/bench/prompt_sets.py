@@ -12,6 +12,9 @@ Every prompt ends where a model has real work to do:
 The context before that point is as many whole lines as fit a budget: about 420
 characters (~120 tokens) for short prompts, 600-1500 tokens (counted with the embedded
 target's tokenizer; the target length is drawn per prompt from a hash) for long ones.
+A candidate the embedded target ends within its first 128 greedy tokens is passed over
+(:func:`embedded_continues`): the bench's ratios are per prompt, and a prompt with no new
+tokens has none.
 
 Sources:
 
@@ -49,6 +52,7 @@ CHARS_PER_TOKEN = 3.6  # first guess of a long prompt's character budget (then c
 OOD_FILES_PER_PACKAGE = 60  # files read per package (the first by path hash)
 MAX_STDLIB_OVERLAP = 0.1
 PER_KIND = {"short": 4, "long": 3, "out-of-domain": 2}  # per kind (out-of-domain: per kind and size)
+CONTINUATION_TOKENS = 128  # the embedded target must write this many without ending (the bench's default)
 
 Candidate = tuple[str, str, str]  # (sort key, prompt, source)
 
@@ -168,6 +172,16 @@ def embedded_token_counter() -> Callable[[str], int]:
     return lambda text: len(tokenizer(text)["input_ids"])
 
 
+def embedded_continues(max_new_tokens: int = CONTINUATION_TOKENS) -> Callable[[str], bool]:
+    """Whether the embedded default target, decoding greedily, writes ``max_new_tokens``
+    tokens after a prompt without ending: a prompt it ends at once measures nothing (the
+    bench's speedups are per prompt; 0 tokens is no ratio)."""
+    from ..generator import SpeculativeGenerator
+
+    generator = SpeculativeGenerator.from_pretrained(method="ar")
+    return lambda text: generator.generate(text, max_new_tokens=max_new_tokens).stats.new_tokens >= max_new_tokens
+
+
 def _pick(candidates: dict[str, list[Candidate]], per_kind: int, used_sources: set[str],
           accept: Callable[[str, str], bool] = lambda prompt, source: True) -> dict[str, list[Candidate]]:
     """Up to ``per_kind`` candidates per kind, in key order, one per file per kind, each
@@ -216,26 +230,32 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def build_short(root: Path | None = None, per_kind: int = PER_KIND["short"]) -> list[BenchPrompt]:
+def build_short(root: Path | None = None, per_kind: int = PER_KIND["short"],
+                continues: Callable[[str], bool] | None = None) -> list[BenchPrompt]:
     """The ``short`` category: up to ~420 characters of context, from the validation split of
-    the corpus under ``root`` (default: this interpreter's stdlib)."""
+    the corpus under ``root`` (default: this interpreter's stdlib), each one the embedded
+    target continues (``continues``, default :func:`embedded_continues`)."""
+    continues = continues or embedded_continues()
     root, val = _validation_files(root)
     candidates: dict[str, list[Candidate]] = {k: [] for k in KINDS}
     for rel in val:
         text = _read(root / rel)
         for kind, found in ({} if text is None else _candidates(rel, text, _short_budget)).items():
             candidates[kind] += found
-    picked = _pick(candidates, per_kind, set())
+    picked = _pick(candidates, per_kind, set(), accept=lambda prompt, source: continues(prompt))
     return _interleave([[BenchPrompt(f"{kind}-{i}", prompt, kind, source, "short")
                          for i, (_, prompt, source) in enumerate(picked[kind], 1)] for kind in KINDS])
 
 
 def build_long(root: Path | None = None, per_kind: int = PER_KIND["long"],
                count_tokens: Callable[[str], int] | None = None,
-               exclude_sources: set[str] | None = None) -> list[BenchPrompt]:
+               exclude_sources: set[str] | None = None,
+               continues: Callable[[str], bool] | None = None) -> list[BenchPrompt]:
     """The ``long`` category: 600-1500 tokens of context from the validation split (sources
-    in ``exclude_sources``, e.g. those of the short set, are not used again)."""
+    in ``exclude_sources``, e.g. those of the short set, are not used again), each one the
+    embedded target continues (``continues``, default :func:`embedded_continues`)."""
     count_tokens = count_tokens or embedded_token_counter()
+    continues = continues or embedded_continues()
     root, val = _validation_files(root, code_only=True)
     candidates: dict[str, list[Candidate]] = {k: [] for k in KINDS}
     for rel in val:
@@ -244,7 +264,7 @@ def build_long(root: Path | None = None, per_kind: int = PER_KIND["long"],
             candidates[kind] += found
     lo, hi = LONG_TOKENS
     picked = _pick(candidates, per_kind, set(exclude_sources or ()),
-                   accept=lambda prompt, source: lo <= count_tokens(prompt) <= hi)
+                   accept=lambda prompt, source: lo <= count_tokens(prompt) <= hi and continues(prompt))
     origin = {"corpus": "stdlib validation split (quickdraft.train.corpus)", "python": platform.python_version()}
     return _interleave([[BenchPrompt(f"long-{kind}-{i}", prompt, kind, source, "long", "long",
                                      {**origin, "file": source.rsplit(":", 1)[0], "tokens": count_tokens(prompt)})
@@ -274,12 +294,16 @@ def stdlib_lines(root: Path | None = None) -> set[str]:
 def build_out_of_domain(packages: tuple[str, ...] = OOD_PACKAGES, per_kind: int = PER_KIND["out-of-domain"],
                         count_tokens: Callable[[str], int] | None = None,
                         corpus_lines: set[str] | None = None,
-                        files_per_package: int = OOD_FILES_PER_PACKAGE) -> list[BenchPrompt]:
+                        files_per_package: int = OOD_FILES_PER_PACKAGE,
+                        continues: Callable[[str], bool] | None = None) -> list[BenchPrompt]:
     """The ``out-of-domain`` category: short and long prompts from installed third-party
-    packages. Packages are used in turn, so the prompts spread over all of them."""
+    packages, each one the embedded target continues (``continues``, default
+    :func:`embedded_continues`). Packages are used in turn, so the prompts spread over all
+    of them."""
     from importlib import metadata
 
     count_tokens = count_tokens or embedded_token_counter()
+    continues = continues or embedded_continues()
     corpus_lines = stdlib_lines() if corpus_lines is None else corpus_lines
     lo, hi = LONG_TOKENS
     sizes = {"short": (_short_budget, lambda n: True), "long": (_long_budget, lambda n: lo <= n <= hi)}
@@ -324,7 +348,7 @@ def build_out_of_domain(packages: tuple[str, ...] = OOD_PACKAGES, per_kind: int 
                     if source in used or file in files_used or in_domain(prompt):
                         continue
                     n = count_tokens(prompt)
-                    if not fits(n):
+                    if not fits(n) or not continues(prompt):
                         continue
                     used.add(source)
                     files_used.add(file)

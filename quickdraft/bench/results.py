@@ -310,6 +310,20 @@ def slower_than_plain(overall: Sequence[dict], groups: Sequence[dict] = ()) -> l
     return lines
 
 
+def unmeasured_prompts(groups: Sequence[dict]) -> list[str]:
+    """One line for each prompt after which the reference row (the first: plain decoding)
+    wrote no token in any run: the target ends it at once, so it has no speedup and its
+    category is measured on its other prompts only."""
+    lines = []
+    for g in groups:
+        reference = g["rows"][0] if g["rows"] else {}
+        for pid, runs in (reference.get("runs_by_prompt") or {}).items():
+            if runs and not any(run["new_tokens"] for run in runs):
+                lines.append(f"{g['category']}: {reference['label']} wrote no token after prompt {pid} (the target "
+                             "ends there), so it adds nothing to the category's figures; use prompts it continues")
+    return lines
+
+
 def noisy_figures(groups: Sequence[dict]) -> list[str]:
     """One line for each category whose cost-model figures were too noisy to trust:
     ``long: the predicted speedup of draft k=4 (above its bound k + 1); the overhead of ar,

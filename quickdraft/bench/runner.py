@@ -31,6 +31,7 @@ from .results import (
     noisy_figures,
     slower_than_plain,
     summarise,
+    unmeasured_prompts,
 )
 
 DEFAULT_K = 4  # without a draft to calibrate with
@@ -182,7 +183,8 @@ def run_benchmark(
         "results": groups,
         "overall": {"category": "all", "rows": overall_rows},
         "mismatches": mismatch_report,
-        "warnings": slower_than_plain(overall_rows, groups) + noisy_figures(groups) + _llama_cpp_warnings(ctx),
+        "warnings": (slower_than_plain(overall_rows, groups) + unmeasured_prompts(groups) + noisy_figures(groups)
+                     + _llama_cpp_warnings(ctx)),
         **({"llama_cpp": ctx.llama_cpp.to_json()} if ctx.llama_cpp is not None else {}),
     }
 
