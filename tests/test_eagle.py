@@ -364,5 +364,5 @@ def test_the_drafter_reads_a_long_prompts_last_tokens_only(monkeypatch):
                for t in s.tokens]
         assert out == plain, shape.name
         (offset, fed), = at_leave
-        assert offset == prompt.numel() + 1 - 24 and fed > prompt.numel()  # first drafted after the prefill's token
+        assert offset == prompt.numel() - 24 and fed > prompt.numel()  # the prompt's window, fed in the prefill
         assert not drafter.cache.k[..., fed - offset + 8 :, :].any()  # no slot past the window and the drafts
