@@ -111,6 +111,155 @@ static void rope(const float *x, const float *cos, const float *ssin, int64_t d,
     }
 }
 
+/* The softmax of one query's packed scores p[0..n) (best: their maximum) in place, lanes
+ * of 8 over the zero-padded pack, and 1 / their sum. */
+static float softmax_packed(float *p, int64_t n, float best) {
+    const int64_t lanes = (n + 7) / 8 * 8;
+    for (int64_t i = n; i < lanes; i++)
+        p[i] = -INFINITY;
+    __m256 total = _mm256_setzero_ps();
+    const __m256 top = _mm256_set1_ps(best), hidden = _mm256_set1_ps(-INFINITY);
+    for (int64_t i = 0; i < lanes; i += 8) {
+        const __m256 v = _mm256_loadu_ps(p + i);
+        const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(v, hidden, _CMP_EQ_OQ), exp8(_mm256_sub_ps(v, top)));
+        _mm256_storeu_ps(p + i, e);
+        total = _mm256_add_ps(total, e);
+    }
+    return 1.0f / lanes_sum(total);
+}
+
+/* One query of one head (any d): its visible keys' scores, packed in slot order (key n
+ * of the pack sums into lane n % 8). A tree node's ancestors sit at other slots than the
+ * same tokens after acceptance (packed behind the cache), so summing by slot would round
+ * the softmax total differently from the plain step that later sees them; by rank it is
+ * the same sequence of float operations, bit for bit (8-bit activations would magnify
+ * one ulp). */
+static void attend_one(const float *qv, int64_t d, const float *keys, const float *values, int64_t kv_len,
+                       const float *mrow, float scale, float *o) {
+    float *p = malloc((size_t)((kv_len + 7) / 8 * 8) * sizeof(float));
+    int64_t *seen = malloc((size_t)kv_len * sizeof(int64_t));
+    int64_t n = 0;
+    float best = -INFINITY;
+    for (int64_t s = 0; s < kv_len; s++) {
+        if (mrow && mrow[s] == -INFINITY)
+            continue;
+        const float score = dot(qv, keys + s * d, d) * scale + (mrow ? mrow[s] : 0.0f);
+        seen[n] = s;
+        p[n++] = score;
+        if (score > best)
+            best = score;
+    }
+    if (best == -INFINITY) {
+        memset(o, 0, (size_t)d * sizeof(float));
+    } else {
+        const float inv = softmax_packed(p, n, best);
+        for (int64_t i = 0; i < d; i++)
+            o[i] = 0.0f;
+        for (int64_t k = 0; k < n; k++) {
+            if (p[k] == 0.0f)  /* underflowed: contributes nothing, skip it */
+                continue;
+            const float w = p[k], *v = values + seen[k] * d;
+            for (int64_t i = 0; i < d; i++)
+                o[i] += w * v[i];
+        }
+        for (int64_t i = 0; i < d; i++)
+            o[i] *= inv;
+    }
+    free(seen);
+    free(p);
+}
+
+/* o[0 .. 8 cn) = inv * sum_k p[k] v[seen[k]] over the nonzero p[k] in order, a product
+ * then a sum per key (no FMA), as attend_one; cn <= 8 chunks of 8, held in registers
+ * (inlined with cn = 8 a constant: a variable count left them in memory). */
+static inline __attribute__((always_inline)) void weighted_sum(const float *p, const int64_t *seen, int64_t n,
+                                                                const float *values, int64_t d, int64_t cn,
+                                                                float inv, float *o) {
+    __m256 acc[8];
+    for (int64_t c = 0; c < cn; c++)
+        acc[c] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n; k++) {
+        if (p[k] == 0.0f) /* underflowed: contributes nothing, skip it */
+            continue;
+        const __m256 w = _mm256_set1_ps(p[k]);
+        const float *v = values + seen[k] * d;
+        for (int64_t c = 0; c < cn; c++)
+            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(w, _mm256_loadu_ps(v + 8 * c)));
+    }
+    const __m256 scaled = _mm256_set1_ps(inv);
+    for (int64_t c = 0; c < cn; c++)
+        _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], scaled));
+}
+
+/* Queries an attend_block task takes (of one head). */
+#define QUERY_BLOCK 4
+
+/* Queries j0 .. j0 + nq - 1 of head h (nq <= QUERY_BLOCK, d % 8 == 0): attend_one's
+ * result for each, bit for bit (the same operations per query, in the same order). One
+ * query at a time, a key's score was a chain of d / 8 dependent FMAs, and the weighted
+ * sum of values reloaded and stored its output every key: a verify pass of 9 tokens
+ * after 1,100 spent a fifth of its time here. Here the block's chains interleave over
+ * each key read once, and the output sits in registers. Attention alone (a layer of the
+ * embedded target, interleaved against attend_one in one process): 0.54-0.62x the time
+ * for 9 queries over 1,100 keys, ~0.75x for one; the embedded target's whole pass of 9
+ * tokens after 1,100 0.79x, after 128 0.95x, one token unchanged (its keys stream from
+ * memory either way). (A reduction of 8 keys' lanes at once, and a weighted sum sharing
+ * each value between the block's queries, were no faster.) */
+static inline __attribute__((always_inline)) void attend_block(
+    const float *q, int64_t j0, int nq, int64_t h, int64_t hq, int64_t d, const float *keys, const float *values,
+    int64_t kv_len, const float *mask, int64_t mask_stride, float scale, float *out) {
+    const int64_t chunks = d / 8, padded = (kv_len + 7) / 8 * 8;
+    const float *qv[QUERY_BLOCK];
+    for (int b = 0; b < nq; b++)
+        qv[b] = q + ((j0 + b) * hq + h) * d;
+    /* Every query's score of every key, masked or not (a masked one is dropped below). */
+    float *scores = malloc((size_t)(nq * kv_len) * sizeof(float));
+    for (int64_t s = 0; s < kv_len; s++) {
+        const float *key = keys + s * d;
+        __m256 acc[QUERY_BLOCK];
+        for (int b = 0; b < nq; b++)
+            acc[b] = _mm256_setzero_ps();
+        for (int64_t c = 0; c < chunks; c++) { /* dot()'s chain, chunk by chunk, every query at once */
+            const __m256 kc = _mm256_loadu_ps(key + 8 * c);
+            for (int b = 0; b < nq; b++)
+                acc[b] = _mm256_fmadd_ps(_mm256_loadu_ps(qv[b] + 8 * c), kc, acc[b]);
+        }
+        for (int b = 0; b < nq; b++)
+            scores[b * kv_len + s] = lanes_sum(acc[b]);
+    }
+    float *p = malloc((size_t)padded * sizeof(float));
+    int64_t *seen = malloc((size_t)kv_len * sizeof(int64_t));
+    for (int b = 0; b < nq; b++) {
+        const float *mrow = mask ? mask + (j0 + b) * mask_stride : NULL, *sc = scores + b * kv_len;
+        float *o = out + ((j0 + b) * hq + h) * d;
+        int64_t n = 0;
+        float best = -INFINITY;
+        for (int64_t s = 0; s < kv_len; s++) { /* attend_one's pack, from the scores above */
+            if (mrow && mrow[s] == -INFINITY)
+                continue;
+            const float score = sc[s] * scale + (mrow ? mrow[s] : 0.0f);
+            seen[n] = s;
+            p[n++] = score;
+            if (score > best)
+                best = score;
+        }
+        if (best == -INFINITY) {
+            memset(o, 0, (size_t)d * sizeof(float));
+            continue;
+        }
+        const float inv = softmax_packed(p, n, best);
+        for (int64_t c0 = 0; c0 < chunks; c0 += 8) { /* attend_one's o += w v, 64 output floats in registers */
+            if (chunks - c0 >= 8)
+                weighted_sum(p, seen, n, values + 8 * c0, d, 8, inv, o + 8 * c0);
+            else
+                weighted_sum(p, seen, n, values + 8 * c0, d, chunks - c0, inv, o + 8 * c0);
+        }
+    }
+    free(seen);
+    free(p);
+    free(scores);
+}
+
 /* One row of a pass: t queries, their new keys and values in qkv [t, (hq + 2 hkv) * d]
  * (q heads, then k heads, then v heads). Stores the rotated keys and the values at cache
  * slots slots[j] (or start + j when slots is NULL) of k_cache / v_cache ([hkv, max_len, d],
@@ -122,7 +271,6 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
                const int64_t *slots, int64_t start, int64_t kv_len,
                const float *mask, int64_t mask_stride, float *out, int threads) {
     const int64_t width = (hq + 2 * hkv) * d, group = hq / hkv;
-    const int64_t padded = (kv_len + 7) / 8 * 8;
     float *q = malloc((size_t)(t * hq * d) * sizeof(float));
     for (int64_t j = 0; j < t; j++) {
         const float *row = qkv + j * width;
@@ -140,61 +288,29 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
     const float scale = 1.0f / sqrtf((float)d);
     /* Threads only where the work outweighs waking them; the result is the same either way. */
     const int parallel = threads > 1 && t * hq * kv_len * d >= (1 << 17);
+    if (d % 8 == 0) {
+        /* Tasks of up to QUERY_BLOCK queries of one head: each key is read once for all of
+         * them (see attend_block); small blocks keep both threads busy at few queries. */
+        const int64_t blocks = (t + QUERY_BLOCK - 1) / QUERY_BLOCK;
+#pragma omp parallel for num_threads(threads) schedule(static) if (parallel)
+        for (int64_t task = 0; task < hq * blocks; task++) {
+            const int64_t h = task / blocks, j0 = task % blocks * QUERY_BLOCK;
+            const float *keys = k_cache + h / group * max_len * d, *values = v_cache + h / group * max_len * d;
+            switch (t - j0 < QUERY_BLOCK ? t - j0 : QUERY_BLOCK) { /* each block size its own specialization */
+#define BLOCK_CASE(c) \
+    case c: attend_block(q, j0, c, h, hq, d, keys, values, kv_len, mask, mask_stride, scale, out); break
+                BLOCK_CASE(1); BLOCK_CASE(2); BLOCK_CASE(3); BLOCK_CASE(4);
+#undef BLOCK_CASE
+            }
+        }
+        free(q);
+        return;
+    }
 #pragma omp parallel for num_threads(threads) schedule(static) if (parallel)
     for (int64_t task = 0; task < t * hq; task++) {
         const int64_t j = task / hq, h = task % hq, kvh = h / group;
-        const float *qv = q + task * d, *keys = k_cache + kvh * max_len * d, *values = v_cache + kvh * max_len * d;
-        const float *mrow = mask ? mask + j * mask_stride : NULL;
-        /* The visible keys' scores, packed in slot order: key n of the pack sums into lane
-         * n % 8. A tree node's ancestors sit at other slots than the same tokens after
-         * acceptance (packed behind the cache), so summing by slot would round the softmax
-         * total differently from the plain step that later sees them; by rank it is the same
-         * sequence of float operations, bit for bit (8-bit activations would magnify one ulp). */
-        float *p = malloc((size_t)padded * sizeof(float));
-        int64_t *seen = malloc((size_t)kv_len * sizeof(int64_t));
-        int64_t n = 0;
-        float best = -INFINITY;
-        for (int64_t s = 0; s < kv_len; s++) {
-            if (mrow && mrow[s] == -INFINITY)
-                continue;
-            const float score = dot(qv, keys + s * d, d) * scale + (mrow ? mrow[s] : 0.0f);
-            seen[n] = s;
-            p[n++] = score;
-            if (score > best)
-                best = score;
-        }
-        float *o = out + (j * hq + h) * d;
-        if (best == -INFINITY) {
-            memset(o, 0, (size_t)d * sizeof(float));
-            free(p);
-            free(seen);
-            continue;
-        }
-        const int64_t lanes = (n + 7) / 8 * 8;
-        for (int64_t i = n; i < lanes; i++)
-            p[i] = -INFINITY;
-        __m256 total = _mm256_setzero_ps();
-        const __m256 top = _mm256_set1_ps(best), hidden = _mm256_set1_ps(-INFINITY);
-        for (int64_t i = 0; i < lanes; i += 8) {
-            const __m256 v = _mm256_loadu_ps(p + i);
-            const __m256 e = _mm256_andnot_ps(_mm256_cmp_ps(v, hidden, _CMP_EQ_OQ), exp8(_mm256_sub_ps(v, top)));
-            _mm256_storeu_ps(p + i, e);
-            total = _mm256_add_ps(total, e);
-        }
-        const float inv = 1.0f / lanes_sum(total);
-        for (int64_t i = 0; i < d; i++)
-            o[i] = 0.0f;
-        for (int64_t k = 0; k < n; k++) {
-            if (p[k] == 0.0f)  /* underflowed: contributes nothing, skip it */
-                continue;
-            const float w = p[k], *v = values + seen[k] * d;
-            for (int64_t i = 0; i < d; i++)
-                o[i] += w * v[i];
-        }
-        free(seen);
-        for (int64_t i = 0; i < d; i++)
-            o[i] *= inv;
-        free(p);
+        attend_one(q + task * d, d, k_cache + kvh * max_len * d, v_cache + kvh * max_len * d, kv_len,
+                   mask ? mask + j * mask_stride : NULL, scale, out + (j * hq + h) * d);
     }
     free(q);
 }
