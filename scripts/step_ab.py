@@ -4,7 +4,8 @@ host's speed drifts between processes):
     python scripts/step_ab.py block [MODEL]   # one C call per block vs the per-op fused path
     python scripts/step_ab.py stack [MODEL]   # one C call for all blocks vs one per block
     python scripts/step_ab.py isa [MODEL]     # AVX-512 vs AVX2 int4 products
-    # MODEL: default smollm2-135m (make real-model); --widths 1,3,6,9
+    python scripts/step_ab.py build [MODEL] --rev REV  # the kernels as of commit REV vs this tree's
+    # MODEL: default smollm2-135m (make real-model); --widths 1,3,6,9; --context 128
 
 Prints the median wall time of a pass of each width after a 128-token context, each way,
 and their ratio (second / first). Both ways give the same logits bit for bit
@@ -13,7 +14,9 @@ and their ratio (second / first). Both ways give the same logits bit for bit
 
 import argparse
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -49,17 +52,44 @@ WAYS: dict[str, list[tuple[str, Callable[[], None]]]] = {
 }
 
 
+def kernels_at(rev: str):
+    """The kernels compiled from commit ``rev``'s sources (set up as :func:`cpu_kernels.library` does)."""
+    root = Path(tempfile.mkdtemp(prefix="kernels-"))
+    for source in (*cpu_kernels.SOURCES, *cpu_kernels.HEADERS):
+        text = subprocess.run(["git", "show", f"{rev}:quickdraft/models/kernels/{source.name}"], check=True,
+                              capture_output=True, cwd=Path(__file__).resolve().parents[1]).stdout
+        (root / source.name).write_bytes(text)
+    built = root / "kernels.so"
+    subprocess.run([cpu_kernels._compiler(), *cpu_kernels.FLAGS, *(str(root / s.name) for s in cpu_kernels.SOURCES),
+                    "-o", str(built), "-lm"], check=True)
+    build = cpu_kernels._build
+    cpu_kernels._build = lambda compiler: built
+    try:
+        return cpu_kernels.library.__wrapped__()
+    finally:
+        cpu_kernels._build = build
+
+
+def use_library(lib) -> None:
+    cpu_kernels.library = lambda: lib
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("compare", choices=sorted(WAYS))
+    parser.add_argument("compare", choices=sorted([*WAYS, "build"]))
     parser.add_argument("model", nargs="?", default="smollm2-135m")
     parser.add_argument("--widths", default="1,3,6,9")
     parser.add_argument("--rounds", type=int, default=240)
+    parser.add_argument("--rev", default="HEAD", help="build: the commit whose kernels run first")
+    parser.add_argument("--context", type=int, default=128, help="tokens in the cache before each pass")
     args = parser.parse_args()
+    if args.compare == "build":
+        ours, theirs = cpu_kernels.library(), kernels_at(args.rev)
+        WAYS["build"] = [(args.rev, lambda: use_library(theirs)), ("tree", lambda: use_library(ours))]
     ways = WAYS[args.compare]
     lm = load_model(args.model)
     gen = torch.Generator().manual_seed(0)
-    context = 128
+    context = args.context
     lm.reset(context + 32)
     lm.extend(torch.randint(0, lm.vocab_size, (context,), generator=gen), logits="none")
     try:
