@@ -128,27 +128,38 @@ static float softmax_packed(float *p, int64_t n, float best) {
     return 1.0f / lanes_sum(total);
 }
 
-/* One query of one head (any d): its visible keys' scores, packed in slot order (key n
- * of the pack sums into lane n % 8). A tree node's ancestors sit at other slots than the
- * same tokens after acceptance (packed behind the cache), so summing by slot would round
- * the softmax total differently from the plain step that later sees them; by rank it is
- * the same sequence of float operations, bit for bit (8-bit activations would magnify
- * one ulp). */
-static void attend_one(const float *qv, int64_t d, const float *keys, const float *values, int64_t kv_len,
-                       const float *mrow, float scale, float *o) {
-    float *p = malloc((size_t)((kv_len + 7) / 8 * 8) * sizeof(float));
-    int64_t *seen = malloc((size_t)kv_len * sizeof(int64_t));
+/* A query's visible scores, packed in slot order: p[n] = sc[s] * scale + mask for the n-th
+ * slot s the mask row shows (all where mrow is NULL), seen[n] = s; returns n, and their
+ * maximum in *best (-inf: none visible). Packed, key n of the pack sums into lane n % 8:
+ * a tree node's ancestors sit at other slots than the same tokens after acceptance
+ * (packed behind the cache), so summing by slot would round the softmax total differently
+ * from the plain step that later sees them; by rank it is the same sequence of float
+ * operations, bit for bit (8-bit activations would magnify one ulp). */
+static int64_t pack_scores(const float *sc, const float *mrow, int64_t kv_len, float scale, float *p,
+                           int64_t *seen, float *best) {
     int64_t n = 0;
-    float best = -INFINITY;
+    *best = -INFINITY;
     for (int64_t s = 0; s < kv_len; s++) {
         if (mrow && mrow[s] == -INFINITY)
             continue;
-        const float score = dot(qv, keys + s * d, d) * scale + (mrow ? mrow[s] : 0.0f);
+        const float score = sc[s] * scale + (mrow ? mrow[s] : 0.0f);
         seen[n] = s;
         p[n++] = score;
-        if (score > best)
-            best = score;
+        if (score > *best)
+            *best = score;
     }
+    return n;
+}
+
+/* One query of one head, any d (attend_block takes d % 8 == 0). */
+static void attend_one(const float *qv, int64_t d, const float *keys, const float *values, int64_t kv_len,
+                       const float *mrow, float scale, float *o) {
+    float *sc = malloc((size_t)kv_len * sizeof(float)), *p = malloc((size_t)((kv_len + 7) / 8 * 8) * sizeof(float));
+    int64_t *seen = malloc((size_t)kv_len * sizeof(int64_t));
+    for (int64_t s = 0; s < kv_len; s++)
+        sc[s] = mrow && mrow[s] == -INFINITY ? 0.0f : dot(qv, keys + s * d, d);
+    float best;
+    const int64_t n = pack_scores(sc, mrow, kv_len, scale, p, seen, &best);
     if (best == -INFINITY) {
         memset(o, 0, (size_t)d * sizeof(float));
     } else {
@@ -167,6 +178,7 @@ static void attend_one(const float *qv, int64_t d, const float *keys, const floa
     }
     free(seen);
     free(p);
+    free(sc);
 }
 
 /* o[0 .. 8 cn) = inv * sum_k p[k] v[seen[k]] over the nonzero p[k] in order, a product
@@ -232,17 +244,8 @@ static inline __attribute__((always_inline)) void attend_block(
     for (int b = 0; b < nq; b++) {
         const float *mrow = mask ? mask + (j0 + b) * mask_stride : NULL, *sc = scores + b * kv_len;
         float *o = out + ((j0 + b) * hq + h) * d;
-        int64_t n = 0;
-        float best = -INFINITY;
-        for (int64_t s = 0; s < kv_len; s++) { /* attend_one's pack, from the scores above */
-            if (mrow && mrow[s] == -INFINITY)
-                continue;
-            const float score = sc[s] * scale + (mrow ? mrow[s] : 0.0f);
-            seen[n] = s;
-            p[n++] = score;
-            if (score > best)
-                best = score;
-        }
+        float best;
+        const int64_t n = pack_scores(sc, mrow, kv_len, scale, p, seen, &best);
         if (best == -INFINITY) {
             memset(o, 0, (size_t)d * sizeof(float));
             continue;
