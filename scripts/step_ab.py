@@ -5,6 +5,7 @@ host's speed drifts between processes):
     python scripts/step_ab.py stack [MODEL]   # one C call for all blocks vs one per block
     python scripts/step_ab.py isa [MODEL]     # AVX-512 vs AVX2 int4 products
     python scripts/step_ab.py build [MODEL] --rev REV  # the kernels as of commit REV vs this tree's
+    python scripts/step_ab.py weights [MODEL]  # bfloat16-valued weights stored as float32 vs bfloat16
     # MODEL: default smollm2-135m (make real-model); --widths 1,3,6,9; --context 128
 
 Prints the median wall time of a pass of each width after a 128-token context, each way,
@@ -13,6 +14,7 @@ and their ratio (second / first). Both ways give the same logits bit for bit
 """
 
 import argparse
+import copy
 import statistics
 import subprocess
 import sys
@@ -25,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's quickdraft
 from quickdraft.models import cpu_kernels, transformer  # noqa: E402
+from quickdraft.models.decode_linear import DecodeLinear  # noqa: E402
 from quickdraft.models.lm import load_model  # noqa: E402
 
 BLOCK_SPECS = transformer.Block.kernel_specs
@@ -66,6 +69,8 @@ def kernels_at(rev: str):
     cpu_kernels._build = lambda compiler: built
     try:
         return cpu_kernels.library.__wrapped__()
+    except AttributeError as exc:  # a kernel this tree calls that REV lacks
+        raise SystemExit(f"{rev}'s kernels lack what this tree calls ({exc}); compare a later commit") from None
     finally:
         cpu_kernels._build = build
 
@@ -74,9 +79,27 @@ def use_library(lib) -> None:
     cpu_kernels.library = lambda: lib
 
 
+def weight_ways(model: torch.nn.Module) -> list[tuple[str, Callable[[], None]]]:
+    """Switch every bfloat16-stored decode linear of ``model`` to a float32 copy and back
+    (other modules swapped in, so the cached block specs are rebuilt)."""
+    places = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+              if isinstance(child, DecodeLinear) and child.kind == "bf16"]
+    wide = []
+    for _, _, child in places:
+        twin = copy.copy(child)
+        twin.exact_weight, twin.kind = child.exact_weight.float(), "f32"
+        wide.append(twin)
+
+    def use(modules):
+        for (parent, name, _), module in zip(places, modules, strict=True):
+            setattr(parent, name, module)
+
+    return [("float32", lambda: use(wide)), ("bfloat16", lambda: use([c for _, _, c in places]))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("compare", choices=sorted([*WAYS, "build"]))
+    parser.add_argument("compare", choices=sorted([*WAYS, "build", "weights"]))
     parser.add_argument("model", nargs="?", default="smollm2-135m")
     parser.add_argument("--widths", default="1,3,6,9")
     parser.add_argument("--rounds", type=int, default=240)
@@ -86,11 +109,13 @@ def main() -> None:
     if args.compare == "build":
         ours, theirs = cpu_kernels.library(), kernels_at(args.rev)
         WAYS["build"] = [(args.rev, lambda: use_library(theirs)), ("tree", lambda: use_library(ours))]
-    ways = WAYS[args.compare]
     lm = load_model(args.model)
+    if args.compare == "weights":
+        WAYS["weights"] = weight_ways(lm.model)
+    ways = WAYS[args.compare]
     gen = torch.Generator().manual_seed(0)
     context = args.context
-    lm.reset(context + 32)
+    lm.reset(context + max(map(int, args.widths.split(","))))
     lm.extend(torch.randint(0, lm.vocab_size, (context,), generator=gen), logits="none")
     try:
         for width in map(int, args.widths.split(",")):

@@ -5,6 +5,8 @@
  *   q8: int8 q [N, K],                      w = q * scale           (GGUF Q8_0, int8 per channel)
  *       x quantized to 8 bits per group of 32 too, as llama.cpp runs Q8_0 (q8a8.h)
  *   f32: float32 w [N, K]                   (DecodeLinear's float32 weights: row-invariant, unlike oneDNN)
+ *   bf16: bfloat16 w [N, K]                 (float32 weights that are bfloat16 values, stored in half the
+ *       bytes: each widens to its exact float32 value, then the f32 path's arithmetic, bit for bit)
  *   q4: 4-bit q [N, K / 2], 16 bytes/group, w = (q - 8) * scale + zero   (GGUF Q4_0 / Q4_1)
  *       byte j of a group holds q[j] in its low nibble and q[j + 16] in its high one
  *       (GGUF's own block layout, so a file's blocks are copied, not repacked).
@@ -150,6 +152,13 @@ static inline void f32_weights(const Weights *w, int64_t n, int64_t K, int64_t g
     for (int j = 0; j < 4; j++) out[j] = _mm256_loadu_ps(row + 8 * j);
 }
 
+/* bfloat16 -> float32 is exact: the 16 bits are a float32's upper half. */
+static inline void bf16_weights(const Weights *w, int64_t n, int64_t K, int64_t g, __m256 out[4]) {
+    const uint16_t *row = (const uint16_t *)w->q + n * K + g * GROUP;
+    for (int j = 0; j < 4; j++)
+        out[j] = _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 8 * j))), 16));
+}
 typedef void (*GroupFn)(const Weights *, int64_t, int64_t, int64_t, __m256[4]);
 
 /* Weight row n against `rows` (<= ROWS) rows of x. Always inlined with constant `rows` and
@@ -279,6 +288,19 @@ void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t
         if (n + 2 <= N) f32_columns(x, M, K, w + n * K, 2, y + n, N, next);
         else f32_columns(x, M, K, w + n * K, 1, y + n, N, NULL);
     }
+}
+
+/* x [M, K] float32, w [N, K] bfloat16 -> y [M, N], K % 32 == 0: qd_f32_matmul's result for
+ * the widened weights, bit for bit, reading half the bytes. AVX-512: its one-weight-row
+ * pass at any row count (qmatmul_avx512.c); AVX2: the row pass. */
+void qd_bf16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads) {
+    if (qd_kernel_isa(-1)) {
+        qd_bf16_matmul_avx512(x, M, K, w, N, y, threads);
+        return;
+    }
+    const Weights weights = {w, 0, 0};
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) column(bf16_weights, &weights, n, x, M, K, N, y);
 }
 
 /* x [M, K] float32, q [N, K/2] packed nibbles, scale and zero [N, K/32] -> y [M, N]. */
