@@ -266,9 +266,9 @@ def test_avx512_and_avx2_products_agree_bit_for_bit():
     accumulator is the AVX2 kernel's two 8-lane ones; int8 on AVX-512 VNNI, two groups a
     vector, odd group counts too): row counts across both files' passes (AVX2: 6 rows;
     AVX-512: 16 and tiles of 4 weight rows x 1 row, 2 x 2-10; float32: a prefetching row
-    pass of 4-16 rows, 4 x 4 tiles from 17; bfloat16 weights: the pass to 16 rows, the
-    tiles from 17, and float32's result for the widened weights), widths not a multiple
-    of 4. Also each AVX2 product's several-row passes against its single rows (float32
+    pass of 4-16 rows, 4 x 4 tiles from 17; bfloat16 and float16 weights: the pass to 16
+    rows, the tiles from 17, and float32's result for the widened weights), widths not a
+    multiple of 4. Also each AVX2 product's several-row passes against its single rows (float32
     row pass up to 7 rows, tiles from 8)."""
     from quickdraft.models import cpu_kernels
 
@@ -283,13 +283,14 @@ def test_avx512_and_avx2_products_agree_bit_for_bit():
             q8 = torch.randint(-127, 128, (n, k), dtype=torch.int8)
             scale, zero, weight = torch.rand(n, k // 32), torch.randn(n, k // 32), torch.randn(n, k)
             products = {"q4": (cpu_kernels.q4_matmul, (q4, scale, zero)), "q8": (cpu_kernels.q8_matmul, (q8, scale)),
-                        "f32": (cpu_kernels.f32_matmul, (weight,)), "bf16": (cpu_kernels.bf16_matmul, (weight.bfloat16(),))}
+                        "f32": (cpu_kernels.f32_matmul, (weight,)), "bf16": (cpu_kernels.half_matmul, (weight.bfloat16(),)),
+                        "f16": (cpu_kernels.half_matmul, (weight.half(),))}
             x = torch.randn(20, k)
             for name, (product, weights) in products.items():
                 cpu_kernels.kernel_isa("avx2")
                 alone = torch.cat([product(x[i : i + 1], *weights) for i in range(len(x))])
-                if name == "bf16":  # bfloat16 weights widen exactly: float32's products of the same values
-                    assert torch.equal(alone, torch.cat([cpu_kernels.f32_matmul(x[i : i + 1], weight.bfloat16().float())
+                if name in ("bf16", "f16"):  # 16-bit weights widen exactly: float32's products of the same values
+                    assert torch.equal(alone, torch.cat([cpu_kernels.f32_matmul(x[i : i + 1], weights[0].float())
                                                          for i in range(len(x))]))
                 for isa in ("avx2", "avx512"):  # each path's several-row passes, against AVX2's single rows
                     cpu_kernels.kernel_isa(isa)

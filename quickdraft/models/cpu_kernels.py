@@ -38,7 +38,7 @@ SOURCES = tuple(Path(__file__).with_name("kernels") / name for name in ("qmatmul
 HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("qmatmul.h", "q8a8.h"))
 # -ffp-contract=off: the compiler must not fuse or reorder float operations differently in
 # the row-count specializations, so every row rounds alike (see the source's comment).
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")
+FLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-ffp-contract=off", "-fPIC", "-shared")
 _c_int64, _ptr, _c_float, _c_int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
 
 
@@ -98,6 +98,7 @@ def library() -> ctypes.CDLL | None:
     lib.qd_q4_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_f32_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_bf16_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
+    lib.qd_f16_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_rms_norm.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr]
     lib.qd_silu_mul.argtypes = [_ptr, _c_int64, _c_int64, _ptr]
     lib.qd_attend.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64,
@@ -118,7 +119,7 @@ def library() -> ctypes.CDLL | None:
     lib.qd_eagle_chain.argtypes = [_ptr, _c_float, _c_int64, _ptr, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                    _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr,
                                    _c_int64, _ptr, _ptr, _ptr, _c_int64, _ptr, _c_int64, _c_int]
-    for fn in (lib.qd_eagle_chain, lib.qd_greedy_chain, lib.qd_block, lib.qd_blocks, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
+    for fn in (lib.qd_eagle_chain, lib.qd_greedy_chain, lib.qd_block, lib.qd_blocks, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
         fn.restype = None
     return lib
 
@@ -169,14 +170,15 @@ def f32_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def bf16_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """:func:`f32_matmul` for a ``bfloat16`` weight ``[N, K]``: each weight widened to its
-    exact float32 value, then the same arithmetic, so the same result bit for bit from half
-    the bytes (decoding streams every weight each step)."""
+def half_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """:func:`f32_matmul` for a ``bfloat16`` or ``float16`` weight ``[N, K]``: each weight
+    widened to its exact float32 value, then the same arithmetic, so the same result bit
+    for bit from half the bytes (decoding streams every weight each step)."""
     x = x.contiguous()
     y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
-    library().qd_bf16_matmul(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0], y.data_ptr(),
-                             torch.get_num_threads())
+    product = library().qd_bf16_matmul if weight.dtype == torch.bfloat16 else library().qd_f16_matmul
+    product(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0], y.data_ptr(),
+            torch.get_num_threads())
     return y
 
 
@@ -208,14 +210,14 @@ class LinearSpec(ctypes.Structure):
 
 
 #: ``LinearSpec.kind`` of each weight format.
-LINEAR_KINDS = {"f32": 0, "q8": 1, "q4": 2, "bf16": 3}
+LINEAR_KINDS = {"f32": 0, "q8": 1, "q4": 2, "bf16": 3, "f16": 4}
 
 
 def linear_spec(kind: str, out_features: int, in_features: int, q: torch.Tensor, scale: torch.Tensor | None = None,
                 zero: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> LinearSpec:
     """A ``LinearSpec`` pointing at these tensors (the layer that owns them must outlive it):
-    ``kind`` ``f32`` / ``bf16`` (``q`` is the float32 / bfloat16 weight), ``q8`` or ``q4``
-    (as :func:`q8_matmul` / :func:`q4_matmul` take them)."""
+    ``kind`` ``f32`` / ``bf16`` / ``f16`` (``q`` is the weight in that format), ``q8`` or
+    ``q4`` (as :func:`q8_matmul` / :func:`q4_matmul` take them)."""
     def ptr(t: torch.Tensor | None) -> int | None:
         return None if t is None else t.data_ptr()
 

@@ -13,9 +13,10 @@ plain step and a batch row's products do not depend on its neighbours; and a blo
 linears all run on it is one C call (``cpu_kernels.block``). Measured on a 2-core AVX2
 EPYC against oneDNN: one row 1.4-1.9x faster, nine rows 1.07-1.2x slower, the embedded
 target's plain step 5.6 -> 2.9 ms with the one-call blocks (docs/step_cost.md). A weight
-whose every value is a bfloat16 number (a bfloat16 checkpoint computed in float32) is kept
-as bfloat16 (``kind``) and widened in the kernel, exactly: the same results from half the
-bytes (the embedded target's passes 0.68-0.76x the time at 1-9 tokens).
+whose every value is a bfloat16 (or float16) number, as a bfloat16 (float16) checkpoint
+computed in float32 has, is kept so (``kind``) and widened in the kernel, exactly: the same
+results from half the bytes (the embedded target's passes 0.68-0.76x the time at 1-9
+tokens).
 Elsewhere (no compiler, or an input width not a multiple of 32) it holds the weight in
 oneDNN's blocked layout, reordered once at load (a one-row product about half MKL's time,
 nine rows ~1.2x one row); oneDNN rounds a row alone differently from the same row among
@@ -86,16 +87,18 @@ class DecodeLinear(nn.Module):
         # widths (every K > 1024 on an AVX2 EPYC): there one row at a time, so that a verify
         # pass never disagrees with a plain step at a near-tie.
         self.exact_weight, self.packed, self.row_by_row = None, None, False
-        self.kind = "f32"  # exact_weight's format for our kernels: "f32" or "bf16"
+        self.kind = "f32"  # exact_weight's format for our kernels: "f32", "bf16" or "f16"
         if cpu_kernels.library() is not None and self.in_features % 32 == 0:
             self.exact_weight = weight.float().contiguous()
             # Weights that are bfloat16 values (a bfloat16 checkpoint computed in float32,
             # as every Hugging Face bf16 model loads here) are kept in half the bytes: the
             # kernel widens each exactly, so the results are the same bit for bit, and a
             # step, which streams every weight, reads half as much.
-            narrow = self.exact_weight.bfloat16()
-            if torch.equal(narrow.float(), self.exact_weight):
-                self.exact_weight, self.kind = narrow, "bf16"
+            for kind, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16)):  # (or float16 values)
+                narrow = self.exact_weight.to(dtype)
+                if torch.equal(narrow.float(), self.exact_weight):
+                    self.exact_weight, self.kind = narrow, kind
+                    break
         else:
             # An opaque oneDNN tensor, not a parameter: state_dict and .to() never see it.
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
@@ -111,7 +114,7 @@ class DecodeLinear(nn.Module):
             # (the static step stays eager on the CPU), it only has to be one graph.
             return torch.nn.functional.linear(x, self.exact_weight.float(), self.bias)
         if self.exact_weight is not None:
-            product = cpu_kernels.bf16_matmul if self.kind == "bf16" else cpu_kernels.f32_matmul
+            product = cpu_kernels.f32_matmul if self.kind == "f32" else cpu_kernels.half_matmul
             y = product(x.reshape(-1, self.in_features), self.exact_weight)
             y = y.view(*x.shape[:-1], self.out_features)
             return y if self.bias is None else y + self.bias

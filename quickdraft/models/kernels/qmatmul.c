@@ -5,8 +5,8 @@
  *   q8: int8 q [N, K],                      w = q * scale           (GGUF Q8_0, int8 per channel)
  *       x quantized to 8 bits per group of 32 too, as llama.cpp runs Q8_0 (q8a8.h)
  *   f32: float32 w [N, K]                   (DecodeLinear's float32 weights: row-invariant, unlike oneDNN)
- *   bf16: bfloat16 w [N, K]                 (float32 weights that are bfloat16 values, stored in half the
- *       bytes: each widens to its exact float32 value, then the f32 path's arithmetic, bit for bit)
+ *   bf16, f16: bfloat16 / float16 w [N, K] (float32 weights that are bfloat16 / float16 values, stored in
+ *       half the bytes: each widens to its exact float32 value, then the f32 path's arithmetic, bit for bit)
  *   q4: 4-bit q [N, K / 2], 16 bytes/group, w = (q - 8) * scale + zero   (GGUF Q4_0 / Q4_1)
  *       byte j of a group holds q[j] in its low nibble and q[j + 16] in its high one
  *       (GGUF's own block layout, so a file's blocks are copied, not repacked).
@@ -159,6 +159,10 @@ static inline void bf16_weights(const Weights *w, int64_t n, int64_t K, int64_t 
         out[j] = _mm256_castsi256_ps(
             _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(row + 8 * j))), 16));
 }
+static inline void f16_weights(const Weights *w, int64_t n, int64_t K, int64_t g, __m256 out[4]) {
+    const uint16_t *row = (const uint16_t *)w->q + n * K + g * GROUP;
+    for (int j = 0; j < 4; j++) out[j] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 8 * j)));
+}
 typedef void (*GroupFn)(const Weights *, int64_t, int64_t, int64_t, __m256[4]);
 
 /* Weight row n against `rows` (<= ROWS) rows of x. Always inlined with constant `rows` and
@@ -290,9 +294,9 @@ void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t
     }
 }
 
-/* x [M, K] float32, w [N, K] bfloat16 -> y [M, N], K % 32 == 0: qd_f32_matmul's result for
- * the widened weights, bit for bit, reading half the bytes. AVX-512: its one-weight-row
- * pass at any row count (qmatmul_avx512.c); AVX2: the row pass. */
+/* x [M, K] float32, w [N, K] bfloat16 (qd_bf16_matmul) or float16 (qd_f16_matmul) -> y
+ * [M, N], K % 32 == 0: qd_f32_matmul's result for the widened weights, bit for bit,
+ * reading half the bytes. AVX-512: qmatmul_avx512.c's pass and tiles; AVX2: the row pass. */
 void qd_bf16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads) {
     if (qd_kernel_isa(-1)) {
         qd_bf16_matmul_avx512(x, M, K, w, N, y, threads);
@@ -301,6 +305,16 @@ void qd_bf16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int
     const Weights weights = {w, 0, 0};
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t n = 0; n < N; n++) column(bf16_weights, &weights, n, x, M, K, N, y);
+}
+
+void qd_f16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads) {
+    if (qd_kernel_isa(-1)) {
+        qd_f16_matmul_avx512(x, M, K, w, N, y, threads);
+        return;
+    }
+    const Weights weights = {w, 0, 0};
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++) column(f16_weights, &weights, n, x, M, K, N, y);
 }
 
 /* x [M, K] float32, q [N, K/2] packed nibbles, scale and zero [N, K/32] -> y [M, N]. */

@@ -25,8 +25,8 @@ static inline float sum8(__m256 v) {
 }
 
 /* The AVX-512 products (qmatmul_avx512.c), and whether this CPU runs them: int4; float32
- * of 4-16 rows (a prefetching row pass) and of 17+ (tiles); bfloat16 (the row pass); int8
- * with VNNI. */
+ * of 4-16 rows (a prefetching row pass) and of 17+ (tiles); bfloat16 and float16 (the row
+ * pass, tiles from 17); int8 with VNNI. */
 int qd_avx512_supported(void);
 void qd_q4_matmul_avx512(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
                          const float *zero, int64_t N, float *y, int threads);
@@ -35,6 +35,8 @@ void qd_f32_matmul_avx512(const float *x, int64_t M, int64_t K, const float *w, 
 void qd_f32_rows_avx512(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads);
 void qd_bf16_matmul_avx512(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y,
                            int threads);
+void qd_f16_matmul_avx512(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y,
+                          int threads);
 int qd_vnni_supported(void);
 void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
                        float *y, int threads);

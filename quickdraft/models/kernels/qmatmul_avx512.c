@@ -147,12 +147,13 @@ void qd_q4_matmul_avx512(const float *x, int64_t M, int64_t K, const uint8_t *q,
  * passes over one weight row were no faster: they load a weight vector per FMA.) */
 #define F32_TILE 4
 
-/* 16 weights of a float32 row, or of a bfloat16 one widened (exactly: its bits are a
- * float32's upper half). */
+/* 16 weights of a float32 row, or of a bfloat16 or float16 one widened (exactly: every
+ * bfloat16 and float16 value is a float32 value). */
 static inline __m512 f32x16(const float *w) { return _mm512_loadu_ps(w); }
 static inline __m512 bf16x16(const uint16_t *w) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)w)), 16));
 }
+static inline __m512 f16x16(const uint16_t *w) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)w)); }
 
 /* The tiles for a weight type: W the element, LOAD16 its 16-weight load. */
 #define DEFINE_TILES(tile, quad, W, LOAD16) \
@@ -186,9 +187,10 @@ static inline __m512 bf16x16(const uint16_t *w) {
     }
 DEFINE_TILES(f32_tile16, f32_quad, float, f32x16)
 DEFINE_TILES(bf16_tile16, bf16_quad, uint16_t, bf16x16)
+DEFINE_TILES(f16_tile16, f16_quad, uint16_t, f16x16)
 #undef DEFINE_TILES
 
-/* All of y [M, N] = x @ w.T by quads of weight rows (QUAD: f32_quad or bf16_quad). */
+/* All of y [M, N] = x @ w.T by quads of weight rows (QUAD: one of the quads above). */
 #define QUADS(QUAD, x, M, K, w, N, y) \
     for (int64_t n = 0; n < N; n += F32_TILE) { \
         switch (N - n < F32_TILE ? N - n : F32_TILE) { \
@@ -237,6 +239,7 @@ void qd_f32_matmul_avx512(const float *x, int64_t M, int64_t K, const float *w, 
     }
 DEFINE_PASS(f32_pass, float, f32x16, 2)
 DEFINE_PASS(bf16_pass, uint16_t, bf16x16, 1)
+DEFINE_PASS(f16_pass, uint16_t, f16x16, 1)
 #undef DEFINE_PASS
 
 /* All M rows of x against weight rows n (each its own specialization up to
@@ -274,24 +277,28 @@ void qd_f32_rows_avx512(const float *x, int64_t M, int64_t K, const float *w, in
     }
 }
 
-/* x [M, K] float32, w [N, K] bfloat16 -> y [M, N], K % 32 == 0: qd_bf16_matmul's result.
- * Half the bytes of float32 weights and the same arithmetic: the row pass up to
- * F32_PASS_ROWS rows, the tiles above that (a prefill). The embedded target's 33 products
- * of a pass (its bfloat16 checkpoint, widened on the fly), interleaved against float32
- * weights: 0.50x the time at 1-2 rows, 0.58x at 3, 0.60x at 5-7, 0.67x at 9. */
-void qd_bf16_matmul_avx512(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y,
-                           int threads) {
-    if (M > F32_PASS_ROWS) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-        QUADS(bf16_quad, x, M, K, w, N, y)
-        return;
+/* x [M, K] float32, w [N, K] bfloat16 or float16 -> y [M, N], K % 32 == 0: qd_bf16_matmul's
+ * / qd_f16_matmul's result. Half the bytes of float32 weights and the same arithmetic: the
+ * row pass up to F32_PASS_ROWS rows, the tiles above that (a prefill). The embedded
+ * target's 33 products of a pass (its bfloat16 checkpoint, widened on the fly),
+ * interleaved against float32 weights: 0.50x the time at 1-2 rows, 0.58x at 3, 0.60x at
+ * 5-7, 0.67x at 9. */
+#define DEFINE_HALF_MATMUL(name, quad, pass) \
+    void name(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads) { \
+        if (M > F32_PASS_ROWS) { \
+            _Pragma("omp parallel for schedule(static) num_threads(threads)") \
+            QUADS(quad, x, M, K, w, N, y) \
+            return; \
+        } \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)") \
+        for (int64_t n = 0; n < N; n++) { \
+            const uint16_t *ahead = n + F32_AHEAD < N ? w + (n + F32_AHEAD) * K : NULL; \
+            PASS_CASES(pass, w + n * K, ahead, x, M, K, N, y + n) \
+        } \
     }
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) {
-        const uint16_t *ahead = n + F32_AHEAD < N ? w + (n + F32_AHEAD) * K : NULL;
-        PASS_CASES(bf16_pass, w + n * K, ahead, x, M, K, N, y + n)
-    }
-}
+DEFINE_HALF_MATMUL(qd_bf16_matmul_avx512, bf16_quad, bf16_pass)
+DEFINE_HALF_MATMUL(qd_f16_matmul_avx512, f16_quad, f16_pass)
+#undef DEFINE_HALF_MATMUL
 #undef PASS_CASES
 #undef QUADS
 
