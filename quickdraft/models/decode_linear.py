@@ -90,11 +90,11 @@ class DecodeLinear(nn.Module):
         self.kind = "f32"  # exact_weight's format for our kernels: "f32", "bf16" or "f16"
         if cpu_kernels.library() is not None and self.in_features % 32 == 0:
             self.exact_weight = weight.float().contiguous()
-            # Weights that are bfloat16 values (a bfloat16 checkpoint computed in float32,
-            # as every Hugging Face bf16 model loads here) are kept in half the bytes: the
-            # kernel widens each exactly, so the results are the same bit for bit, and a
-            # step, which streams every weight, reads half as much.
-            for kind, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16)):  # (or float16 values)
+            # Weights that are bfloat16 (or float16) values, as a bf16 (fp16) checkpoint's
+            # are once loaded in float32, are kept in half the bytes: the kernel widens each
+            # exactly, so the results are the same bit for bit, and a step, which streams
+            # every weight, reads half as much.
+            for kind, dtype in (("bf16", torch.bfloat16), ("f16", torch.float16)):
                 narrow = self.exact_weight.to(dtype)
                 if torch.equal(narrow.float(), self.exact_weight):
                     self.exact_weight, self.kind = narrow, kind
