@@ -5,7 +5,8 @@ host's speed drifts between processes):
     python scripts/step_ab.py stack [MODEL]   # one C call for all blocks vs one per block
     python scripts/step_ab.py isa [MODEL]     # AVX-512 vs AVX2 int4 products
     python scripts/step_ab.py build [MODEL] --rev REV  # the kernels as of commit REV vs this tree's
-    python scripts/step_ab.py weights [MODEL]  # bfloat16-valued weights stored as float32 vs bfloat16
+                                                       # (float32 weights both ways)
+    python scripts/step_ab.py weights [MODEL]  # bf16/fp16-valued weights stored as float32 vs 16-bit
     # MODEL: default smollm2-135m (make real-model); --widths 1,3,6,9; --context 128
 
 Prints the median wall time of a pass of each width after a 128-token context, each way,
@@ -22,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -65,14 +67,29 @@ def kernels_at(rev: str):
     built = root / "kernels.so"
     subprocess.run([cpu_kernels._compiler(), *cpu_kernels.FLAGS, *(str(root / s.name) for s in cpu_kernels.SOURCES),
                     "-o", str(built), "-lm"], check=True)
-    build = cpu_kernels._build
+    build, cdll = cpu_kernels._build, cpu_kernels.ctypes.CDLL
     cpu_kernels._build = lambda compiler: built
+    cpu_kernels.ctypes.CDLL = lambda path: Older(cdll(path))
     try:
         return cpu_kernels.library.__wrapped__()
-    except AttributeError as exc:  # a kernel this tree calls that REV lacks
-        raise SystemExit(f"{rev}'s kernels lack what this tree calls ({exc}); compare a later commit") from None
     finally:
-        cpu_kernels._build = build
+        cpu_kernels._build, cpu_kernels.ctypes.CDLL = build, cdll
+
+
+class Older:
+    """An older build's library: the functions it lacks (added since) read as stand-ins
+    that take their set-up and are never called (``build`` keeps 16-bit weights wide)."""
+
+    def __init__(self, lib) -> None:
+        self._lib = lib
+
+    def __getattr__(self, name: str):
+        try:
+            return getattr(self._lib, name)
+        except AttributeError:
+            stand_in = SimpleNamespace()
+            setattr(self, name, stand_in)
+            return stand_in
 
 
 def use_library(lib) -> None:
@@ -80,10 +97,10 @@ def use_library(lib) -> None:
 
 
 def weight_ways(model: torch.nn.Module) -> list[tuple[str, Callable[[], None]]]:
-    """Switch every bfloat16-stored decode linear of ``model`` to a float32 copy and back
+    """Switch every 16-bit-stored decode linear of ``model`` to a float32 copy and back
     (other modules swapped in, so the cached block specs are rebuilt)."""
     places = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-              if isinstance(child, DecodeLinear) and child.kind == "bf16"]
+              if isinstance(child, DecodeLinear) and child.kind != "f32"]
     wide = []
     for _, _, child in places:
         twin = copy.copy(child)
@@ -94,7 +111,7 @@ def weight_ways(model: torch.nn.Module) -> list[tuple[str, Callable[[], None]]]:
         for (parent, name, _), module in zip(places, modules, strict=True):
             setattr(parent, name, module)
 
-    return [("float32", lambda: use(wide)), ("bfloat16", lambda: use([c for _, _, c in places]))]
+    return [("float32", lambda: use(wide)), ("16-bit", lambda: use([c for _, _, c in places]))]
 
 
 def main() -> None:
@@ -112,6 +129,8 @@ def main() -> None:
     lm = load_model(args.model)
     if args.compare == "weights":
         WAYS["weights"] = weight_ways(lm.model)
+    elif args.compare == "build":  # float32 weights both ways: an older build may not take 16-bit ones
+        dict(weight_ways(lm.model))["float32"]()
     ways = WAYS[args.compare]
     gen = torch.Generator().manual_seed(0)
     context = args.context

@@ -23,7 +23,7 @@ from quickdraft.generator import DraftOptions, SpeculativeGenerator  # noqa: E40
 gens = {'ar': SpeculativeGenerator.from_pretrained(method='ar'),
         'draft': SpeculativeGenerator.from_pretrained(method='draft'),
         'eagle': SpeculativeGenerator.from_pretrained(method='eagle', options=DraftOptions(tree='1,1,1,1,1,1,1,1'))}
-# each generator's target (and draft model): its switches to float32 and to bfloat16 weights
+# each generator's target (and draft model): its switches to float32 and to 16-bit (bfloat16) weights
 ways = {m: [weight_ways(lm.model) for lm in (g.target, g.draft) if lm is not None] for m, g in gens.items()}
 
 
@@ -40,15 +40,15 @@ res = {}
 for rep in range(3):
     for cat, pids in ids.items():
         for pid in pids:
-            for which in (('float32','bfloat16') if rep % 2 == 0 else ('bfloat16','float32')):
+            for which in (('float32','16-bit') if rep % 2 == 0 else ('16-bit','float32')):
                 for m, g in gens.items():
                     use(m, which)
                     out = g.generate(byid[pid], max_new_tokens=128, num_speculative_tokens=8)
                     res.setdefault((cat, which, m), []).append(out.stats.new_tokens / out.stats.decode_seconds)
 for cat in ids:
     line = [cat]
-    for which in ('float32', 'bfloat16'):
+    for which in ('float32', '16-bit'):
         ar = statistics.median(res[(cat, which, 'ar')])
         line.append(f"{which}: ar {ar:.0f} tok/s, draft {statistics.median(res[(cat, which, 'draft')]) / ar:.2f}x, eagle {statistics.median(res[(cat, which, 'eagle')]) / ar:.2f}x")
-    line.append(f"ar bf16/f32 {statistics.median(res[(cat,'bfloat16','ar')]) / statistics.median(res[(cat,'float32','ar')]):.2f}x")
+    line.append(f"ar bf16/f32 {statistics.median(res[(cat,'16-bit','ar')]) / statistics.median(res[(cat,'float32','ar')]):.2f}x")
     print(' | '.join(line), flush=True)
