@@ -297,25 +297,19 @@ void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t
 /* x [M, K] float32, w [N, K] bfloat16 (qd_bf16_matmul) or float16 (qd_f16_matmul) -> y
  * [M, N], K % 32 == 0: qd_f32_matmul's result for the widened weights, bit for bit,
  * reading half the bytes. AVX-512: qmatmul_avx512.c's pass and tiles; AVX2: the row pass. */
-void qd_bf16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads) {
-    if (qd_kernel_isa(-1)) {
-        qd_bf16_matmul_avx512(x, M, K, w, N, y, threads);
-        return;
+#define DEFINE_HALF_MATMUL(name, avx512_name, group) \
+    void name(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads) { \
+        if (qd_kernel_isa(-1)) { \
+            avx512_name(x, M, K, w, N, y, threads); \
+            return; \
+        } \
+        const Weights weights = {w, 0, 0}; \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)") \
+        for (int64_t n = 0; n < N; n++) column(group, &weights, n, x, M, K, N, y); \
     }
-    const Weights weights = {w, 0, 0};
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) column(bf16_weights, &weights, n, x, M, K, N, y);
-}
-
-void qd_f16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads) {
-    if (qd_kernel_isa(-1)) {
-        qd_f16_matmul_avx512(x, M, K, w, N, y, threads);
-        return;
-    }
-    const Weights weights = {w, 0, 0};
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) column(f16_weights, &weights, n, x, M, K, N, y);
-}
+DEFINE_HALF_MATMUL(qd_bf16_matmul, qd_bf16_matmul_avx512, bf16_weights)
+DEFINE_HALF_MATMUL(qd_f16_matmul, qd_f16_matmul_avx512, f16_weights)
+#undef DEFINE_HALF_MATMUL
 
 /* x [M, K] float32, q [N, K/2] packed nibbles, scale and zero [N, K/32] -> y [M, N]. */
 void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
