@@ -1,5 +1,6 @@
-/* qmatmul.c's int4 products on AVX-512 (AVX512F), its float32 products of 8+ rows, and
- * its int8 ones with AVX-512 VNNI (at the end), same results bit for bit.
+/* qmatmul.c's int4 products on AVX-512 (AVX512F), its float32 products of 4+ rows, its
+ * bfloat16 and float16 ones, and its int8 ones with AVX-512 VNNI (at the end), same
+ * results bit for bit.
  *
  * What it changes, where the CPU has it (AMD Zen 4, Intel since Skylake-SP):
  *   - a group's 32 weights are two 16-lane vectors instead of four 8-lane ones, and a
