@@ -349,7 +349,9 @@ def add_placement_options(parser: argparse.ArgumentParser, device_help: str = ""
                         help="how the linears' weights are stored (CPU, float32 compute): auto (default: "
                         "a GGUF file's own Q4_0/Q4_1 blocks as int4 and Q8_0 blocks and head as int8, where the "
                         "kernels are fast on this CPU; anything else float32), none (float32), int8 or int4 "
-                        "(every block linear, a GGUF file's blocks as they are, the LM head in int8). int8 "
+                        "(every block linear, a GGUF file's blocks as they are, the LM head in int8). Float32 "
+                        "weights whose values are all bfloat16 or float16 numbers (a bf16 or fp16 checkpoint's) "
+                        "are kept in 16 bits: the same results from half the bytes. int8 "
                         "layers quantize their inputs to 8 bits per group of 32, as llama.cpp runs Q8_0; "
                         "docs/quantization.md")
     if not capture:
