@@ -92,11 +92,14 @@ class StepCostSampler:
         between generations, not inside one)."""
         self._prepare()
         perf = timing.clock
-        for n in self.sizes:
-            # Time each width warm, as a decode loop runs it (the first call is slower).
+        for n in self.sizes:  # time each width warm, as a decode loop runs it (the first call is slower)
             self.target.extend(self.tail[:n])
             self.target.crop(self.length)
-            for _ in range(rounds):
+        # Round by round, every width in each (as the class says): the host's speed drifts
+        # over seconds, and a width timed in a block of its own could catch a fast or slow
+        # spell the others missed, skewing the ratios the cost model chooses k from.
+        for _ in range(rounds):
+            for n in self.sizes:
                 started = perf()
                 self.target.extend(self.tail[:n])
                 elapsed = perf() - started
