@@ -88,26 +88,29 @@ def test_single_row_kernel_only_inside_row_dependent_rounding():
     assert not torch.equal(inside, rows)  # proves the other kernel ran
 
 
+@pytest.mark.parametrize("shape", [(96, 448), (97, 1216)])
 @pytest.mark.parametrize("dtype,kind", [(torch.bfloat16, "bf16"), (torch.float16, "f16"), (torch.float32, "f32")])
-def test_sixteen_bit_valued_weights_stay_sixteen_bit_and_give_the_same_bits(dtype, kind):
+def test_sixteen_bit_valued_weights_stay_sixteen_bit_and_give_the_same_bits(dtype, kind, shape):
     """A float32 weight whose every value is a bfloat16 (float16) number, as a bf16 (fp16)
     checkpoint's is once loaded in float32, is kept in that format, half the bytes, and
     multiplied to float32's results bit for bit, every row count alike; a float32 weight of
-    other values stays float32. (The prefill's row counts too: 40.)"""
+    other values stays float32. (The prefill's row counts too: 40; a long row and an odd
+    count of weight rows: the passes over pairs of weight rows, and their odd last row.)"""
     from quickdraft.models import cpu_kernels
 
     if cpu_kernels.library() is None:
         pytest.skip("needs our compiled kernels")
     torch.manual_seed(0)
-    linear = nn.Linear(448, 96, bias=True)
+    out_features, in_features = shape
+    linear = nn.Linear(in_features, out_features, bias=True)
     with torch.no_grad():
         linear.weight.copy_(linear.weight.to(dtype).float())
     layer = DecodeLinear(linear)
     wide = DecodeLinear(linear)
     wide.exact_weight, wide.kind = wide.exact_weight.float(), "f32"
     assert layer.kind == kind and layer.exact_weight.dtype == dtype
-    x = torch.randn(40, 448)
+    x = torch.randn(40, in_features)
     with torch.inference_mode():
         alone = torch.cat([wide(x[i : i + 1]) for i in range(40)])
-        for rows in (1, 2, 3, 5, 9, 16, 17, 40):
+        for rows in (1, 2, 3, 4, 5, 9, 10, 11, 13, 16, 17, 40):
             assert torch.equal(layer(x[:rows]), alone[:rows]), rows

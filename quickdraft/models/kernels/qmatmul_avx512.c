@@ -243,6 +243,54 @@ DEFINE_PASS(bf16_pass, uint16_t, bf16x16, 1)
 DEFINE_PASS(f16_pass, uint16_t, f16x16, 1)
 #undef DEFINE_PASS
 
+/* The pass over a pair of weight rows (n, n + 1): each row of x loaded once for both, so
+ * a step of 32 weights loads 4 weight and 2 x vectors a row for 4 FMAs, where the pass
+ * above loads 2 x vectors for 2; each accumulator sees the pass's operations in its order
+ * (w0 then w1 each step), so the same results bit for bit. It pays where the rows of x
+ * outgrow the L1 cache (PAIR_MIN floats: the embedded target's down product, K = 1,216,
+ * from 4 rows, 0.60-0.66x the time at 9-16 rows with its weights in cache; K = 448 from 10
+ * rows); below that it was slower (5 rows over K = 448: 1.10-1.14x; one row 1.2-1.3x, two
+ * weight streams a thread). Whole passes of the embedded target, interleaved against the
+ * row pass alone: 9 tokens 0.93x (bfloat16 weights, five runs 0.92-0.94x; float32 0.94x),
+ * 1-5 tokens unchanged. At most PAIR_ROWS rows a call (2 x 10 accumulators, 4 weight
+ * vectors, one x: 25 registers). */
+#define PAIR_ROWS 10
+/* Pairs ahead a pair prefetches (1 and 2 were alike). */
+#define PAIR_AHEAD 2
+#define DEFINE_PAIR_PASS(name, W, LOAD16, AHEAD_LINES) \
+    static inline __attribute__((always_inline)) void name(const W *w, const W *ahead, const float *x, int64_t K, \
+                                                           int rows, float *y, int64_t ldy) { \
+        __m512 a0[PAIR_ROWS], a1[PAIR_ROWS]; \
+        for (int r = 0; r < rows; r++) a0[r] = a1[r] = _mm512_setzero_ps(); \
+        const W *v = w + K; \
+        for (int64_t k = 0; k < K; k += 32) { \
+            if (ahead) \
+                for (int line = 0; line < AHEAD_LINES; line++) { \
+                    _mm_prefetch((const char *)(ahead + k) + 64 * line, _MM_HINT_T0); \
+                    _mm_prefetch((const char *)(ahead + K + k) + 64 * line, _MM_HINT_T0); \
+                } \
+            const __m512 w0 = LOAD16(w + k), w1 = LOAD16(w + k + 16), v0 = LOAD16(v + k), v1 = LOAD16(v + k + 16); \
+            for (int r = 0; r < rows; r++) { \
+                const __m512 x0 = _mm512_loadu_ps(x + r * K + k); \
+                a0[r] = _mm512_fmadd_ps(w0, x0, a0[r]); \
+                a1[r] = _mm512_fmadd_ps(v0, x0, a1[r]); \
+            } \
+            for (int r = 0; r < rows; r++) { \
+                const __m512 x1 = _mm512_loadu_ps(x + r * K + k + 16); \
+                a0[r] = _mm512_fmadd_ps(w1, x1, a0[r]); \
+                a1[r] = _mm512_fmadd_ps(v1, x1, a1[r]); \
+            } \
+        } \
+        for (int r = 0; r < rows; r++) { \
+            y[r * ldy] = sum16(a0[r]); \
+            y[r * ldy + 1] = sum16(a1[r]); \
+        } \
+    }
+DEFINE_PAIR_PASS(f32_pair, float, f32x16, 2)
+DEFINE_PAIR_PASS(bf16_pair, uint16_t, bf16x16, 1)
+DEFINE_PAIR_PASS(f16_pair, uint16_t, f16x16, 1)
+#undef DEFINE_PAIR_PASS
+
 /* All M rows of x against weight rows n (each its own specialization up to
  * F32_PASS_ROWS; more rows in passes of that many). */
 #define PASS_CASES(pass, w, ahead, x, M, K, N, y) \
@@ -269,37 +317,75 @@ DEFINE_PASS(f16_pass, uint16_t, f16x16, 1)
         } \
     }
 
+/* All M rows of x (M <= F32_PASS_ROWS) against weight rows n, n + 1 (pair: one of the pair
+ * passes above): more than PAIR_ROWS rows in two calls of at most 8. */
+#define PAIR_CASES(pair, w, ahead, x, M, K, N, y) \
+    for (int64_t m = 0, part = (M) <= PAIR_ROWS ? (M) : ((M) + 1) / 2; m < (M); m += part) { \
+        const float *xm = (x) + m * (K); \
+        float *ym = (y) + m * (N); \
+        switch ((M) - m < part ? (M) - m : part) { \
+        case 1: pair(w, ahead, xm, K, 1, ym, N); break; \
+        case 2: pair(w, ahead, xm, K, 2, ym, N); break; \
+        case 3: pair(w, ahead, xm, K, 3, ym, N); break; \
+        case 4: pair(w, ahead, xm, K, 4, ym, N); break; \
+        case 5: pair(w, ahead, xm, K, 5, ym, N); break; \
+        case 6: pair(w, ahead, xm, K, 6, ym, N); break; \
+        case 7: pair(w, ahead, xm, K, 7, ym, N); break; \
+        case 8: pair(w, ahead, xm, K, 8, ym, N); break; \
+        case 9: pair(w, ahead, xm, K, 9, ym, N); break; \
+        case 10: pair(w, ahead, xm, K, 10, ym, N); break; \
+        } \
+    }
+
+/* y [M, N] = x @ w.T (M <= F32_PASS_ROWS): by single weight rows up to PAIR_MIN floats of x
+ * (each prefetching F32_AHEAD rows on), else by pairs (prefetching PAIR_AHEAD pairs on),
+ * an odd last row alone. */
+/* Rows x columns of x from which PAIRS takes pairs of weight rows (16 KB of floats). */
+#define PAIR_MIN 4096
+#define PAIRS(pair, pass, W, x, M, K, w, N, y) \
+    if ((M) * (K) <= PAIR_MIN) { \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)") \
+        for (int64_t n = 0; n < (N); n++) { \
+            const W *ahead = n + F32_AHEAD < (N) ? (w) + (n + F32_AHEAD) * (K) : NULL; \
+            PASS_CASES(pass, (w) + n * (K), ahead, x, M, K, N, (y) + n) \
+        } \
+    } else \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)") \
+    for (int64_t p = 0; p < ((N) + 1) / 2; p++) { \
+        const int64_t n = 2 * p; \
+        if (n + 1 < (N)) { \
+            const W *ahead = n + 2 * PAIR_AHEAD + 1 < (N) ? (w) + (n + 2 * PAIR_AHEAD) * (K) : NULL; \
+            PAIR_CASES(pair, (w) + n * (K), ahead, x, M, K, N, (y) + n) \
+        } else { \
+            PASS_CASES(pass, (w) + n * (K), NULL, x, M, K, N, (y) + n) \
+        } \
+    }
+
 /* x [M, K] float32 (M <= F32_PASS_ROWS), w [N, K] -> y [M, N], K % 32 == 0: qd_f32_matmul's result. */
 void qd_f32_rows_avx512(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) {
-        const float *ahead = n + F32_AHEAD < N ? w + (n + F32_AHEAD) * K : NULL;
-        PASS_CASES(f32_pass, w + n * K, ahead, x, M, K, N, y + n)
-    }
+    PAIRS(f32_pair, f32_pass, float, x, M, K, w, N, y)
 }
 
 /* x [M, K] float32, w [N, K] bfloat16 or float16 -> y [M, N], K % 32 == 0: qd_bf16_matmul's
  * / qd_f16_matmul's result. Half the bytes of float32 weights and the same arithmetic: the
- * row pass up to F32_PASS_ROWS rows, the tiles above that (a prefill). The embedded
+ * row passes (PAIRS) up to F32_PASS_ROWS rows, the tiles above that (a prefill). The embedded
  * target's 33 products of a pass (its bfloat16 checkpoint, widened on the fly),
  * interleaved against float32 weights: 0.50x the time at 1-2 rows, 0.58x at 3, 0.60x at
  * 5-7, 0.67x at 9. */
-#define DEFINE_HALF_MATMUL(name, quad, pass) \
+#define DEFINE_HALF_MATMUL(name, quad, pair, pass) \
     void name(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads) { \
         if (M > F32_PASS_ROWS) { \
             _Pragma("omp parallel for schedule(static) num_threads(threads)") \
             QUADS(quad, x, M, K, w, N, y) \
             return; \
         } \
-        _Pragma("omp parallel for schedule(static) num_threads(threads)") \
-        for (int64_t n = 0; n < N; n++) { \
-            const uint16_t *ahead = n + F32_AHEAD < N ? w + (n + F32_AHEAD) * K : NULL; \
-            PASS_CASES(pass, w + n * K, ahead, x, M, K, N, y + n) \
-        } \
+        PAIRS(pair, pass, uint16_t, x, M, K, w, N, y) \
     }
-DEFINE_HALF_MATMUL(qd_bf16_matmul_avx512, bf16_quad, bf16_pass)
-DEFINE_HALF_MATMUL(qd_f16_matmul_avx512, f16_quad, f16_pass)
+DEFINE_HALF_MATMUL(qd_bf16_matmul_avx512, bf16_quad, bf16_pair, bf16_pass)
+DEFINE_HALF_MATMUL(qd_f16_matmul_avx512, f16_quad, f16_pair, f16_pass)
 #undef DEFINE_HALF_MATMUL
+#undef PAIRS
+#undef PAIR_CASES
 #undef PASS_CASES
 #undef QUADS
 
