@@ -20,6 +20,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -292,18 +293,30 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
     /* Threads only where the work outweighs waking them; the result is the same either way. */
     const int parallel = threads > 1 && t * hq * kv_len * d >= (1 << 17);
     if (d % 8 == 0) {
-        /* Tasks of up to QUERY_BLOCK queries of one head: each key is read once for all of
-         * them (see attend_block); small blocks keep both threads busy at few queries. */
-        const int64_t blocks = (t + QUERY_BLOCK - 1) / QUERY_BLOCK;
-#pragma omp parallel for num_threads(threads) schedule(static) if (parallel)
-        for (int64_t task = 0; task < hq * blocks; task++) {
-            const int64_t h = task / blocks, j0 = task % blocks * QUERY_BLOCK;
-            const float *keys = k_cache + h / group * max_len * d, *values = v_cache + h / group * max_len * d;
-            switch (t - j0 < QUERY_BLOCK ? t - j0 : QUERY_BLOCK) { /* each block size its own specialization */
+        /* Each thread takes an equal, contiguous share of the (head, query) pairs, head by
+         * head, in blocks of at most QUERY_BLOCK queries of a head (each key read once for a
+         * block, see attend_block). Whole blocks of 4 per task left 9 queries of 7 heads as
+         * 21 tasks, 35 queries on one thread and 28 on the other. Each query's result is the
+         * same whatever block it falls in. */
+#pragma omp parallel num_threads(threads) if (parallel)
+        {
+            const int64_t total = hq * t, share = omp_get_num_threads(), id = omp_get_thread_num();
+            const int64_t hi = total * (id + 1) / share;
+            for (int64_t i = total * id / share; i < hi;) {
+                const int64_t h = i / t, head_end = (h + 1) * t < hi ? (h + 1) * t : hi;
+                const int64_t n_blocks = (head_end - i + QUERY_BLOCK - 1) / QUERY_BLOCK;
+                const float *keys = k_cache + h / group * max_len * d, *values = v_cache + h / group * max_len * d;
+                for (int64_t b = 0; b < n_blocks; b++) { /* blocks of as equal sizes as may be */
+                    const int64_t j0 = i % t + (head_end - i) * b / n_blocks;
+                    const int64_t nq = i % t + (head_end - i) * (b + 1) / n_blocks - j0;
+                    switch (nq) { /* each block size its own specialization */
 #define BLOCK_CASE(c) \
     case c: attend_block(q, j0, c, h, hq, d, keys, values, kv_len, mask, mask_stride, scale, out); break
-                BLOCK_CASE(1); BLOCK_CASE(2); BLOCK_CASE(3); BLOCK_CASE(4);
+                        BLOCK_CASE(1); BLOCK_CASE(2); BLOCK_CASE(3); BLOCK_CASE(4);
 #undef BLOCK_CASE
+                    }
+                }
+                i = head_end;
             }
         }
         free(q);
