@@ -152,6 +152,52 @@ static int64_t pack_scores(const float *sc, const float *mrow, int64_t kv_len, f
     return n;
 }
 
+/* pack_scores' result, 8 slots at a time where the mask shows all 8 or none (a causal
+ * pass's rows are one run of visible slots; a tree's rows differ in its last slots only),
+ * the slots between one by one as pack_scores takes them: the same p, seen and maximum
+ * (a maximum is exact in any order; a NaN score, packed, is never the maximum in either).
+ * One by one, packing was a third of attend_block's time for 9 queries over 1,100 keys. */
+static int64_t pack_scores8(const float *sc, const float *mrow, int64_t kv_len, float scale, float *p,
+                            int64_t *seen, float *best) {
+    const __m256 scale8 = _mm256_set1_ps(scale), hidden = _mm256_set1_ps(-INFINITY);
+    const __m256i first4 = _mm256_setr_epi64x(0, 1, 2, 3), next4 = _mm256_setr_epi64x(4, 5, 6, 7);
+    __m256 top = hidden;
+    int64_t n = 0, s = 0;
+    *best = -INFINITY;
+    for (; s < kv_len; s += 8) {
+        const __m256 m = mrow && s + 8 <= kv_len ? _mm256_loadu_ps(mrow + s) : _mm256_setzero_ps();
+        const int gone = mrow ? _mm256_movemask_ps(_mm256_cmp_ps(m, hidden, _CMP_EQ_OQ)) : 0;
+        if (s + 8 > kv_len || (gone != 0 && gone != 0xFF)) { /* a tail, or shown and hidden slots mixed */
+            const int64_t end = s + 8 < kv_len ? s + 8 : kv_len;
+            for (int64_t i = s; i < end; i++) {
+                if (mrow && mrow[i] == -INFINITY)
+                    continue;
+                const float score = sc[i] * scale + (mrow ? mrow[i] : 0.0f);
+                seen[n] = i;
+                p[n++] = score;
+                if (score > *best)
+                    *best = score;
+            }
+            continue;
+        }
+        if (gone == 0xFF)
+            continue;
+        const __m256 score = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(sc + s), scale8), m);
+        _mm256_storeu_ps(p + n, score);
+        const __m256i at = _mm256_set1_epi64x(s);
+        _mm256_storeu_si256((__m256i *)(seen + n), _mm256_add_epi64(at, first4));
+        _mm256_storeu_si256((__m256i *)(seen + n + 4), _mm256_add_epi64(at, next4));
+        top = _mm256_blendv_ps(top, score, _mm256_cmp_ps(score, top, _CMP_GT_OQ));
+        n += 8;
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, top);
+    for (int i = 0; i < 8; i++)
+        if (lanes[i] > *best)
+            *best = lanes[i];
+    return n;
+}
+
 /* One query of one head, any d (attend_block takes d % 8 == 0). */
 static void attend_one(const float *qv, int64_t d, const float *keys, const float *values, int64_t kv_len,
                        const float *mrow, float scale, float *o) {
@@ -246,7 +292,7 @@ static inline __attribute__((always_inline)) void attend_block(
         const float *mrow = mask ? mask + (j0 + b) * mask_stride : NULL, *sc = scores + b * kv_len;
         float *o = out + ((j0 + b) * hq + h) * d;
         float best;
-        const int64_t n = pack_scores(sc, mrow, kv_len, scale, p, seen, &best);
+        const int64_t n = pack_scores8(sc, mrow, kv_len, scale, p, seen, &best);
         if (best == -INFINITY) {
             memset(o, 0, (size_t)d * sizeof(float));
             continue;
