@@ -106,7 +106,7 @@ class SpeculativeGenerator:
         draft: str | Path | None = None,
         method: str = "draft",
         backend: str = "auto",
-        options: DraftOptions = DraftOptions(),
+        options: DraftOptions | None = None,
         acceptance: str = "mss",
         remeasure: bool = False,
         log: Callable[[str], None] | None = None,
@@ -120,7 +120,7 @@ class SpeculativeGenerator:
         (draft, tree, multi-draft, hybrid, auto), a draft (default: the embedded target's
         paired draft); for ``early-exit``, ``draft`` is an exit head directory or ``"shared"``
         (default: the head shipped for the target, if any). ``options`` shape the method
-        (tree, number of drafts, n-gram sizes, exit layer); ``acceptance`` is the sampling
+        (tree, number of drafts, n-gram sizes, exit layer; None: the defaults); ``acceptance`` is the sampling
         rule (mss, or spectr for multi-draft).
 
         ``method="auto"`` lets the cost model pick the method, k and tree shape for this
@@ -143,6 +143,7 @@ class SpeculativeGenerator:
 
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
+        options = DraftOptions() if options is None else options
         placement = resolve_placement(device, dtype, quantize)
         if method == "early-exit" and draft is not None:  # the draft is an exit head directory
             options, draft = dataclasses.replace(options, exit_head=str(draft)), None
@@ -162,7 +163,7 @@ class SpeculativeGenerator:
         draft: CausalLM | None,
         tokenizer,
         method: str = "draft",
-        options: DraftOptions = DraftOptions(),
+        options: DraftOptions | None = None,
         acceptance: str = "mss",
         *,
         remeasure: bool = False,
@@ -172,6 +173,7 @@ class SpeculativeGenerator:
         returns once it has loaded them): the method resolved by
         :func:`~quickdraft.resolve.resolve_method` (its result is :attr:`plan`), the
         drafter built, and the k the method itself fixes, if any, set."""
+        options = DraftOptions() if options is None else options
         plan = resolve_method(target, draft, tokenizer, method, options, remeasure=remeasure, log=log)
         gen = cls(target, tokenizer, plan.drafter(draft, target), acceptance=acceptance)
         gen.plan, gen.method_choice, gen.draft = plan, plan.choice, draft

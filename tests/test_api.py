@@ -205,3 +205,16 @@ def test_resolve_k_is_the_one_place_k_is_settled():
     adaptive = SpeculativeGenerator.from_pretrained(method="draft", options=DraftOptions(draft_stop="dv"))
     assert adaptive.num_speculative_tokens == ADAPTIVE_MAX_DEPTH
     assert adaptive.resolve_k() == (ADAPTIVE_MAX_DEPTH, "the most an adaptive --draft-stop drafts")
+
+
+def test_options_none_means_the_defaults(tiny_family):
+    """``options=None`` (Python's usual "not given") builds the method's defaults, through
+    both constructors, instead of failing on an attribute of None."""
+    from quickdraft.generator import DraftOptions
+
+    given = SpeculativeGenerator.from_pretrained(tiny_family["target"], tiny_family["perturbed"], options=None)
+    default = SpeculativeGenerator.from_pretrained(tiny_family["target"], tiny_family["perturbed"])
+    assert given.num_speculative_tokens == default.num_speculative_tokens
+    assert given.generate("def f(x):", max_new_tokens=8).token_ids == default.generate("def f(x):", max_new_tokens=8).token_ids
+    pair = SpeculativeGenerator.for_pair(default.target, default.draft, default.tokenizer, "ngram", None)
+    assert pair.plan.options == DraftOptions()
