@@ -129,18 +129,10 @@ static float softmax_packed(float *p, int64_t n, float best) {
     return 1.0f / lanes_sum(total);
 }
 
-/* A query's visible scores, packed in slot order: p[n] = sc[s] * scale + mask for the n-th
- * slot s the mask row shows (all where mrow is NULL), seen[n] = s; returns n, and their
- * maximum in *best (-inf: none visible). Packed, key n of the pack sums into lane n % 8:
- * a tree node's ancestors sit at other slots than the same tokens after acceptance
- * (packed behind the cache), so summing by slot would round the softmax total differently
- * from the plain step that later sees them; by rank it is the same sequence of float
- * operations, bit for bit (8-bit activations would magnify one ulp). */
-static int64_t pack_scores(const float *sc, const float *mrow, int64_t kv_len, float scale, float *p,
-                           int64_t *seen, float *best) {
-    int64_t n = 0;
-    *best = -INFINITY;
-    for (int64_t s = 0; s < kv_len; s++) {
+/* pack_scores' loop over slots from .. to - 1, appending at p[n], seen[n]: the new n. */
+static inline int64_t pack_slots(const float *sc, const float *mrow, int64_t from, int64_t to, float scale, float *p,
+                                 int64_t *seen, int64_t n, float *best) {
+    for (int64_t s = from; s < to; s++) {
         if (mrow && mrow[s] == -INFINITY)
             continue;
         const float score = sc[s] * scale + (mrow ? mrow[s] : 0.0f);
@@ -150,6 +142,19 @@ static int64_t pack_scores(const float *sc, const float *mrow, int64_t kv_len, f
             *best = score;
     }
     return n;
+}
+
+/* A query's visible scores, packed in slot order: p[n] = sc[s] * scale + mask for the n-th
+ * slot s the mask row shows (all where mrow is NULL), seen[n] = s; returns n, and their
+ * maximum in *best (-inf: none visible). Packed, key n of the pack sums into lane n % 8:
+ * a tree node's ancestors sit at other slots than the same tokens after acceptance
+ * (packed behind the cache), so summing by slot would round the softmax total differently
+ * from the plain step that later sees them; by rank it is the same sequence of float
+ * operations, bit for bit (8-bit activations would magnify one ulp). */
+static int64_t pack_scores(const float *sc, const float *mrow, int64_t kv_len, float scale, float *p,
+                           int64_t *seen, float *best) {
+    *best = -INFINITY;
+    return pack_slots(sc, mrow, 0, kv_len, scale, p, seen, 0, best);
 }
 
 /* pack_scores' result, 8 slots at a time where the mask shows all 8 or none (a causal
@@ -168,16 +173,7 @@ static int64_t pack_scores8(const float *sc, const float *mrow, int64_t kv_len, 
         const __m256 m = mrow && s + 8 <= kv_len ? _mm256_loadu_ps(mrow + s) : _mm256_setzero_ps();
         const int gone = mrow ? _mm256_movemask_ps(_mm256_cmp_ps(m, hidden, _CMP_EQ_OQ)) : 0;
         if (s + 8 > kv_len || (gone != 0 && gone != 0xFF)) { /* a tail, or shown and hidden slots mixed */
-            const int64_t end = s + 8 < kv_len ? s + 8 : kv_len;
-            for (int64_t i = s; i < end; i++) {
-                if (mrow && mrow[i] == -INFINITY)
-                    continue;
-                const float score = sc[i] * scale + (mrow ? mrow[i] : 0.0f);
-                seen[n] = i;
-                p[n++] = score;
-                if (score > *best)
-                    *best = score;
-            }
+            n = pack_slots(sc, mrow, s, s + 8 < kv_len ? s + 8 : kv_len, scale, p, seen, n, best);
             continue;
         }
         if (gone == 0xFF)
