@@ -21,7 +21,7 @@ from .chat import Message, chat_prompt_ids, check_messages, end_of_turn_ids
 from .decoding.engine import Step, decode
 from .decoding.sampling import SamplingParams
 from .decoding.stats import GenerationStats
-from .decoding.step import ContextOverflowError
+from .decoding.step import EMPTY_PROMPT, ContextOverflowError
 from .decoding.stopping import StopConditions, cut_at_stop
 from .drafters import (
     METHODS,
@@ -223,6 +223,8 @@ class SpeculativeGenerator:
             ids = self.tokenizer(prompt, verbose=False)["input_ids"]
         else:
             ids = list(prompt)
+        if not ids:  # before anything measures or decodes
+            raise ValueError(EMPTY_PROMPT)
         limit = self.target.context_length - 1
         dropped = 0
         if len(ids) > limit:

@@ -110,6 +110,15 @@ def test_a_directory_as_prompt_file_is_named_as_one(tiny_family, tmp_path):
         assert f"{tmp_path} is a directory; pass a file" in err and "does not exist" not in err, err
 
 
+def test_an_empty_prompt_is_refused_before_anything_is_measured(tiny_family, private_cache_dir):
+    """An empty prompt fails as soon as it is tokenized: not after the cost model has
+    spent seconds measuring the pair for k (it used to say "k=... measured now" first)."""
+    code, out, err = run_cli("generate", "--model", str(tiny_family["target"]), "--draft",
+                             str(tiny_family["perturbed"]), "--prompt", "")
+    assert code == 2 and out == "", err
+    assert err.strip().splitlines() == ["quickdraft: error: the prompt is empty; give at least one token"], err
+
+
 def test_truncate_prompt_allows_long_prompts(tiny_family, capsys):
     args = ["generate", "--model", str(tiny_family["target"]), "--method", "ar", "--prompt", "x = 1\n" * 400,
             "--truncate-prompt", "--max-new-tokens", "4", "--json"]

@@ -16,12 +16,15 @@ class ContextOverflowError(ValueError):
     """The prompt does not fit in the model's context window."""
 
 
+EMPTY_PROMPT = "the prompt is empty; give at least one token"
+
+
 def check_prompt(prompt: torch.Tensor, context: int) -> torch.Tensor:
     """``prompt`` as a flat ``long`` tensor; a one-line error when it is empty or leaves no
     room in a context of ``context`` tokens."""
     prompt = prompt.to(torch.long).view(-1)
     if prompt.numel() == 0:
-        raise ValueError("the prompt is empty; give at least one token")
+        raise ValueError(EMPTY_PROMPT)
     if prompt.numel() >= context:
         raise ContextOverflowError(
             f"the prompt has {prompt.numel()} tokens but the model's context is {context}; "

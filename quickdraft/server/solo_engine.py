@@ -21,7 +21,7 @@ from ..decoding.batch_engine import BatchFullError, RowUpdate
 from ..decoding.engine import Step, decode
 from ..decoding.sampling import SamplingError, SamplingParams
 from ..decoding.stats import GenerationStats
-from ..decoding.step import ContextOverflowError
+from ..decoding.step import EMPTY_PROMPT, ContextOverflowError
 from ..decoding.stopping import StopConditions
 from ..drafters import DraftOptions, make_drafter
 from ..generator import DEFAULT_NUM_SPECULATIVE_TOKENS
@@ -120,7 +120,7 @@ class SoloEngine:
             raise BatchFullError(f"all {self.max_batch_size} rows are busy")
         prompt = prompt.to(torch.long).view(-1)
         if prompt.numel() == 0:
-            raise ValueError("the prompt is empty; give at least one token")
+            raise ValueError(EMPTY_PROMPT)
         if prompt.numel() >= self.max_len:
             raise ContextOverflowError(
                 f"the prompt has {prompt.numel()} tokens but a row holds at most {self.max_len}; shorten it"
