@@ -25,7 +25,6 @@
 #include "qmatmul.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 #include "q8a8.h"
 
