@@ -291,6 +291,16 @@ DEFINE_PAIR_PASS(bf16_pair, uint16_t, bf16x16, 1)
 DEFINE_PAIR_PASS(f16_pair, uint16_t, f16x16, 1)
 #undef DEFINE_PAIR_PASS
 
+/* A call of fn on rows of x, rows a constant (each row count its own specialization). */
+#define ROWS_CASE(fn, w, ahead, xm, K, rows, ym, N) \
+    case rows: fn(w, ahead, xm, K, rows, ym, N); break;
+#define ROWS_CASES_TO_10(fn, w, ahead, xm, K, ym, N) \
+    ROWS_CASE(fn, w, ahead, xm, K, 1, ym, N) ROWS_CASE(fn, w, ahead, xm, K, 2, ym, N) \
+    ROWS_CASE(fn, w, ahead, xm, K, 3, ym, N) ROWS_CASE(fn, w, ahead, xm, K, 4, ym, N) \
+    ROWS_CASE(fn, w, ahead, xm, K, 5, ym, N) ROWS_CASE(fn, w, ahead, xm, K, 6, ym, N) \
+    ROWS_CASE(fn, w, ahead, xm, K, 7, ym, N) ROWS_CASE(fn, w, ahead, xm, K, 8, ym, N) \
+    ROWS_CASE(fn, w, ahead, xm, K, 9, ym, N) ROWS_CASE(fn, w, ahead, xm, K, 10, ym, N)
+
 /* All M rows of x against weight rows n (each its own specialization up to
  * F32_PASS_ROWS; more rows in passes of that many). */
 #define PASS_CASES(pass, w, ahead, x, M, K, N, y) \
@@ -298,22 +308,10 @@ DEFINE_PAIR_PASS(f16_pair, uint16_t, f16x16, 1)
         const float *xm = (x) + m * (K); \
         float *ym = (y) + m * (N); \
         switch ((M) - m < F32_PASS_ROWS ? (M) - m : F32_PASS_ROWS) { \
-        case 1: pass(w, ahead, xm, K, 1, ym, N); break; \
-        case 2: pass(w, ahead, xm, K, 2, ym, N); break; \
-        case 3: pass(w, ahead, xm, K, 3, ym, N); break; \
-        case 4: pass(w, ahead, xm, K, 4, ym, N); break; \
-        case 5: pass(w, ahead, xm, K, 5, ym, N); break; \
-        case 6: pass(w, ahead, xm, K, 6, ym, N); break; \
-        case 7: pass(w, ahead, xm, K, 7, ym, N); break; \
-        case 8: pass(w, ahead, xm, K, 8, ym, N); break; \
-        case 9: pass(w, ahead, xm, K, 9, ym, N); break; \
-        case 10: pass(w, ahead, xm, K, 10, ym, N); break; \
-        case 11: pass(w, ahead, xm, K, 11, ym, N); break; \
-        case 12: pass(w, ahead, xm, K, 12, ym, N); break; \
-        case 13: pass(w, ahead, xm, K, 13, ym, N); break; \
-        case 14: pass(w, ahead, xm, K, 14, ym, N); break; \
-        case 15: pass(w, ahead, xm, K, 15, ym, N); break; \
-        case 16: pass(w, ahead, xm, K, 16, ym, N); break; \
+            ROWS_CASES_TO_10(pass, w, ahead, xm, K, ym, N) \
+            ROWS_CASE(pass, w, ahead, xm, K, 11, ym, N) ROWS_CASE(pass, w, ahead, xm, K, 12, ym, N) \
+            ROWS_CASE(pass, w, ahead, xm, K, 13, ym, N) ROWS_CASE(pass, w, ahead, xm, K, 14, ym, N) \
+            ROWS_CASE(pass, w, ahead, xm, K, 15, ym, N) ROWS_CASE(pass, w, ahead, xm, K, 16, ym, N) \
         } \
     }
 
@@ -324,24 +322,16 @@ DEFINE_PAIR_PASS(f16_pair, uint16_t, f16x16, 1)
         const float *xm = (x) + m * (K); \
         float *ym = (y) + m * (N); \
         switch ((M) - m < part ? (M) - m : part) { \
-        case 1: pair(w, ahead, xm, K, 1, ym, N); break; \
-        case 2: pair(w, ahead, xm, K, 2, ym, N); break; \
-        case 3: pair(w, ahead, xm, K, 3, ym, N); break; \
-        case 4: pair(w, ahead, xm, K, 4, ym, N); break; \
-        case 5: pair(w, ahead, xm, K, 5, ym, N); break; \
-        case 6: pair(w, ahead, xm, K, 6, ym, N); break; \
-        case 7: pair(w, ahead, xm, K, 7, ym, N); break; \
-        case 8: pair(w, ahead, xm, K, 8, ym, N); break; \
-        case 9: pair(w, ahead, xm, K, 9, ym, N); break; \
-        case 10: pair(w, ahead, xm, K, 10, ym, N); break; \
+            ROWS_CASES_TO_10(pair, w, ahead, xm, K, ym, N) \
         } \
     }
+
+/* Rows x columns of x from which PAIRS takes pairs of weight rows (16 KB of floats). */
+#define PAIR_MIN 4096
 
 /* y [M, N] = x @ w.T (M <= F32_PASS_ROWS): by single weight rows up to PAIR_MIN floats of x
  * (each prefetching F32_AHEAD rows on), else by pairs (prefetching PAIR_AHEAD pairs on),
  * an odd last row alone. */
-/* Rows x columns of x from which PAIRS takes pairs of weight rows (16 KB of floats). */
-#define PAIR_MIN 4096
 #define PAIRS(pair, pass, W, x, M, K, w, N, y) \
     if ((M) * (K) <= PAIR_MIN) { \
         _Pragma("omp parallel for schedule(static) num_threads(threads)") \
@@ -387,6 +377,8 @@ DEFINE_HALF_MATMUL(qd_f16_matmul_avx512, f16_quad, f16_pair, f16_pass)
 #undef PAIRS
 #undef PAIR_CASES
 #undef PASS_CASES
+#undef ROWS_CASES_TO_10
+#undef ROWS_CASE
 #undef QUADS
 
 int qd_avx512_supported(void) {
