@@ -398,9 +398,10 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
                         help="early-exit: draft with the target's first L layers (default: the layer of the "
                         "target's shipped exit head, else the cost model's choice, measured briefly)")
     parser.add_argument("--draft-vocab", type=non_negative_int, default=None, metavar="N",
-                        help="the draft model scores only its N most frequent tokens (its draft_vocab.json "
-                        "from `quickdraft train draft`; default: the size recorded there; 0 = the whole "
-                        "vocabulary). A cheaper draft step; output is the same")
+                        help="the draft model, EAGLE drafter, prophet or exit head scores only its N most frequent "
+                        "tokens (its draft_vocab.json, from `quickdraft train draft`, `train heads`, `train "
+                        "exit-head`; default: the size recorded there; 0 = all its tokens). A cheaper draft "
+                        "step; output is the same")
     parser.add_argument("--heads", metavar="DIR",
                         help="medusa, prophet, eagle: the heads directory (from `quickdraft train heads`; "
                         "default: those shipped for the target)")

@@ -127,8 +127,8 @@ class SpeculativeGenerator:
         pair and machine (measured once, a few seconds, then cached; ``remeasure`` measures
         again, ``log`` gets a line before a measurement); the choice is in
         :attr:`method_choice`. ``draft_vocab``: how many of its most frequent tokens the
-        draft scores (None: the draft's ``draft_vocab.json`` default, 0: all; output is the
-        same either way).
+        draft model, EAGLE drafter, prophet or exit head scores (None: its ``draft_vocab.json``
+        default, 0: all; output is the same either way).
 
         ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``; default cpu) and ``dtype``
         (``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"``/None: float32 on CPU,
@@ -144,6 +144,8 @@ class SpeculativeGenerator:
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         options = DraftOptions() if options is None else options
+        if draft_vocab is not None:  # the heads' too (a draft model's is load_pair's)
+            options = dataclasses.replace(options, draft_vocab=draft_vocab)
         placement = resolve_placement(device, dtype, quantize)
         if method == "early-exit" and draft is not None:  # the draft is an exit head directory
             options, draft = dataclasses.replace(options, exit_head=str(draft)), None

@@ -70,11 +70,13 @@ def resolve_method(
     if method == "prophet":  # loaded once, like Medusa's heads
         from .drafters.prophet import load_prophet_for
 
-        return MethodPlan(method, dataclasses.replace(options, heads=load_prophet_for(target, options.heads)))
+        prophet = load_prophet_for(target, options.heads, options.draft_vocab)
+        return MethodPlan(method, dataclasses.replace(options, heads=prophet))
     if method == "eagle":
         from .drafters.eagle import load_eagle_head
 
-        return MethodPlan(method, dataclasses.replace(options, heads=load_eagle_head(target, options.heads)))
+        head = load_eagle_head(target, options.heads, options.draft_vocab)
+        return MethodPlan(method, dataclasses.replace(options, heads=head))
     if method != "auto":
         return MethodPlan(method, options)
     from .policy.method_choice import cached_method

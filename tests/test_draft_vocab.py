@@ -56,6 +56,11 @@ def test_vocab_file_round_trip_and_sizes(tmp_path):
     with pytest.raises(ValueError, match="between 0 .all. and 6"):
         read_draft_vocab(tmp_path, 7)
     assert read_draft_vocab(tmp_path / "none") is None  # no file: the whole vocabulary
+    # An EAGLE drafter's file ranks only the rows it stores.
+    (tmp_path / "eagle").mkdir()
+    assert write_draft_vocab(tmp_path / "eagle", counts, 3, np.array([0, 1, 3, 5]))["ranking"] == [3, 5, 0, 1]
+    assert read_draft_vocab(tmp_path / "eagle", 2).tolist() == [3, 5]
+    assert read_draft_vocab(tmp_path / "eagle", 4) is None
     with pytest.raises(ValueError, match="no draft_vocab.json"):
         read_draft_vocab(tmp_path / "none", 10)
     assert default_vocab_size(8192) == 1024 and default_vocab_size(128256) == 16064

@@ -157,6 +157,42 @@ def test_train_heads_eagle_end_to_end_resume_and_lossless(tmp_path, capsys):
     for prompt in ["def f3(x):\n", "def f6(x):\n    return x"]:
         got = eagle.generate(prompt, max_new_tokens=32)
         assert got.token_ids == plain.generate(prompt, max_new_tokens=32).token_ids
+    # draft_vocab.json ranks its 64 rows by the training text; --draft-vocab N keeps the N most frequent.
+    record = json.loads((out / "draft_vocab.json").read_text())
+    stored = eagle.drafter.head.vocab_ids.tolist()
+    assert sorted(record["ranking"]) == sorted(stored) and record["size"] == 64
+    small = SpeculativeGenerator.from_pretrained(str(tmp_path / "target"), method="eagle",
+                                                 options=DraftOptions(heads=str(out)), draft_vocab=16)
+    kept = small.drafter.head.vocab_ids.tolist()
+    assert sorted(kept) == sorted(record["ranking"][:16]) and kept == [i for i in stored if i in kept]
+    for prompt in ["def f3(x):\n"]:
+        got = small.generate(prompt, max_new_tokens=32)
+        assert got.token_ids == plain.generate(prompt, max_new_tokens=32).token_ids
+    with pytest.raises(ValueError, match="between 0 .all. and 64"):
+        SpeculativeGenerator.from_pretrained(str(tmp_path / "target"), method="eagle",
+                                             options=DraftOptions(heads=str(out)), draft_vocab=65)
+
+
+def test_a_restricted_head_keeps_its_rows_in_their_stored_order():
+    """restrict_vocab (--draft-vocab): the kept tokens' rows, in the stored order (the first
+    maximum among them stays the same token), the same scores for them; one-line errors for
+    a head without rows of its own or no token in common."""
+    cfg = ModelConfig(family="llama", model_type="llama", vocab_size=50, hidden_size=32, n_layers=1, n_heads=4,
+                      n_kv_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=64)
+    target = Transformer(cfg).eval()
+    head = random_head(target, torch.tensor([2, 5, 9, 11, 14, 17]))
+    out = torch.randn(3, target.config.hidden_size)
+    with torch.no_grad():
+        before = head.logits(out, target)
+        head.restrict_vocab(torch.tensor([17, 2, 9, 30]))
+        after = head.logits(out, target)
+    assert head.vocab_ids.tolist() == [2, 9, 17] and head.draft_vocab == 3
+    torch.testing.assert_close(after[:, [2, 9, 17]], before[:, [2, 9, 17]])
+    assert torch.isneginf(after[:, [5, 11, 14]]).all()
+    with pytest.raises(ValueError, match="no rows of its own"):
+        random_head(target).restrict_vocab(torch.tensor([1]))
+    with pytest.raises(ValueError, match="none of the given tokens"):
+        random_head(target, torch.tensor([2, 5])).restrict_vocab(torch.tensor([3]))
 
 
 def test_train_heads_init_starts_from_the_given_weights(tmp_path, capsys):

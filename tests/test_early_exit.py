@@ -265,6 +265,15 @@ def test_train_exit_head_end_to_end_resume_and_lossless(train_setup, tmp_path, c
     prompt = "def f(x):\n"
     assert ee.generate(prompt, max_new_tokens=24).token_ids == plain.generate(prompt, max_new_tokens=24).token_ids
     assert ee.drafter.name == "early-exit(L=1,extra-block)"
+    # Its draft vocabulary: the training text's tokens ranked (a vocabulary this small is
+    # scored whole by default); --draft-vocab N drafts with the N most frequent.
+    ranking = json.loads((out / "draft_vocab.json").read_text())["ranking"]
+    assert sorted(ranking) == list(range(ee.target.vocab_size)) and report["draft_vocab"]["size"] == 0
+    assert ee.drafter.step_head.vocab_head is None
+    ee8 = SpeculativeGenerator.from_pretrained(str(train_setup / "target"), str(out), method="early-exit",
+                                               draft_vocab=8)
+    assert ee8.drafter.step_head.draft_ids.tolist() == ranking[:8]
+    assert ee8.generate(prompt, max_new_tokens=24).token_ids == plain.generate(prompt, max_new_tokens=24).token_ids
 
 
 def test_train_exit_head_bad_layer_is_one_line(train_setup, tmp_path, capsys):
@@ -338,3 +347,65 @@ def test_extra_block_cache_holds_every_accepted_token_after_any_number_of_steps(
             torch.testing.assert_close(getattr(drafter.head_cache, name)[0, :, :, :n],
                                        getattr(block_cache, name)[0, :, :, :n], rtol=1e-5, atol=1e-5)
     assert accepted > 0
+
+
+def restricted_vocab_lm(quantized: bool) -> NativeLM:
+    """native_lm, 32 wide for int8 groups; ``quantized``: its LM head in int8 (as SmolLM2's
+    Q8_0 head is), so the restricted rows are a drafter's int8 layer."""
+    from quickdraft.models.quant_linear import quantize_head
+
+    lm = native_lm()
+    if quantized:
+        assert quantize_head(lm.model)
+        lm = NativeLM(lm.model, decode_linears=False)
+    return lm
+
+
+@pytest.mark.parametrize("quantized", [False, True], ids=["float-head", "int8-head"])
+def test_a_restricted_vocabulary_drafts_only_its_tokens_and_stays_lossless(quantized):
+    """--draft-vocab on an exit head: the drafting copy scores only ``draft_ids`` (the
+    target's LM head rows for them; -inf elsewhere), the head passed in keeps the whole
+    vocabulary, and greedy output is plain decoding's."""
+    from quickdraft.models.quant_linear import Int8Linear, native_kernels
+
+    lm = restricted_vocab_lm(quantized)
+    head = random_head(lm, 2, "extra-block")
+    full = EarlyExitDrafter(lm, head)
+    ids = torch.tensor([7, 3, 60, 12, 0, 41, 33, 18, 25, 50, 9, 5])
+    head.draft_ids = ids
+    drafter = EarlyExitDrafter(lm, head)
+    assert head.vocab_head is None and drafter.step_head.vocab_head is not None
+    if quantized and native_kernels():
+        assert isinstance(drafter.step_head.vocab_head, Int8Linear)
+    x = torch.randn(3, lm.config.hidden_size)
+    with torch.no_grad():
+        got, ref = drafter.step_head.logits(x, lm.model), full.step_head.logits(x, lm.model)
+    others = torch.ones(lm.config.vocab_size, dtype=torch.bool)
+    others[ids] = False
+    assert torch.isneginf(got[:, others]).all() and torch.isfinite(got[:, ids]).all()
+    if not quantized:  # the same rows, the same products
+        torch.testing.assert_close(got[:, ids], ref[:, ids], rtol=1e-5, atol=1e-5)
+    for prompt in PROMPTS:
+        assert generate(lm, drafter, prompt, n=24, k=3) == generate(lm, None, prompt, n=24)
+
+
+@pytest.mark.slow
+def test_sampled_early_exit_over_a_restricted_vocabulary_matches_target_distribution():
+    """Proposals that give most tokens probability zero: the exact rule still yields the
+    target's distribution (a wrong rule fails this harness: test_wrong_early_exit_...)."""
+    lm = tiny_vocab_lm()
+    head = random_head(lm, 1, "trained")
+    head.draft_ids = torch.tensor([1, 3])
+    drafter = EarlyExitDrafter(lm, head, share_kv=True)
+    assert empirical_pvalue(lm, drafter, SamplingParams(temperature=1.0), n_samples=1000) > 1e-3
+
+
+def test_draft_vocab_needs_a_trained_head_with_a_ranking_one_line(capsys, tmp_path):
+    lm = native_lm()
+    code, err = run_cli(capsys, "generate", "--method", "early-exit", "--draft", "shared", "--exit-layer", "2",
+                        "--draft-vocab", "100", "--prompt", "x", "--max-new-tokens", "2")
+    assert code == 2 and len(err.splitlines()) == 1 and "needs a trained exit head" in err
+    save_exit_head(random_head(lm, 2, "trained"), lm.model, "tiny", tmp_path / "head")
+    with pytest.raises(ValueError, match="no draft_vocab.json"):
+        load_exit_head(tmp_path / "head", lm.model, 10)
+    assert load_exit_head(tmp_path / "head", lm.model).draft_ids is None  # no file: the whole vocabulary

@@ -301,6 +301,7 @@ def test_the_server_serves_prophet_losslessly(tiny_family, tiny_prophet, tmp_pat
 def test_the_shipped_prophet_accepts_tokens_and_stays_lossless():
     """The embedded target's shipped prophet loads without --heads, accepts draft tokens,
     and greedy output is plain decoding's."""
+    from quickdraft.drafters.prophet import shipped_prophet
     from quickdraft.generator import SpeculativeGenerator
 
     prophet = SpeculativeGenerator.from_pretrained(method="prophet")
@@ -311,3 +312,9 @@ def test_the_shipped_prophet_accepts_tokens_and_stays_lossless():
         assert out.token_ids == plain.generate(prompt, max_new_tokens=48).token_ids
         accepted.append(out.stats.mean_accepted_tokens)
     assert min(accepted) > 1.2, accepted
+    # --draft-vocab reaches it: its draft_vocab.json's 512 most frequent tokens, the same output.
+    small = SpeculativeGenerator.from_pretrained(method="prophet", draft_vocab=512)
+    ranking = json.loads((shipped_prophet(small.target) / "draft_vocab.json").read_text())["ranking"]
+    assert small.drafter.prophet.decoder.head_ids.tolist() == ranking[:512]
+    prompt = "def median(values):\n"
+    assert small.generate(prompt, max_new_tokens=32).token_ids == plain.generate(prompt, max_new_tokens=32).token_ids

@@ -1,6 +1,6 @@
 """Self-speculation on SmolLM2-135M-Instruct against plain decoding, in one process:
-early exit with the shipped head (shared KV, k=1..3) and layer skip with the shipped
-profile, greedy, on the first chat and the first code prompt of the bench (chat through
+early exit with the shipped head (shared KV, k=1..3; its draft_vocab.json's default
+vocabulary, others with --draft-vocab) and layer skip with the shipped profile, greedy, on the first chat and the first code prompt of the bench (chat through
 the model's template, stopping at its end-of-turn). Rows alternate per prompt and repeat;
 tokens/s is the median over prompts x repeats. Run:
 ``PYTHONPATH=. python docs/smollm2/self_spec.py [--tokens 64] [--repeats 2] [--json OUT]``."""
@@ -32,6 +32,9 @@ def main() -> None:
     ap.add_argument("--head", action="append", default=[], metavar="DIR",
                     help="another exit head to time beside the shipped one (rows 'early-exit DIR k=...')")
     ap.add_argument("--k", default="1,2,3", help="draft lengths of the early-exit rows")
+    ap.add_argument("--draft-vocab", action="append", type=int, default=[], metavar="N",
+                    help="the shipped head again, its draft steps scoring its N most frequent tokens "
+                    "(rows 'early-exit vN k=...'; 0: the whole vocabulary)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     pair = load_pair("smollm2-135m", need_draft=False)
@@ -42,6 +45,7 @@ def main() -> None:
            for c, p in prompts.items()}
     heads = {"": resolve_exit_head(target, None, None)}
     heads.update({f" {d}": resolve_exit_head(target, d, None) for d in args.head})
+    heads.update({f" v{n}": resolve_exit_head(target, None, None, n) for n in args.draft_vocab})
     profile = load_profile(target)
     rows = {"ar": (lambda: NoDrafter(), 1)}
     for label, head in heads.items():

@@ -222,7 +222,7 @@ def make_batch_drafter(method: str, draft: NativeLM | None, target: NativeLM, ma
         raise ValueError(f"method {method!r} does not batch; batched decoding supports {', '.join(BATCH_METHODS)} "
                          "(token trees, multi-draft and layer skip are batch 1)")
     if method == "early-exit":
-        head = resolve_exit_head(target, options.exit_head, options.exit_layer)
+        head = resolve_exit_head(target, options.exit_head, options.exit_layer, options.draft_vocab)
         return BatchedEarlyExit(target, head, max_batch_size, max_len)
     if method in HEAD_BATCH_K:
         return per_row_head_drafter(method, target, max_batch_size, options)

@@ -206,9 +206,11 @@ def shipped_eagle(target: CausalLM) -> Path | None:
     return next(iter(shipped_for(target, EAGLE_FILES, EagleConfig)), None)
 
 
-def load_eagle_head(target: CausalLM | None, head: str | EagleHead | None) -> EagleHead:
-    """``head`` as a loaded drafter for ``target``: loaded already, from a directory, or
-    (None) the one shipped for the target; a one-line error when there is none."""
+def load_eagle_head(target: CausalLM | None, head: str | EagleHead | None,
+                    draft_vocab: int | None = None) -> EagleHead:
+    """``head`` as a loaded drafter for ``target``: loaded already (as it is), from a
+    directory, or (None) the one shipped for the target; a one-line error when there is
+    none. ``draft_vocab``: how many of its most frequent tokens it scores (``load_eagle``)."""
     if not isinstance(target, NativeLM):
         raise ValueError(HIDDEN_STATES_NEED_NATIVE)
     if isinstance(head, EagleHead):
@@ -217,7 +219,7 @@ def load_eagle_head(target: CausalLM | None, head: str | EagleHead | None) -> Ea
     if path is None:
         raise ValueError("--method eagle needs an EAGLE drafter for this target: pass --heads DIR (train one with "
                          "`quickdraft train heads --kind eagle --target ...`)")
-    head = load_eagle(path, target.model)
+    head = load_eagle(path, target.model, draft_vocab)
     # int8 wherever our kernels run: a level reads the layer, fc and the reduced head (the
     # embedded target's: 15 MB in float32, as much as 1.5 of its 8 layers); measured
     # beside the float32 embedded target 1.14x / 1.16x the tokens/s of a chain of 5 /

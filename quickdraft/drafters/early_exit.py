@@ -45,8 +45,11 @@ def step_head(target: NativeLM, head: ExitHead, decode_linears: bool | None = No
     (translator, extra block) swapped for decode linears when ``decode_linears`` (default:
     when the target has them). Without that, the extra block's one-row products take MKL's
     slower path and a draft step with it cost 1.6x a target layer (measured on the
-    embedded target). ``head`` itself is left as it is."""
+    embedded target). With :attr:`ExitHead.draft_ids` (``--draft-vocab``) the copy scores
+    only those tokens (:meth:`ExitHead.restrict_vocab`). ``head`` itself is left as it is."""
     head = copy.deepcopy(head).to(target.model.embed.weight.dtype)
+    if head.draft_ids is not None:
+        head.restrict_vocab(target.model)
     if target.decode_linears if decode_linears is None else decode_linears:
         use_decode_linears(head)
     return head
@@ -206,11 +209,13 @@ def default_exit_layer(n_layers: int) -> int:
     return max(1, n_layers // 2)
 
 
-def resolve_exit_head(target: CausalLM, head: str | ExitHead | None, exit_layer: int | None) -> ExitHead:
+def resolve_exit_head(target: CausalLM, head: str | ExitHead | None, exit_layer: int | None,
+                      draft_vocab: int | None = None) -> ExitHead:
     """The exit head ``--draft``/``--exit-layer`` ask for: a head directory, ``shared`` (the
     target's final norm + LM head at ``exit_layer``), or None: the shipped head for this
     target (at its layer) unless ``exit_layer`` asks for another layer, else shared. A
-    loaded :class:`ExitHead` is returned as it is."""
+    loaded :class:`ExitHead` is returned as it is. ``draft_vocab``: how many of its most
+    frequent tokens a trained head's draft steps score (``load_exit_head``)."""
     if not isinstance(target, NativeLM):
         raise ValueError(EARLY_EXIT_NEEDS_NATIVE)
     if exit_layer is not None:
@@ -224,16 +229,19 @@ def resolve_exit_head(target: CausalLM, head: str | ExitHead | None, exit_layer:
     if path is not None:
         config = read_head_config(path)
         if exit_layer is None or exit_layer == config.exit_layer:
-            return load_exit_head(path, target.model)
+            return load_exit_head(path, target.model, draft_vocab)
         if head is not None:
             raise ValueError(f"the exit head {path} exits after layer {config.exit_layer}, not --exit-layer "
                              f"{exit_layer}; drop --exit-layer, or train a head for layer {exit_layer}")
         # the shipped head is for another layer: the shared head at the layer asked for
+    if draft_vocab:
+        raise ValueError(f"--draft-vocab {draft_vocab} needs a trained exit head (its draft_vocab.json ranks the "
+                         "tokens); the shared head has none: drop --draft-vocab or pass a head with --draft DIR")
     layer = exit_layer or (read_head_config(path).exit_layer if path is not None else default_exit_layer(n_layers))
     return ExitHead(target.config, layer, trained=False)
 
 
 def early_exit_drafter(target: CausalLM, options, stop_policy=None) -> EarlyExitDrafter:
     """The early-exit drafter of ``DraftOptions`` (``exit_head``, ``exit_layer``, ``share_kv``)."""
-    head = resolve_exit_head(target, options.exit_head, options.exit_layer)
+    head = resolve_exit_head(target, options.exit_head, options.exit_layer, options.draft_vocab)
     return EarlyExitDrafter(target, head, options.share_kv, stop_policy)

@@ -98,6 +98,9 @@ class DraftOptions:
     share_kv: bool = True  # early exit: drafting writes the target's cache, verification resumes at L
     # medusa / prophet / eagle: a directory, loaded heads or None (those shipped for the target)
     heads: str | MedusaHeads | Prophet | EagleHead | None = None
+    # eagle / prophet / early exit: how many of the head's most frequent tokens it scores (its
+    # draft_vocab.json; None: the file's default, 0: all). A draft model's is load_pair's.
+    draft_vocab: int | None = None
 
     def __post_init__(self) -> None:
         """One-line errors for bad settings, before any model is loaded."""
@@ -114,6 +117,8 @@ class DraftOptions:
             )
         if self.exit_layer is not None and self.exit_layer < 1:
             raise ValueError(f"--exit-layer must be >= 1, got {self.exit_layer}")
+        if self.draft_vocab is not None and self.draft_vocab < 0:
+            raise ValueError(f"--draft-vocab must be >= 0 (0: all), got {self.draft_vocab}")
 
 
 def draft_shape(method: str, options: DraftOptions) -> Shape:
@@ -167,11 +172,11 @@ def make_drafter(
     if method == "prophet":
         from .prophet import ProphetDrafter, load_prophet_for
 
-        return ProphetDrafter(target, load_prophet_for(target, options.heads))
+        return ProphetDrafter(target, load_prophet_for(target, options.heads, options.draft_vocab))
     if method == "eagle":
         from .eagle import EagleDrafter, eagle_shape, load_eagle_head
 
-        return EagleDrafter(target, load_eagle_head(target, options.heads),
+        return EagleDrafter(target, load_eagle_head(target, options.heads, options.draft_vocab),
                             eagle_shape(options.tree, options.tree_children, getattr(target, "device", None)))
     shape = draft_shape(method, options)
     if method == "layer-skip":

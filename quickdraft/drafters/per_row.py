@@ -76,13 +76,13 @@ def per_row_head_drafter(method: str, target: NativeLM, max_batch_size: int, opt
     elif method == "prophet":
         from .prophet import ProphetDrafter, load_prophet_for
 
-        prophet = load_prophet_for(target, options.heads)
+        prophet = load_prophet_for(target, options.heads, options.draft_vocab)
         make = partial(ProphetDrafter, target, prophet)
     elif method == "eagle":
         from .eagle import EagleDrafter, load_eagle_head
         from .shapes import StaticTree
 
-        head = load_eagle_head(target, options.heads)
+        head = load_eagle_head(target, options.heads, options.draft_vocab)
         make = partial(EagleDrafter, target, head, StaticTree((1,) * MAX_BATCH_K))
     else:
         raise ValueError(f"{method} is not a head method")

@@ -101,9 +101,11 @@ def shipped_prophet(target: CausalLM) -> Path | None:
     return next(iter(shipped_for(target, PROPHET_FILES, ProphetConfig)), None)
 
 
-def load_prophet_for(target: CausalLM | None, heads: str | Path | Prophet | None) -> Prophet:
-    """``heads`` as a loaded prophet for ``target``: loaded already, a directory, or (None)
-    the prophet shipped for the target; a one-line error when there is none."""
+def load_prophet_for(target: CausalLM | None, heads: str | Path | Prophet | None,
+                     draft_vocab: int | None = None) -> Prophet:
+    """``heads`` as a loaded prophet for ``target``: loaded already (as it is), a directory,
+    or (None) the prophet shipped for the target; a one-line error when there is none.
+    ``draft_vocab``: how many of its most frequent tokens it scores (``load_prophet``)."""
     if not isinstance(target, NativeLM):
         raise ValueError(HIDDEN_STATES_NEED_NATIVE)
     if isinstance(heads, Prophet):
@@ -112,4 +114,4 @@ def load_prophet_for(target: CausalLM | None, heads: str | Path | Prophet | None
     if path is None:
         raise ValueError("--method prophet needs a prophet for this target: pass --heads DIR (train one with "
                          "`quickdraft train heads --kind prophet --target ...`)")
-    return load_prophet(path, target.model)
+    return load_prophet(path, target.model, draft_vocab)

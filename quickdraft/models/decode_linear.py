@@ -124,6 +124,16 @@ class DecodeLinear(nn.Module):
             return y.view(*x.shape[:-1], self.out_features)
         return self._onednn(x)
 
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weights it multiplies by (as the quantized layers' method of this name
+        gives theirs), where it keeps them: our kernels' copy, or a small weight's; a
+        ValueError for a weight only oneDNN's packed form holds."""
+        if self.exact_weight is not None:
+            return self.exact_weight.float()
+        if self.single_row_weight is not None:
+            return self.single_row_weight.t().float()
+        raise ValueError("this layer's weights are packed by oneDNN (no C compiler for our kernels)")
+
     def kernel_spec(self) -> cpu_kernels.LinearSpec | None:
         """This layer for ``cpu_kernels.block``: only where it multiplies with our kernel."""
         if self.exact_weight is None:

@@ -1,4 +1,4 @@
-"""A draft's frequency-ranked vocabulary: ``draft_vocab.json`` next to its weights.
+"""A drafter's frequency-ranked vocabulary: ``draft_vocab.json`` next to its weights.
 
 ``quickdraft train draft`` counts the tokens of its training text and writes every token
 id, most frequent first, with the number it keeps by default. Loaded as a draft
@@ -6,6 +6,13 @@ id, most frequent first, with the number it keeps by default. Loaded as a draft
 (:meth:`Transformer.restrict_head`): a cheaper draft step, the same output (the target
 still decides every token). Measured on the embedded draft: its greedy agreement with the
 target is within half a point at 1024 of 8192 tokens.
+
+Heads use the same file and the same ``--draft-vocab N``: a prophet (``train heads --kind
+prophet``) and an exit head (``train exit-head``) rank the whole vocabulary, as a draft
+does (an exit head drafts through the target's LM head rows of its N most frequent
+tokens); an EAGLE drafter (``train heads --kind eagle``), whose reduced head stores rows
+for some tokens only, ranks those tokens, so N picks the most frequent of its rows (the
+ranking's length: all of them).
 """
 
 from __future__ import annotations
@@ -26,9 +33,12 @@ def default_vocab_size(vocab_size: int) -> int:
     return 0 if size >= vocab_size else size
 
 
-def write_draft_vocab(out_dir: Path, counts: np.ndarray, size: int) -> dict:
-    """Rank token ids by ``counts`` (ties: lower id first) and write ``draft_vocab.json``."""
+def write_draft_vocab(out_dir: Path, counts: np.ndarray, size: int, ids: np.ndarray | None = None) -> dict:
+    """Rank token ids by ``counts`` (ties: lower id first) and write ``draft_vocab.json``;
+    with ``ids``, rank only those (an EAGLE drafter's stored rows)."""
     ranking = np.argsort(-counts, kind="stable")
+    if ids is not None:
+        ranking = ranking[np.isin(ranking, np.asarray(ids))]
     covered = float(counts[ranking[:size]].sum() / max(counts.sum(), 1)) if size else 1.0
     record = {"size": int(size), "method": "token frequency in the training text (FR-Spec)",
               "counted_tokens": int(counts.sum()), "size_covers": covered,
@@ -38,15 +48,15 @@ def write_draft_vocab(out_dir: Path, counts: np.ndarray, size: int) -> dict:
 
 
 def read_draft_vocab(model_dir: Path, size: int | None = None) -> torch.Tensor | None:
-    """The token ids a draft in ``model_dir`` scores: the ``size`` most frequent (None: the
-    file's default; 0: all, returned as None). Raises ValueError for a size the file
-    cannot give."""
+    """The token ids a drafter in ``model_dir`` scores: the ``size`` most frequent (None:
+    the file's default; 0 or the whole ranking: all, returned as None). Raises ValueError
+    for a size the file cannot give."""
     path = Path(model_dir) / VOCAB_FILE
     if size == 0 or (size is None and not path.exists()):
         return None
     if not path.exists():
-        raise ValueError(f"--draft-vocab {size}: the draft in {model_dir} has no {VOCAB_FILE} "
-                         "(train it with `quickdraft train draft`); use --draft-vocab 0")
+        raise ValueError(f"--draft-vocab {size}: {model_dir} has no {VOCAB_FILE} (its trainer writes one: "
+                         "`quickdraft train draft`, `train heads`, `train exit-head`); use --draft-vocab 0")
     record = json.loads(path.read_text())
     ranking = record["ranking"]
     size = record["size"] if size is None else size

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from . import cpu_kernels
+from .draft_vocab import read_draft_vocab
 from .exit_head import target_fingerprint
 from .head_files import HeadFiles
 from .kv_cache import KVCache
@@ -82,6 +83,23 @@ class EagleHead(nn.Module):
     @property
     def draft_vocab(self) -> int:
         return 0 if self.vocab_ids is None else self.vocab_ids.numel()
+
+    def restrict_vocab(self, ids: torch.Tensor) -> None:
+        """Keep the reduced head's rows for the tokens in ``ids`` only (``--draft-vocab``: the
+        most frequent of them, ``draft_vocab.json``), in their stored order, so the first
+        maximum among them is the same token as before. A cheaper head; only what the
+        drafter proposes can change, never what the target accepts."""
+        if self.vocab_head is None:
+            raise ValueError("--draft-vocab: this EAGLE drafter scores the target's whole vocabulary through "
+                             "its LM head; it has no rows of its own to choose from")
+        keep = torch.isin(self.vocab_ids, torch.as_tensor(ids, device=self.vocab_ids.device)).nonzero()[:, 0]
+        if keep.numel() == 0:
+            raise ValueError("--draft-vocab: none of the given tokens is in this EAGLE drafter's head")
+        head = nn.Linear(self.vocab_head.in_features, keep.numel(), bias=False,
+                         device=keep.device, dtype=self.vocab_head.weight.dtype)
+        head.weight.data.copy_(self.vocab_head.weight.detach()[keep])
+        self.vocab_head = head.requires_grad_(False)
+        self.vocab_ids = self.vocab_ids[keep]
 
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor, target: Transformer) -> torch.Tensor:
         """The layer's input ``fc([embed(tokens); features])``, each half at unit RMS."""
@@ -263,18 +281,23 @@ def read_eagle_config(path: str | Path) -> EagleConfig:
     return FILES.read_config(path, EagleConfig)
 
 
-def load_eagle(path: str | Path, target: Transformer) -> EagleHead:
+def load_eagle(path: str | Path, target: Transformer, draft_vocab: int | None = None) -> EagleHead:
     """The drafter trained for ``target``; a one-line CheckpointError when it is not an
-    EAGLE drafter or was trained on another target."""
+    EAGLE drafter or was trained on another target. ``draft_vocab``: how many of its rows,
+    the most frequent tokens first (its ``draft_vocab.json``), it scores: None its default,
+    0 all (a ValueError for a number it cannot give)."""
     cfg = read_eagle_config(path)
     tc = target.config
     FILES.check_target(path, cfg, (cfg.hidden_size, cfg.vocab_size) == (tc.hidden_size, tc.vocab_size),
                        target_fingerprint(target))
+    ids = read_draft_vocab(path, draft_vocab)
     tensors = FILES.read_weights(path)
     try:
         head = EagleHead(target, tensors.get("vocab_ids"))
         head.load_state_dict(tensors)
     except RuntimeError as exc:
         raise CheckpointError(f"cannot read EAGLE drafter {path}: {str(exc).splitlines()[0]}") from None
+    if ids is not None:
+        head.restrict_vocab(ids)
     weight = target.embed.weight
     return head.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)

@@ -29,9 +29,11 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .draft_vocab import read_draft_vocab
 from .head_files import HeadFiles
 from .kv_cache import KVCache
 from .loading import CheckpointError
+from .quant_linear import QUANT_LINEARS, drafter_int8, native_kernels
 from .transformer import Block, RaggedRow, Transformer, make_norm
 
 HEAD_KIND = "quickdraft-exit-head"
@@ -87,6 +89,10 @@ class ExitHead(nn.Module):
         self.norm = make_norm(config) if trained else None
         self.translator = nn.Linear(config.hidden_size, config.hidden_size) if trained else None
         self.block_config = dataclasses.replace(config, n_layers=1)
+        # --draft-vocab: the tokens draft steps score (draft_vocab.json; None: all), and
+        # their LM head rows once restrict_vocab has copied them (a drafting copy only).
+        self.draft_ids: torch.Tensor | None = None
+        self.vocab_head: nn.Module | None = None
 
     @property
     def kind(self) -> str:
@@ -133,8 +139,36 @@ class ExitHead(nn.Module):
         return x
 
     def logits(self, x: torch.Tensor, target: Transformer) -> torch.Tensor:
-        """Logits of :meth:`transform`'s output with the target's LM head."""
-        return target.lm_head((self.norm or target.norm)(x))
+        """Logits of :meth:`transform`'s output with the target's LM head (after
+        :meth:`restrict_vocab`, its rows for :attr:`draft_ids`; ``-inf`` elsewhere)."""
+        h = (self.norm or target.norm)(x)
+        if self.vocab_head is None:
+            return target.lm_head(h)
+        scores = self.vocab_head(h)
+        out = scores.new_full((*scores.shape[:-1], target.config.vocab_size), float("-inf"))
+        return out.index_copy_(out.dim() - 1, self.draft_ids, scores)
+
+    def restrict_vocab(self, target: Transformer) -> None:
+        """Score only :attr:`draft_ids` from now on, through a copy of the target's LM head
+        rows for them: an early-exit draft step otherwise pays the whole LM head (on
+        SmolLM2 a fifth of a target step, 49,152 x 576). Only what is proposed can change,
+        never what the target accepts; sampled proposals give the other tokens probability
+        zero, which the exact acceptance rule allows for. Beside a quantized LM head the
+        rows are int8 (a drafter's, ``quant_linear.drafter_int8``), else the target's dtype.
+        Where only oneDNN's packed form holds the head's weights (no C compiler), the steps
+        go on scoring the whole vocabulary."""
+        try:
+            rows = target.head_rows(self.draft_ids)
+        except ValueError:
+            self.draft_ids = None
+            return
+        self.draft_ids = self.draft_ids.to(rows.device)
+        if isinstance(target.lm_head, QUANT_LINEARS) and native_kernels() and rows.device.type == "cpu":
+            self.vocab_head = drafter_int8(rows.float().contiguous())
+        else:
+            self.vocab_head = nn.Linear(rows.shape[1], rows.shape[0], bias=False, device=rows.device,
+                                        dtype=target.embed.weight.dtype).requires_grad_(False)
+            self.vocab_head.weight.data.copy_(rows)
 
     def config_for(self, target: Transformer, target_name: str) -> ExitHeadConfig:
         cfg = target.config
@@ -158,9 +192,12 @@ def read_head_config(path: str | Path) -> ExitHeadConfig:
     return FILES.read_config(path, ExitHeadConfig)
 
 
-def load_exit_head(path: str | Path, target: Transformer) -> ExitHead:
+def load_exit_head(path: str | Path, target: Transformer, draft_vocab: int | None = None) -> ExitHead:
     """A trained head for ``target``; a one-line CheckpointError when it was made for
-    another target (vocabulary, width, depth or weights differ)."""
+    another target (vocabulary, width, depth or weights differ). ``draft_vocab``: how many
+    of the most frequent tokens (its ``draft_vocab.json``) its draft steps score, as
+    :attr:`ExitHead.draft_ids`: None its default, 0 all (a ValueError for a number it
+    cannot give)."""
     cfg = read_head_config(path)
     tc = target.config
     if (cfg.hidden_size, cfg.vocab_size) != (tc.hidden_size, tc.vocab_size):
@@ -172,7 +209,9 @@ def load_exit_head(path: str | Path, target: Transformer) -> ExitHead:
         raise CheckpointError(f"exit head {path} exits after layer {cfg.exit_layer}, but the target has "
                               f"{tc.n_layers} layers; train one for this target")
     FILES.check_target(path, cfg, True, target_fingerprint(target))
+    ids = read_draft_vocab(path, draft_vocab)
     head = ExitHead(tc, cfg.exit_layer, trained=True, extra_block=cfg.extra_block)
+    head.draft_ids = ids
     try:
         head.load_state_dict({k: v.to(target.embed.weight.dtype) for k, v in FILES.read_weights(path).items()})
     except RuntimeError as exc:

@@ -130,13 +130,16 @@ def read_prophet_config(path: str | Path) -> ProphetConfig:
     return FILES.read_config(path, ProphetConfig)
 
 
-def load_prophet(path: str | Path, target: Transformer) -> Prophet:
+def load_prophet(path: str | Path, target: Transformer, draft_vocab: int | None = None) -> Prophet:
     """The prophet in ``path`` for ``target`` (eval, frozen, the target's device and dtype);
-    a one-line CheckpointError when it is none or was trained on another target."""
+    a one-line CheckpointError when it is none or was trained on another target.
+    ``draft_vocab``: how many of the most frequent tokens (its ``draft_vocab.json``) it
+    scores when drafting: None its default, 0 all."""
     cfg = read_prophet_config(path)
     tc = target.config
     FILES.check_target(path, cfg, (cfg.target_hidden_size, cfg.vocab_size) == (tc.hidden_size, tc.vocab_size),
                        target_fingerprint(target))
+    ids = read_draft_vocab(path, draft_vocab)
     prophet = Prophet(cfg)
     try:
         result = prophet.load_state_dict(FILES.read_weights(path), strict=False)
@@ -148,7 +151,6 @@ def load_prophet(path: str | Path, target: Transformer) -> Prophet:
         raise CheckpointError(f"cannot read prophet {path}: {str(exc).splitlines()[0]}") from None
     weight = target.embed.weight
     prophet = prophet.to(device=weight.device, dtype=weight.dtype).eval().requires_grad_(False)
-    ids = read_draft_vocab(path)
     if ids is not None:  # score only the frequent tokens when drafting: cheaper, same output
         prophet.decoder.restrict_head(ids.to(weight.device))
     return prophet

@@ -405,15 +405,20 @@ class Transformer(nn.Module):
         before wrapping the model in ``NativeLM`` (its decode kernels then pack this head).
         """
         ids = torch.as_tensor(ids, dtype=torch.long).flatten()
-        if ids.numel() == 0 or ids.min() < 0 or ids.max() >= self.config.vocab_size or ids.unique().numel() != ids.numel():
-            raise ValueError(f"restrict_head needs distinct token ids in [0, {self.config.vocab_size})")
-        # A quantized head (quant_linear.quantize_head) gives the weights it multiplies by.
-        weight = self.lm_head.weight.detach() if isinstance(self.lm_head, nn.Linear) else self.lm_head.dequantized()
+        weight = self.head_rows(ids)
         self.sub_head = nn.Linear(self.config.hidden_size, ids.numel(), bias=False,
                                   device=weight.device, dtype=weight.dtype)
-        self.sub_head.weight.data.copy_(weight[ids])
+        self.sub_head.weight.data.copy_(weight)
         self.sub_head.requires_grad_(False)
         self.head_ids = ids.to(weight.device)
+
+    def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The LM head's rows for the distinct token ids ``ids`` (a copy; a quantized head,
+        ``quant_linear.quantize_head``, gives the weights it multiplies by)."""
+        if ids.numel() == 0 or ids.min() < 0 or ids.max() >= self.config.vocab_size or ids.unique().numel() != ids.numel():
+            raise ValueError(f"a restricted head needs distinct token ids in [0, {self.config.vocab_size})")
+        weight = self.lm_head.weight.detach() if isinstance(self.lm_head, nn.Linear) else self.lm_head.dequantized()
+        return weight[ids.to(weight.device)]
 
     def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
         """A zeroed KV cache for ``batch_size`` rows of up to ``max_len`` tokens."""

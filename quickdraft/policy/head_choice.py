@@ -25,6 +25,7 @@ from ..decoding.stats import GenerationStats
 from ..decoding.stopping import StopConditions
 from ..drafters.factory import DraftOptions, make_drafter
 from ..drafters.per_row import HEAD_BATCH_K
+from ..models.draft_vocab import VOCAB_FILE
 from ..models.lm import CausalLM, NativeLM
 from .cache import file_digest
 from .cost_model import StepCosts
@@ -46,8 +47,9 @@ HEAD_SHAPES["eagle"] += ((1, (1,)), (5, (1, 1, 1, 1, 1)))
 
 def shipped_head_methods(target: CausalLM) -> dict[str, str]:
     """The head methods with heads shipped for ``target`` (native runtime only): method ->
-    the heads' directory name and weights' digest (part of auto's cache key: new heads,
-    or heads retrained under the same name, are weighed again)."""
+    the heads' directory name and weights' digest, and their draft vocabulary's where they
+    have one (part of auto's cache key: new heads, heads retrained under the same name, or
+    a new default ``--draft-vocab`` are weighed again)."""
     if not isinstance(target, NativeLM):
         return {}
     from ..drafters.eagle import shipped_eagle
@@ -56,6 +58,7 @@ def shipped_head_methods(target: CausalLM) -> dict[str, str]:
 
     found = {"medusa": shipped_medusa(target), "prophet": shipped_prophet(target), "eagle": shipped_eagle(target)}
     return {method: f"{path.name}@{file_digest(path / 'model.safetensors')[:16]}"
+                    + (f"+{file_digest(path / VOCAB_FILE)[:8]}" if (path / VOCAB_FILE).exists() else "")
             for method, path in found.items() if path is not None}
 
 

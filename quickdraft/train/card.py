@@ -572,7 +572,11 @@ def write_exit_head_card(out: Path, r: dict) -> None:
         f"KL(target || head) at temperature 1 + {r['ce_weight']} x CE, the target frozen in fp32. {status}",
         "",
         "`config.json` records the exit layer and the target's name and fingerprint; "
-        "`quickdraft generate --method early-exit --draft THIS_DIR` uses it and refuses it for another target.",
+        "`quickdraft generate --method early-exit --draft THIS_DIR` uses it and refuses it for another target."
+        + (f" Its draft steps score only the {r['draft_vocab']['size']:,} tokens most frequent in the training "
+           f"text (`draft_vocab.json`, {r['draft_vocab']['covers']:.1%} of it), through the target's LM head rows "
+           "for them: a cheaper step, the same output (`--draft-vocab N` picks another size, 0 all)."
+           if r.get("draft_vocab", {}).get("size") else ""),
         "",
         "## Held-out results",
         "",
@@ -719,7 +723,8 @@ def write_eagle_card(out: Path, r: dict) -> None:
     status = (f"**Stopped by Ctrl-C at step {tr['steps_done']} of {st['steps']}** (resume with the same "
               "command and `--resume`)." if tr["interrupted"] else f"{tr['steps_done']} of {st['steps']} steps done.")
     vocab = (f"a reduced LM head over the {r['draft_vocab']:,} most frequent tokens of the training text "
-             f"({r['draft_vocab_covers']:.1%} of it; the target's own LM head rows, frozen, stored here)"
+             f"({r['draft_vocab_covers']:.1%} of it; the target's own LM head rows, frozen, stored here; "
+             "`draft_vocab.json` ranks them, so `--draft-vocab N` drafts with the N most frequent)"
              if r["draft_vocab"] else "the target's own LM head (shared, not stored here)")
     lines = [
         f"# {out.name}",

@@ -138,6 +138,10 @@ def _configure_exit_head(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--extra-block", action="store_true",
                    help="put one trainable transformer block (initialised from the target's next layer) "
                         "in front of the head")
+    p.add_argument("--draft-vocab", type=non_negative_int, default=None, metavar="N",
+                   help="tokens its draft steps score: the N most frequent in the training text, through the "
+                        "target's LM head rows for them (written to draft_vocab.json; default: an eighth of the "
+                        "vocabulary, at least 1024; 0 = all). Generation overrides it with --draft-vocab")
     return p
 
 

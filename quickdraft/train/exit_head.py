@@ -17,11 +17,13 @@ from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import torch
 from torch import nn
 
 from ..machine import machine_info
 from ..models.config import UnsupportedModelError
+from ..models.draft_vocab import default_vocab_size, write_draft_vocab
 from ..models.exit_head import ExitHead, is_exit_head_dir, save_exit_head
 from ..models.loading import load_native, resolve_model_dir
 from ..models.registry import read_meta
@@ -127,6 +129,10 @@ def run_train_exit_head(args, command: str, log=print) -> int:
     if args.seq_len > context:
         raise TrainInputError(f"--seq-len {args.seq_len} is longer than the target's context ({context}); "
                               f"pass at most {context}")
+    vocab_size = target.config.vocab_size
+    if (args.draft_vocab or 0) > vocab_size:
+        raise TrainInputError(f"--draft-vocab {args.draft_vocab} is more than the target's vocabulary "
+                              f"({vocab_size}); pass at most that, or 0 for all")
     tokens = tokenize(read_text_data(args.data), tok, args.seq_len)
     torch.manual_seed(args.seed)
     head = ExitHead(target.config, args.exit_layer, trained=True, extra_block=args.extra_block).init_from(target).to(device)
@@ -151,6 +157,10 @@ def run_train_exit_head(args, command: str, log=print) -> int:
                     progress=not args.no_progress, threads=args.threads)
     out.mkdir(parents=True, exist_ok=True)
     task.save(out)
+    # The tokens its draft steps score (FR-Spec, as train draft does): the LM head is a
+    # large share of an early-exit step (a fifth of SmolLM2's).
+    vocab = write_draft_vocab(out, np.bincount(tokens.train, minlength=vocab_size),
+                              default_vocab_size(vocab_size) if args.draft_vocab is None else args.draft_vocab)
     card.copy_run_log(work, out)
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": "exit-head", "command": command, "target": target_name, "target_dir": str(target_dir),
@@ -158,6 +168,7 @@ def run_train_exit_head(args, command: str, log=print) -> int:
               "exit_layer": args.exit_layer, "n_layers": n_layers, "extra_block": args.extra_block,
               "seq_len": args.seq_len, "seed": args.seed, "stage": asdict(stage),
               "kl_weight": args.kl_weight, "ce_weight": args.ce_weight, "train": summary,
+              "draft_vocab": {"size": vocab["size"], "covers": vocab["size_covers"]},
               "data": {k: v for k, v in tokens.manifest.items() if k != "file_list"},
               "hardware": {**machine_info(), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}}
     if not summary["interrupted"]:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..drafters.medusa import MedusaDrafter
 from ..machine import machine_info
-from ..models.draft_vocab import default_vocab_size
+from ..models.draft_vocab import default_vocab_size, write_draft_vocab
 from ..models.eagle import EagleHead, is_eagle_dir, load_eagle, save_eagle
 from ..models.errors import CheckpointError
 from ..models.medusa import MedusaHeads, is_medusa_dir, load_medusa, save_medusa
@@ -250,6 +250,9 @@ def run_train_heads(args, command: str, log=print) -> int:
                     progress=not args.no_progress, threads=args.threads)
     out.mkdir(parents=True, exist_ok=True)
     task.save(out)
+    if args.kind == "eagle" and student.vocab_ids is not None:  # ranks its rows: --draft-vocab N keeps the first N
+        write_draft_vocab(out, np.bincount(tokens.train, minlength=target.config.vocab_size), student.draft_vocab,
+                          student.vocab_ids.cpu().numpy())
     card.copy_run_log(work, out)
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": args.kind, "command": command, "target": target_name, "target_dir": str(target_dir),
