@@ -74,8 +74,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
                         "a time, e.g. 1,4,8 (methods ar, draft, ngram, hybrid, early-exit with the shipped "
                         "head; k from the batch policy unless -k; docs/batching.md)")
     p.add_argument("--draft-vocab", type=int, metavar="N",
-                   help="the draft scores only its N most frequent tokens (default: its draft_vocab.json "
-                        "size; 0 = all)")
+                   help="the draft model and the heads (EAGLE, prophet, trained exit heads) score only their "
+                        "N most frequent tokens (default: each one's draft_vocab.json size; 0 = all)")
     p.add_argument("--baseline", choices=BASELINES,
                    help="add another tool's rows: llama.cpp = llama-completion (plain) and "
                         "llama-speculative-simple (same draft), same weights as GGUF (docs/llama_cpp.md)")

@@ -95,7 +95,8 @@ def _drafter_rows(method: str, variants: list[dict]) -> MethodFactory:
             rule = settings.get("rule", "mss")
             if rule != "mss" and config.temperature == 0:
                 continue
-            options = DraftOptions(**{key: v for key, v in settings.items() if key not in ("rule", "k")})
+            options = DraftOptions(**{key: v for key, v in settings.items() if key not in ("rule", "k")},
+                                   draft_vocab=config.draft_vocab)
             row_k = _variant_k(ctx, settings.get("k", k), options)
             rows.append(EngineMethod(
                 method, lambda c, o=options, n=row_k: _bound(make_drafter(
@@ -197,7 +198,8 @@ def _early_exit_rows(ctx, config, k):
     layer = resolve_exit_head(ctx.target, None, None).exit_layer  # the shipped head's layer, else the default
     rows = []
     for spec in [SHARED, *heads]:
-        head = resolve_exit_head(ctx.target, spec, layer if spec == SHARED else None)
+        head = (resolve_exit_head(ctx.target, spec, layer) if spec == SHARED else
+                resolve_exit_head(ctx.target, spec, None, config.draft_vocab))
         for share in (True, False):
             head_k = measure_exit_layer(ctx.target, ctx.tokenizer, {head.exit_layer: head}, max_k=min(k, 8),
                                         share_kv=share, repeats=3).k
