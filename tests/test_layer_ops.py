@@ -316,6 +316,24 @@ def test_a_greedy_chain_in_one_call_is_step_by_step_decoding(quantize):
         assert torch.equal(chained.cache.v[:, :, :, :19], stepped.cache.v[:, :, :, :19])
     with torch.inference_mode():  # no room for the chain: nothing fed, the caller steps
         assert chained.greedy_chain(3, 32 - 19 + 1, 96) is None and chained.length == 19
+    # With a feed (what the draft has not seen: one token, or several after an acceptance)
+    # in the same call: the tokens and cache of an extend over them, its argmax, the steps.
+    from quickdraft.drafters.draft_model import present_logits
+
+    for feed in (torch.tensor([3]), torch.tensor([3, 17, 60, 5])):
+        chained, stepped = NativeLM(model), NativeLM(model)
+        with torch.inference_mode():
+            for lm in (chained, stepped):
+                lm.reset(32)
+                lm.extend(prompt, logits="none")
+            got = chained.greedy_chain(None, 10, 96, feed=feed)
+            assert got is not None, "the one-call path should run on this model"
+            first = int(present_logits(stepped.extend(feed, logits="last"), 96)[-1].argmax())
+            assert got == greedy_steps(stepped, first, 10, 96), (quantize, feed)
+        n = 7 + feed.numel() + 10
+        assert chained.length == stepped.length == n
+        assert torch.equal(chained.cache.k[:, :, :, :n], stepped.cache.k[:, :, :, :n])
+        assert torch.equal(chained.cache.v[:, :, :, :n], stepped.cache.v[:, :, :, :n])
 
 
 def test_the_draft_model_drafts_greedy_chains_in_one_call(monkeypatch):
@@ -328,7 +346,7 @@ def test_the_draft_model_drafts_greedy_chains_in_one_call(monkeypatch):
     proposals = []
     for one_call in (True, False):
         if not one_call:
-            monkeypatch.setattr(NativeLM, "greedy_chain", lambda *args: None)
+            monkeypatch.setattr(NativeLM, "greedy_chain", lambda *args, **kwargs: None)
         calls = count_calls(monkeypatch, "greedy_chain")
         drafter = DraftModelDrafter(NativeLM(model), 96)
         # (Outside inference mode, as the engine calls it: the one-call path enters it itself.)
@@ -337,15 +355,18 @@ def test_the_draft_model_drafts_greedy_chains_in_one_call(monkeypatch):
         drafter.verified(0, 9, [0, 1, 2])  # three accepted, then the target's token
         longer = torch.cat([sequence, first.tokens[:3], torch.tensor([5])])
         second = drafter.propose([0], [longer], [6])[0]
-        assert calls["greedy_chain"] == (2 if one_call else 0)
-        proposals.append((first.tokens.tolist(), first.parents.tolist(), second.tokens.tolist()))
+        single = DraftModelDrafter(NativeLM(model), 96)  # k = 1: the catch-up and one token, in the call too
+        single.join(0, sequence, SamplingParams(), torch.Generator(), 48)
+        one = single.propose([0], [sequence], [1])[0]
+        assert calls["greedy_chain"] == (3 if one_call else 0)
+        proposals.append((first.tokens.tolist(), first.parents.tolist(), second.tokens.tolist(), one.tokens.tolist()))
     assert proposals[0] == proposals[1]
-    assert len(proposals[0][0]) == 6 and proposals[0][1] == [-1, 0, 1, 2, 3, 4]
+    assert len(proposals[0][0]) == 6 and proposals[0][1] == [-1, 0, 1, 2, 3, 4] and len(proposals[0][3]) == 1
 
 
 def test_step_costs_time_the_draft_burst_as_the_drafter_runs_it(monkeypatch):
     """The cost model's draft burst is timed the way DraftModelDrafter drafts a greedy
-    chain: one extend, then one greedy_chain call for the other steps (else extends)."""
+    chain: its catch-up and steps in one greedy_chain call (else extends)."""
     from quickdraft.policy.autok import StepCostSampler
 
     target, draft = NativeLM(tiny_model()), NativeLM(tiny_model())
@@ -358,6 +379,6 @@ def test_step_costs_time_the_draft_burst_as_the_drafter_runs_it(monkeypatch):
     assert sorted(costs.draft_burst) == [1, 2, 3, 4]
     times = [costs.draft_burst[j] for j in range(1, 5)]
     assert all(0 < a < b for a, b in zip(times, times[1:]))
-    monkeypatch.setattr(NativeLM, "greedy_chain", lambda *args: None)  # no one-call path: extends
+    monkeypatch.setattr(NativeLM, "greedy_chain", lambda *args, **kwargs: None)  # no one-call path: extends
     StepCostSampler(target, draft, context, verify_sizes=(1, 2, 5)).sample(1)
     assert calls["greedy_chain"] == 2

@@ -103,21 +103,24 @@ class DraftModelDrafter:
     def _draft(self, sequence: torch.Tensor, k: int) -> Proposal:
         """The proposal of depth <= ``k`` after ``sequence``, grown by the shape."""
         start = sequence.shape[0]
-        logits = self._present(self.model.extend(sequence[self.model.length :], logits="last"))
         self._kv_rows = {}
         nodes: list[Node] = []
         frontier, chain = [-1], True  # chain: every node fed so far is an ancestor of the next
         depth_limit = self.stop.max_depth(self.shape.depth(k))
         adaptive = not isinstance(self.stop, FixedStop)
-        if self.params.greedy and type(self.shape) is Shape and not adaptive and depth_limit > 1:
-            # A greedy chain: the draft's steps in one C call where its model allows (the
-            # same tokens as the loop below; the last one is not fed, as there).
+        if self.params.greedy and type(self.shape) is Shape and not adaptive and depth_limit > 0:
+            # A greedy chain: what the draft has not seen yet and its steps in one C call
+            # where its model allows (the same tokens as the loop below; the last one is not
+            # fed, as there). The feed in the call saves a forward's Python: 0.94-0.97x the
+            # decode time of the embedded pair at k = 8.
             burst = getattr(self.model, "greedy_chain", None)
-            tokens = burst(logits[-1], depth_limit - 1, self.vocab_size) if burst else None
+            tokens = (burst(None, depth_limit - 1, self.vocab_size, feed=sequence[self.model.length :])
+                      if burst else None)
             if tokens is not None:
                 nodes = [Node(i - 1, token, None) for i, token in enumerate(tokens)]
                 self._kv_rows = {i: i for i in range(len(tokens) - 1)}
                 return self._proposal(nodes, self.shape.finish(nodes, k))
+        logits = self._present(self.model.extend(sequence[self.model.length :], logits="last"))
         for depth in range(depth_limit):
             new = self.shape.grow(depth, nodes, frontier, logits, self.params, self.generator)
             if depth + 1 == depth_limit:

@@ -118,7 +118,7 @@ def library() -> ctypes.CDLL | None:
                               _c_int64, _ptr, _c_int]
     lib.qd_greedy_chain.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                     _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr,
-                                    _ptr, _c_int64, _ptr, _c_int64, _c_int]
+                                    _ptr, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _c_int]
     lib.qd_eagle_chain.argtypes = [_ptr, _c_float, _c_int64, _ptr, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                    _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr,
                                    _c_int64, _ptr, _ptr, _ptr, _c_int64, _ptr, _c_int64, _c_int]
@@ -296,24 +296,29 @@ def blocks(x: torch.Tensor, stack: BlockStack, n_heads: int, rope: tuple[torch.T
     return y
 
 
-def greedy_chain(first: int, n: int, embed: torch.Tensor, stack: BlockStack, n_heads: int,
+def greedy_chain(first: int | None, n: int, embed: torch.Tensor, stack: BlockStack, n_heads: int,
                  rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  start: int, final_norm: tuple[torch.Tensor, float], head: LinearSpec,
-                 head_ids: torch.Tensor | None, vocab: int) -> list[int]:
+                 head_ids: torch.Tensor | None, vocab: int, feed: torch.Tensor | None = None) -> list[int]:
     """A greedy chain of ``n`` tokens after ``first`` in one call: each step feeds the last
     token at position and cache slot ``start + i`` (its ``embed`` row, the blocks of
     ``stack`` from layer 0, ``final_norm``'s RMSNorm, ``head``) and takes the argmax of its
     logits as ``torch.argmax`` would (over ids below ``vocab``; ``head_ids``: the ids of a
-    restricted head's rows). ``rope``: cos and signed sin for positions ``start ..
-    start + n - 1`` (``[n, D]`` each, contiguous). Returns ``[first, t1, .., tn]``."""
+    restricted head's rows). With ``feed`` (``m`` token ids, ``first`` None), those are fed
+    first at ``start - m ..`` in one causal pass and ``first`` is the argmax of its last
+    row. ``rope``: cos and signed sin for positions ``start - m .. start + n - 1`` (``[m +
+    n, D]`` each, contiguous). Returns ``[first, t1, .., tn]``."""
     tokens = torch.empty(n + 1, dtype=torch.int64)
-    tokens[0] = first
+    if feed is None:
+        tokens[0] = first
+    fed = None if feed is None else feed.to(torch.int64).contiguous()
     ids, cos, sin, _alive = _chain_args(head_ids, rope)
     _, _, n_kv_heads, max_len, head_dim = k_cache.shape
     library().qd_greedy_chain(
         embed.data_ptr(), embed.shape[1], stack.n, stack.norms, stack.eps, stack.linears, n_heads, n_kv_heads,
         head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len, start,
-        final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab, tokens.data_ptr(), n,
+        final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab,
+        None if fed is None else fed.data_ptr(), 0 if fed is None else fed.numel(), tokens.data_ptr(), n,
         torch.get_num_threads())
     return tokens.tolist()
 

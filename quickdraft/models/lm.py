@@ -199,18 +199,22 @@ class NativeLM:
         return None if out.logits is None else out.logits[0]
 
     @torch.inference_mode()
-    def greedy_chain(self, first: int | torch.Tensor, n: int, vocab: int) -> list[int] | None:
+    def greedy_chain(self, first: int | torch.Tensor | None, n: int, vocab: int,
+                     feed: torch.Tensor | None = None) -> list[int] | None:
         """Feed ``first`` and the next ``n - 1`` greedy tokens, one at a time, in one C call
         (``Transformer.greedy_chain``): ``[first, t1, .., tn]``, the argmax of each step's
         logits over ids below ``vocab``; the cache then holds ``first .. t(n-1)``.
         ``first`` may be the logits whose argmax it is: read only when the chain runs
-        (where it cannot, nothing is read, so a GPU is not waited for). None where that
-        path cannot run here (nothing fed): step with :meth:`extend`."""
+        (where it cannot, nothing is read, so a GPU is not waited for). With ``feed``
+        (``first`` None): those tokens are fed first, as :meth:`extend` would, and ``first``
+        is the argmax of their last logits. None where that path cannot run here (nothing
+        fed): step with :meth:`extend`."""
         if self.cache is None or self.static is not None:
             return None
-        tokens = self.model.greedy_chain(first, n, self.length, self.cache, vocab)
+        m = 0 if feed is None else feed.numel()
+        tokens = self.model.greedy_chain(first, n, self.length + m, self.cache, vocab, feed)
         if tokens is not None:
-            self.length += n
+            self.length += m + n
             self.hidden_states = {}
         return tokens
 

@@ -116,17 +116,17 @@ class StepCostSampler:
 
     def _draft_burst(self, perf) -> list[float]:
         """Seconds from the start of a burst to the end of each of its draft steps, drafted
-        as DraftModelDrafter drafts a greedy chain: one ``extend`` (its catch-up), then the
-        other steps in one ``greedy_chain`` call where the draft has one (spread evenly
-        over its steps: the call returns once), else one ``extend`` each."""
+        as DraftModelDrafter drafts a greedy chain: its catch-up and the steps in one
+        ``greedy_chain`` call where the draft has one (spread evenly over the steps: the
+        call returns once), else one ``extend`` each."""
+        chain = getattr(self.draft, "greedy_chain", None)
         started = perf()
+        if chain is not None and chain(None, self.burst - 1, self.draft.vocab_size,
+                                       feed=self.draft_tokens[:1]) is not None:
+            total = perf() - started
+            return [total * j / self.burst for j in range(1, self.burst + 1)]
         self.draft.extend(self.draft_tokens[:1], logits="last")
         times = [perf() - started]
-        chain = getattr(self.draft, "greedy_chain", None)
-        if chain is not None and self.burst > 1:
-            if chain(int(self.draft_tokens[0]), self.burst - 1, self.draft.vocab_size) is not None:
-                step = (perf() - started - times[0]) / (self.burst - 1)
-                return times + [times[0] + step * j for j in range(1, self.burst)]
         for j in range(1, self.burst):
             self.draft.extend(self.draft_tokens[j : j + 1], logits="last")
             times.append(perf() - started)

@@ -491,25 +491,47 @@ static int64_t argmax_logits(const float *logits, int64_t n, const int64_t *ids,
     return best < 0 ? 0 : best;
 }
 
-/* A greedy draft chain of a Llama model over one row, in one call: for i = 0 .. n-1, feed
- * tokens[i] at position and cache slot start + i (embedding row, qd_blocks, the final
- * RMSNorm, the head) and write its argmax to tokens[i + 1]. What the model's forward
- * and torch.argmax give a step at a time (the same kernels in the same order), without
- * returning to Python between the steps (~130 us a step of the embedded draft).
- * cos / ssin: the RoPE tables from position start on, [n, d]; head_ids (NULL: none) the
+/* A greedy draft chain of a Llama model over one row, in one call. First, if m > 0, the
+ * feed: tokens feed[0 .. m-1] (what the model's cache lacks) at positions and cache slots
+ * start - m .. start - 1 in one causal m-row pass (qd_blocks, as the model's forward over
+ * them), and tokens[0] = the argmax of its last row's logits (the final RMSNorm, the head);
+ * with m = 0 the caller gives tokens[0]. Then for i = 0 .. n-1, feed tokens[i] at position
+ * and cache slot start + i (embedding row, qd_blocks, the final RMSNorm, the head) and
+ * write its argmax to tokens[i + 1]. What the model's forward and torch.argmax give a step
+ * at a time (the same kernels in the same order), without returning to Python between the
+ * steps (~130 us a step of the embedded draft, ~0.2 ms for the feed's forward). cos /
+ * ssin: the RoPE tables from position start - m on, [m + n, d]; head_ids (NULL: none) the
  * vocabulary of a restricted head (head->out ids); vocab: only ids below it are drafted. */
 void qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, const float *const *norms, float eps,
                      const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos, const float *ssin,
                      float *k_cache, float *v_cache, int64_t layer_stride, int64_t max_len, int64_t start,
                      const float *final_norm, float final_eps, const QdLinear *head, const int64_t *head_ids,
-                     int64_t vocab, int64_t *tokens, int64_t n, int threads) {
+                     int64_t vocab, const int64_t *feed, int64_t m, int64_t *tokens, int64_t n, int threads) {
     float *x = malloc((size_t)hidden * sizeof(float)), *h = malloc((size_t)hidden * sizeof(float));
     float *logits = malloc((size_t)head->out * sizeof(float));
+    if (m > 0) {
+        float *fx = malloc((size_t)(m * hidden) * sizeof(float));
+        /* Row j sees slots <= start - m + j (additive, as the model's causal mask); one row
+         * sees every slot below start, which the model passes as no mask at all. */
+        float *mask = m > 1 ? malloc((size_t)(m * start) * sizeof(float)) : NULL;
+        for (int64_t j = 0; j < m; j++) {
+            memcpy(fx + j * hidden, embed + feed[j] * hidden, (size_t)hidden * sizeof(float));
+            for (int64_t s = 0; mask && s < start; s++)
+                mask[j * start + s] = s <= start - m + j ? 0.0f : -INFINITY;
+        }
+        qd_blocks(fx, m, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache, layer_stride,
+                  max_len, NULL, start - m, start, mask, mask ? start : 0, fx, threads);
+        qd_rms_norm(fx + (m - 1) * hidden, 1, hidden, final_norm, final_eps, h);
+        linear(head, h, 1, logits, threads);
+        tokens[0] = argmax_logits(logits, head->out, head_ids, vocab);
+        free(fx);
+        free(mask);
+    }
     for (int64_t i = 0; i < n; i++) {
         memcpy(x, embed + tokens[i] * hidden, (size_t)hidden * sizeof(float));
-        qd_blocks(x, 1, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos ? cos + i * d : NULL,
-                  ssin ? ssin + i * d : NULL, k_cache, v_cache, layer_stride, max_len, NULL, start + i, start + i + 1,
-                  NULL, 0, x, threads);
+        qd_blocks(x, 1, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos ? cos + (m + i) * d : NULL,
+                  ssin ? ssin + (m + i) * d : NULL, k_cache, v_cache, layer_stride, max_len, NULL, start + i,
+                  start + i + 1, NULL, 0, x, threads);
         qd_rms_norm(x, 1, hidden, final_norm, final_eps, h);
         linear(head, h, 1, logits, threads);
         tokens[i + 1] = argmax_logits(logits, head->out, head_ids, vocab);
