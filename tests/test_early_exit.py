@@ -409,3 +409,26 @@ def test_draft_vocab_needs_a_trained_head_with_a_ranking_one_line(capsys, tmp_pa
     with pytest.raises(ValueError, match="no draft_vocab.json"):
         load_exit_head(tmp_path / "head", lm.model, 10)
     assert load_exit_head(tmp_path / "head", lm.model).draft_ids is None  # no file: the whole vocabulary
+
+
+def test_early_exits_k_is_the_cost_models_measured_once_and_cached(monkeypatch, tmp_path):
+    """generate's k for early exit (none given) is the cost model's for the target, its
+    exit head and the machine: measured on first use, read from the cache after, measured
+    again with remeasure; another draft vocabulary is another entry."""
+    import quickdraft.policy.exit_layer as exit_layer
+    from quickdraft.generator import SpeculativeGenerator
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    measured = []
+    real = exit_layer.measure_exit_layer
+    monkeypatch.setattr(exit_layer, "measure_exit_layer", lambda *a, **kw: measured.append(kw) or real(*a, **kw))
+    gen = SpeculativeGenerator.from_pretrained(method="early-exit")
+    k, source = gen.resolve_k()
+    assert source in ("cost model, measured now", "cost model: early exit is predicted slower, plain decoding")
+    assert 0 <= k <= exit_layer.EXIT_MAX_K and len(measured) == 1 and measured[0]["max_k"] == exit_layer.EXIT_MAX_K
+    again = SpeculativeGenerator.from_pretrained(method="early-exit")
+    assert again.resolve_k() == (k, "cost model, cached" if k else source) and len(measured) == 1
+    assert again.resolve_k(remeasure=True)[0] >= 0 and len(measured) == 2
+    SpeculativeGenerator.from_pretrained(method="early-exit", draft_vocab=0).resolve_k()
+    assert len(measured) == 3  # the whole vocabulary: another head to measure
+    assert again.resolve_k(3) == (3, "given") and len(measured) == 3

@@ -10,7 +10,10 @@ per-position acceptance of the head on the calibration prompts. The cost model
 
 from __future__ import annotations
 
+import hashlib
 import statistics
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +24,7 @@ from ..decoding.stopping import StopConditions
 from ..drafters.early_exit import EarlyExitDrafter, step_head
 from ..models.exit_head import ExitHead
 from ..models.lm import NativeLM, eos_token_ids
+from . import cache
 from .autok import CALIBRATION_PROMPTS
 from .cost_model import StepCosts, best_k, speedup_curve
 from .timing import device_clock
@@ -115,3 +119,51 @@ def measure_exit_layer(target: NativeLM, tokenizer, heads: dict[int, ExitHead] |
         if curve[k] > best[0]:
             best = (curve[k], layer, k)
     return ExitLayerChoice(best[1], best[2], per_layer)
+
+
+#: Bumped when what :func:`cached_exit_k` measures changes meaning (entries measured again).
+EXIT_K_VERSION = 1
+#: The longest chain early exit's k is chosen among (the bench's heuristic stop drafted
+#: 7-8 tokens a step with the embedded target's default head).
+EXIT_MAX_K = 8
+
+
+def head_digest(head: ExitHead) -> str:
+    """What identifies an exit head's drafting: its layer, kind, draft vocabulary and
+    weights (a retrained head, or a new default --draft-vocab, is measured again)."""
+    sha = hashlib.sha256(f"{head.exit_layer}:{head.kind}".encode())
+    if head.draft_ids is not None:
+        sha.update(head.draft_ids.to(torch.int64).cpu().numpy().tobytes())
+    for name, tensor in head.state_dict().items():
+        sha.update(name.encode())
+        sha.update(tensor.detach().to(torch.float32).cpu().contiguous().numpy().tobytes())
+    return sha.hexdigest()[:16]
+
+
+def cached_exit_k(target: NativeLM, tokenizer, head: ExitHead, share_kv: bool = True, remeasure: bool = False,
+                  log: Callable[[str], None] | None = None) -> tuple[int, bool]:
+    """Early exit's k for this target, exit head and machine, and whether it was measured
+    now: the cost model's best k (:func:`measure_exit_layer` at the head's layer, up to
+    :data:`EXIT_MAX_K`), 0 (plain decoding) when even that is predicted no faster than
+    plain decoding; cached beside the auto-k choices, measured (seconds) when missing or
+    with ``remeasure``. ``log`` gets a line before a measurement."""
+    log = log or (lambda msg: None)
+    calibration = [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
+    entry = cache.entry("exit-k", EXIT_K_VERSION, {"target": target}, head=head_digest(head), share_kv=share_kv,
+                        max_k=EXIT_MAX_K, calibration=cache.digest(calibration))
+    if entry is not None and not remeasure:
+        data = entry.load()
+        if data is not None and isinstance(data.get("k"), int):
+            return data["k"], False
+    log(f"measuring early exit's k for this target and exit head on this machine, once "
+        f"({f'cached in {entry.path}' if entry is not None else 'not cached'}; --remeasure redoes it)")
+    choice = measure_exit_layer(target, tokenizer, {head.exit_layer: head}, max_k=EXIT_MAX_K, share_kv=share_kv,
+                                repeats=5)
+    k = choice.k if choice.predicted_speedup > 1.0 else 0
+    if entry is not None:
+        try:
+            entry.store({"k": k, "predicted": choice.per_layer[choice.layer]["predicted"],
+                         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        except OSError as exc:
+            log(f"could not write the early-exit k cache ({exc.strerror or exc}); the choice is not cached")
+    return k, True
