@@ -33,11 +33,14 @@ from .shipped import shipped_for
 
 #: ``--tree`` for eagle when none is given: on a GPU EAGLE-2's dynamic tree (a verify pass
 #: of 11 tokens costs about one of 1); on the CPU, where a wide verify costs several steps,
-#: a chain of the default depth drafted in one call (embedded target, one bench run:
-#: chain of 6 2.09x plain decoding, dynamic tree of 8 0.90x).
+#: a chain drafted in one call (embedded target, one bench run: chain of 6 2.09x plain
+#: decoding, dynamic tree of 8 0.90x), as long as the cost model finds pays (k up to
+#: MAX_CPU_CHAIN, ``policy.head_choice.cached_eagle_k``: a chain of 1-2 beside SmolLM2's
+#: int4 target, 8 beside the embedded one).
 DEFAULT_TREE = "dynamic:10"
 DEFAULT_DEPTH = 6
-DEFAULT_CPU_TREE = ",".join(["1"] * DEFAULT_DEPTH)
+MAX_CPU_CHAIN = 8
+DEFAULT_CPU_TREE = ",".join(["1"] * MAX_CPU_CHAIN)
 #: Prompt tokens the drafter reads (the last ones): it was trained on windows of 512, and
 #: its one layer over a 1,000-token prompt cost ~80 ms before the first draft on the CPU,
 #: as much as 20 decode steps of the embedded target. Positions stay the true ones (its
@@ -51,13 +54,14 @@ PROMPT_WINDOW = 512
 class EagleDrafter:
     """Proposes a token tree from an EAGLE drafter (batch 1, slot 0)."""
 
-    #: The k generate uses when none is given, and why: no cost model knows the tree's cost yet.
-    own_k = (DEFAULT_DEPTH, "eagle's default depth")
-
-    def __init__(self, target: NativeLM, head: EagleHead, shape: Shape) -> None:
+    def __init__(self, target: NativeLM, head: EagleHead, shape: Shape, k_by_cost_model: bool = False) -> None:
         if not isinstance(target, NativeLM):
             raise ValueError(HIDDEN_STATES_NEED_NATIVE)
         self.target, self.head, self.shape = target.model, head, shape
+        # The k generate uses when none is given, and why: the cost model's chain length
+        # for the default CPU chain (None here: the generator asks it), else the default
+        # depth (no cost model knows a tree's cost yet).
+        self.own_k = None if k_by_cost_model else (DEFAULT_DEPTH, "eagle's default depth")
         self.reads_hidden = (target.config.n_layers,)
         self.name = f"eagle({shape.name.removeprefix('tree(').removesuffix(')')})"
         self.params, self.generator = SamplingParams(), torch.Generator()

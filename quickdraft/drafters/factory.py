@@ -176,8 +176,11 @@ def make_drafter(
     if method == "eagle":
         from .eagle import EagleDrafter, eagle_shape, load_eagle_head
 
+        device = getattr(target, "device", None)
+        # No --tree on the CPU: a chain as long as the cost model finds pays (generate's k).
+        by_cost_model = options.tree is None and not (device is not None and device.type == "cuda")
         return EagleDrafter(target, load_eagle_head(target, options.heads, options.draft_vocab),
-                            eagle_shape(options.tree, options.tree_children, getattr(target, "device", None)))
+                            eagle_shape(options.tree, options.tree_children, device), by_cost_model)
     shape = draft_shape(method, options)
     if method == "layer-skip":
         from .layer_skip import LayerSkipLM, load_profile

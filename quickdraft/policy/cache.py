@@ -48,6 +48,16 @@ def digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def module_digest(module: torch.nn.Module, *extra) -> str:
+    """A content hash of a small module (a head): its state dict's names and values, and
+    ``extra`` (JSON-able: what else decides how it drafts)."""
+    sha = hashlib.sha256(json.dumps(extra, default=str).encode())
+    for name, tensor in module.state_dict().items():
+        sha.update(name.encode())
+        sha.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return sha.hexdigest()[:16]
+
+
 def write_json(path: Path, data) -> None:
     """Write ``data`` as JSON to ``path`` atomically (a temporary file, then a rename);
     raises OSError."""

@@ -10,7 +10,6 @@ per-position acceptance of the head on the calibration prompts. The cost model
 
 from __future__ import annotations
 
-import hashlib
 import statistics
 import time
 from collections.abc import Callable
@@ -128,18 +127,6 @@ EXIT_K_VERSION = 1
 EXIT_MAX_K = 8
 
 
-def head_digest(head: ExitHead) -> str:
-    """What identifies an exit head's drafting: its layer, kind, draft vocabulary and
-    weights (a retrained head, or a new default --draft-vocab, is measured again)."""
-    sha = hashlib.sha256(f"{head.exit_layer}:{head.kind}".encode())
-    if head.draft_ids is not None:
-        sha.update(head.draft_ids.to(torch.int64).cpu().numpy().tobytes())
-    for name, tensor in head.state_dict().items():
-        sha.update(name.encode())
-        sha.update(tensor.detach().to(torch.float32).cpu().contiguous().numpy().tobytes())
-    return sha.hexdigest()[:16]
-
-
 def cached_exit_k(target: NativeLM, tokenizer, head: ExitHead, share_kv: bool = True, remeasure: bool = False,
                   log: Callable[[str], None] | None = None) -> tuple[int, bool]:
     """Early exit's k for this target, exit head and machine, and whether it was measured
@@ -149,8 +136,11 @@ def cached_exit_k(target: NativeLM, tokenizer, head: ExitHead, share_kv: bool = 
     with ``remeasure``. ``log`` gets a line before a measurement."""
     log = log or (lambda msg: None)
     calibration = [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
-    entry = cache.entry("exit-k", EXIT_K_VERSION, {"target": target}, head=head_digest(head), share_kv=share_kv,
-                        max_k=EXIT_MAX_K, calibration=cache.digest(calibration))
+    # The head's weights, layer, kind and draft vocabulary: a retrained head, or another
+    # --draft-vocab, is measured again.
+    drafting = (head.exit_layer, head.kind, None if head.draft_ids is None else head.draft_ids.tolist())
+    entry = cache.entry("exit-k", EXIT_K_VERSION, {"target": target}, head=cache.module_digest(head, *drafting),
+                        share_kv=share_kv, max_k=EXIT_MAX_K, calibration=cache.digest(calibration))
     if entry is not None and not remeasure:
         data = entry.load()
         if data is not None and isinstance(data.get("k"), int):

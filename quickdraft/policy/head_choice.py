@@ -16,7 +16,7 @@ method explicitly.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -26,7 +26,9 @@ from ..decoding.stopping import StopConditions
 from ..drafters.factory import DraftOptions, make_drafter
 from ..drafters.per_row import HEAD_BATCH_K
 from ..models.draft_vocab import VOCAB_FILE
-from ..models.lm import CausalLM, NativeLM
+from ..models.lm import CausalLM, NativeLM, eos_token_ids
+from . import cache
+from .autok import CALIBRATION_PROMPTS, measure_quiet_step_costs
 from .cache import file_digest
 from .cost_model import StepCosts
 
@@ -81,12 +83,13 @@ class _TimedDrafter:
 
 def measure_head_method(method: str, k: int, target: CausalLM, prompts: Sequence[torch.Tensor],
                         outputs: Sequence[list[int]], costs: StepCosts, repeats: int = 1,
-                        tree: tuple[int, ...] = ()) -> tuple[float, float]:
+                        tree: tuple[int, ...] = (), heads=None) -> tuple[float, float]:
     """(predicted speedup over plain decoding, tokens per target pass) of ``method`` at
     ``k`` (and ``tree`` widths; () = the method's default shape) on the calibration
-    ``prompts``, whose greedy references are ``outputs``. Each prompt is decoded
-    ``repeats`` times; the least drafting time is kept (timings only grow with noise)."""
-    options = DraftOptions(tree=",".join(map(str, tree)) if tree else None)
+    ``prompts``, whose greedy references are ``outputs``, with ``heads`` (loaded; None:
+    those shipped for the target). Each prompt is decoded ``repeats`` times; the least
+    drafting time is kept (timings only grow with noise)."""
+    options = DraftOptions(tree=",".join(map(str, tree)) if tree else None, heads=heads)
     drafter = make_drafter(method, None, target.vocab_size, options, target=target)
     seconds = tokens = passes = 0.0
     for prompt, reference in zip(prompts, outputs):
@@ -108,3 +111,52 @@ def measure_head_method(method: str, k: int, target: CausalLM, prompts: Sequence
     if not seconds:
         return 1.0, 1.0
     return tokens * costs.t_ar / seconds, tokens / passes
+
+
+#: Bumped when what :func:`cached_eagle_k` measures changes meaning (entries measured again).
+EAGLE_K_VERSION = 1
+#: Tokens of each calibration prompt's greedy run the chains are timed on.
+CHAIN_TOKENS = 64
+
+
+def cached_eagle_k(target: NativeLM, tokenizer, head, max_k: int, remeasure: bool = False,
+                   log: Callable[[str], None] | None = None) -> tuple[int, bool]:
+    """How long an EAGLE chain drafts on this target, drafter and machine, and whether it
+    was measured now: the chain of 1..``max_k`` with the best predicted speedup
+    (:func:`measure_head_method` on the calibration prompts with the target's measured
+    step costs), 0 (plain decoding) when none is predicted faster than plain decoding;
+    cached beside the auto-k choices, measured (seconds) when missing or with
+    ``remeasure``. Chains, because a wide verify pass costs several steps on a CPU; how
+    long pays depends on the target (SmolLM2's int4 passes: a chain of 1-2; the embedded
+    target: 8). ``log`` gets a line before a measurement."""
+    log = log or (lambda msg: None)
+    calibration = [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
+    entry = cache.entry("eagle-k", EAGLE_K_VERSION, {"target": target}, head=cache.module_digest(head),
+                        max_k=max_k, calibration=cache.digest(calibration))
+    if entry is not None and not remeasure:
+        data = entry.load()
+        if data is not None and isinstance(data.get("k"), int):
+            return data["k"], False
+    log(f"measuring how long an EAGLE chain pays for this target and drafter on this machine, once "
+        f"({f'cached in {entry.path}' if entry is not None else 'not cached'}; --remeasure redoes it)")
+    eos = eos_token_ids(target, tokenizer)
+    prompts = [torch.tensor(ids, dtype=torch.long) for ids in calibration]
+    outputs = [[t for s in decode(target, ids, StopConditions(CHAIN_TOKENS, eos)) for t in s.tokens] for ids in prompts]
+    longest = max(range(len(prompts)), key=lambda i: prompts[i].numel() + len(outputs[i]))
+    context = torch.cat([prompts[longest], torch.tensor(outputs[longest], dtype=torch.long)])
+    costs, _ = measure_quiet_step_costs(target, None, context, range(1, max_k + 2), repeats=5, log=log)
+    predicted: dict[int, float] = {}
+    best = 1
+    for n in range(1, max_k + 1):
+        predicted[n] = measure_head_method("eagle", n, target, prompts, outputs, costs, tree=(1,) * n, heads=head)[0]
+        best = n if round(predicted[n], 12) > round(predicted[best], 12) else best
+        if n >= best + 2:  # two longer chains in a row no better: longer ones only cost more (SmolLM2: 1 > 2 > 3)
+            break
+    k = best if predicted[best] > 1.0 else 0
+    if entry is not None:
+        try:
+            entry.store({"k": k, "predicted": predicted,
+                         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        except OSError as exc:
+            log(f"could not write the EAGLE chain cache ({exc.strerror or exc}); the choice is not cached")
+    return k, True
