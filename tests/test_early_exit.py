@@ -432,3 +432,26 @@ def test_early_exits_k_is_the_cost_models_measured_once_and_cached(monkeypatch, 
     SpeculativeGenerator.from_pretrained(method="early-exit", draft_vocab=0).resolve_k()
     assert len(measured) == 3  # the whole vocabulary: another head to measure
     assert again.resolve_k(3) == (3, "given") and len(measured) == 3
+
+
+def test_a_head_only_onednn_holds_leaves_the_draft_vocabulary_whole(monkeypatch):
+    """Without our kernels (no C compiler) a large LM head lives only in oneDNN's packed
+    form: no rows to copy, so the drafting copy scores the whole vocabulary (slower, the
+    same output) instead of failing."""
+    import quickdraft.models.decode_linear as decode_linear
+    from quickdraft.models import cpu_kernels
+
+    if not decode_linear.onednn_linear_available():
+        pytest.skip("this torch build has no oneDNN linear")
+    lm = native_lm()
+    monkeypatch.setattr(cpu_kernels, "library", lambda: None)
+    monkeypatch.setattr(decode_linear, "SMALL_WEIGHT_ELEMENTS", 0)
+    lm.model.lm_head = decode_linear.DecodeLinear(lm.model.lm_head)
+    with pytest.raises(decode_linear.PackedWeightsError):
+        lm.model.lm_head.dequantized()
+    head = random_head(lm, 2, "trained")
+    head.draft_ids = torch.tensor([3, 9, 20])
+    drafter = EarlyExitDrafter(lm, head)
+    assert drafter.step_head.vocab_head is None and drafter.step_head.draft_ids is None
+    for prompt in PROMPTS:
+        assert generate(lm, drafter, prompt, n=16, k=3) == generate(lm, None, prompt, n=16)

@@ -70,6 +70,10 @@ def row_dependent_rounding() -> Iterator[None]:
         _rounding.free = before
 
 
+class PackedWeightsError(ValueError):
+    """A layer's weights exist only in oneDNN's opaque packed form (no copy to read rows from)."""
+
+
 class DecodeLinear(nn.Module):
     """Drop-in inference replacement for ``nn.Linear`` on CPU (see the module docstring)."""
 
@@ -127,12 +131,12 @@ class DecodeLinear(nn.Module):
     def dequantized(self) -> torch.Tensor:
         """The float32 weights it multiplies by (as the quantized layers' method of this name
         gives theirs), where it keeps them: our kernels' copy, or a small weight's; a
-        ValueError for a weight only oneDNN's packed form holds."""
+        PackedWeightsError for a weight only oneDNN's packed form holds."""
         if self.exact_weight is not None:
             return self.exact_weight.float()
         if self.single_row_weight is not None:
             return self.single_row_weight.t().float()
-        raise ValueError("this layer's weights are packed by oneDNN (no C compiler for our kernels)")
+        raise PackedWeightsError("this layer's weights are packed by oneDNN (no C compiler for our kernels)")
 
     def kernel_spec(self) -> cpu_kernels.LinearSpec | None:
         """This layer for ``cpu_kernels.block``: only where it multiplies with our kernel."""

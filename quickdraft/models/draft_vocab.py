@@ -63,3 +63,11 @@ def read_draft_vocab(model_dir: Path, size: int | None = None) -> torch.Tensor |
     if size < 0 or size > len(ranking):
         raise ValueError(f"--draft-vocab must be between 0 (all) and {len(ranking)}, got {size}")
     return None if size in (0, len(ranking)) else torch.tensor(ranking[:size], dtype=torch.long)
+
+
+def spread_logits(scores: torch.Tensor, ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Scores ``[..., len(ids)]`` of the tokens ``ids`` as logits over the whole vocabulary
+    ``[..., vocab_size]``: ``-inf`` elsewhere, so those tokens are never drafted (greedy) and
+    have probability zero (sampled), which the exact acceptance rule allows for."""
+    out = scores.new_full((*scores.shape[:-1], vocab_size), float("-inf"))
+    return out.index_copy_(out.dim() - 1, ids, scores)

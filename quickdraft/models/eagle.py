@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from . import cpu_kernels
-from .draft_vocab import read_draft_vocab
+from .draft_vocab import read_draft_vocab, spread_logits
 from .exit_head import target_fingerprint
 from .head_files import HeadFiles
 from .kv_cache import KVCache
@@ -165,10 +165,7 @@ class EagleHead(nn.Module):
     def logits(self, hidden: torch.Tensor, target: Transformer) -> torch.Tensor:
         """Logits over the target's vocabulary: ``-inf`` outside the draft vocabulary."""
         scores = self.sub_logits(hidden, target)
-        if self.vocab_head is None:
-            return scores
-        out = scores.new_full((*scores.shape[:-1], target.config.vocab_size), float("-inf"))
-        return out.index_copy_(out.dim() - 1, self.vocab_ids, scores)
+        return scores if self.vocab_head is None else spread_logits(scores, self.vocab_ids, target.config.vocab_size)
 
     def new_cache(self, max_len: int) -> KVCache:
         weight = self.layer.attn_norm.weight  # (linears may be packed for decoding: no .weight)

@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .draft_vocab import read_draft_vocab
+from .decode_linear import PackedWeightsError
+from .draft_vocab import read_draft_vocab, spread_logits
 from .head_files import HeadFiles
 from .kv_cache import KVCache
 from .loading import CheckpointError
@@ -144,9 +145,7 @@ class ExitHead(nn.Module):
         h = (self.norm or target.norm)(x)
         if self.vocab_head is None:
             return target.lm_head(h)
-        scores = self.vocab_head(h)
-        out = scores.new_full((*scores.shape[:-1], target.config.vocab_size), float("-inf"))
-        return out.index_copy_(out.dim() - 1, self.draft_ids, scores)
+        return spread_logits(self.vocab_head(h), self.draft_ids, target.config.vocab_size)
 
     def restrict_vocab(self, target: Transformer) -> None:
         """Score only :attr:`draft_ids` from now on, through a copy of the target's LM head
@@ -159,7 +158,7 @@ class ExitHead(nn.Module):
         go on scoring the whole vocabulary."""
         try:
             rows = target.head_rows(self.draft_ids)
-        except ValueError:
+        except PackedWeightsError:
             self.draft_ids = None
             return
         self.draft_ids = self.draft_ids.to(rows.device)

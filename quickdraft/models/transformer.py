@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import cpu_kernels
 from .config import ModelConfig
+from .draft_vocab import spread_logits
 from .kv_cache import KVCache
 
 
@@ -575,9 +576,7 @@ class Transformer(nn.Module):
         x = self.norm(hidden)
         if self.head_ids is None:
             return self.lm_head(x)
-        scores = self.sub_head(x)
-        logits = scores.new_full((*scores.shape[:-1], self.config.vocab_size), float("-inf"))
-        return logits.index_copy_(logits.dim() - 1, self.head_ids, scores)
+        return spread_logits(self.sub_head(x), self.head_ids, self.config.vocab_size)
 
     def forward(
         self,
