@@ -377,7 +377,7 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
     """Flags shaping the tree, multi-draft and n-gram methods."""
     parser.add_argument("--tree", default=None,
                         help="tree, medusa and eagle: children per level (e.g. 2,2,1) or dynamic:N (best N nodes); "
-                        "default 2,2,1 (eagle: a chain of 6 on the CPU, dynamic:10 on a GPU)")
+                        "default 2,2,1 (eagle: on the CPU a chain as long as the cost model finds pays, dynamic:10 on a GPU)")
     parser.add_argument("--tree-children", choices=["sample", "top"], default="sample",
                         help="static tree children when sampling: i.i.d. draft samples (default) or the draft's top-k")
     parser.add_argument("--num-drafts", type=positive_int, default=3,

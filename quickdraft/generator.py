@@ -424,15 +424,23 @@ class SpeculativeGenerator:
         most it drafts; for layer skip, the k its profile was tuned at; for a draft model's
         plain chain, the cost model's k for this pair and machine (cached; measured when
         missing or with ``remeasure``; 0 = plain decoding when the draft is predicted to
-        lose; ``log`` gets its summary line); for early exit and EAGLE's default CPU chain,
-        the cost model's k for the target, its head and the machine (likewise); otherwise
-        the method's default."""
+        lose; ``log`` gets its summary line); for early exit and EAGLE's default CPU chain
+        (checked before its own depth), the cost model's k for the target, its head and the
+        machine (likewise); otherwise the method's default. (The API's generate uses
+        ``num_speculative_tokens`` as it stands: the method's default until this is called.)"""
         if isinstance(self.drafter, NoDrafter):
             return None, None
         if requested is not None:
             k, source = requested, "given"
         elif self.method_choice is not None:
             k, source = self.num_speculative_tokens, "auto"
+        elif isinstance(self.drafter, EagleDrafter) and self.drafter.k_by_cost_model:
+            from .policy.head_choice import cached_eagle_k
+
+            k, measured = cached_eagle_k(self.target, self.tokenizer, self.drafter.head,
+                                         self.drafter.shape.depth(MAX_CPU_CHAIN), remeasure=remeasure, log=log)
+            source = ("cost model: EAGLE is predicted slower, plain decoding" if not k else
+                      "cost model, measured now" if measured else "cost model, cached")
         elif (fixed := self._method_k()) is not None:
             k, source = fixed
         else:
@@ -444,13 +452,6 @@ class SpeculativeGenerator:
                 k = choice.k
                 source = ("cost model: the draft is predicted slower, plain decoding" if not k else
                           "cost model, measured now" if choice.measured else "cost model, cached")
-            elif isinstance(self.drafter, EagleDrafter) and self.drafter.own_k is None:
-                from .policy.head_choice import cached_eagle_k
-
-                k, measured = cached_eagle_k(self.target, self.tokenizer, self.drafter.head,
-                                             self.drafter.shape.depth(MAX_CPU_CHAIN), remeasure=remeasure, log=log)
-                source = ("cost model: EAGLE is predicted slower, plain decoding" if not k else
-                          "cost model, measured now" if measured else "cost model, cached")
             elif isinstance(self.drafter, EarlyExitDrafter):
                 from .policy.exit_layer import cached_exit_k
 

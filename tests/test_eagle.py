@@ -155,7 +155,8 @@ def test_train_heads_eagle_end_to_end_resume_and_lossless(tmp_path, capsys):
                                                  options=DraftOptions(heads=str(out)))
     # The CPU default: a chain of up to 8, as long as the cost model finds pays (measured on
     # first use, cached: docs/heads/README.md).
-    assert eagle.drafter.name == "eagle(1,1,1,1,1,1,1,1)" and eagle.drafter.own_k is None
+    assert eagle.drafter.name == "eagle(1,1,1,1,1,1,1,1)" and eagle.drafter.k_by_cost_model
+    assert eagle.num_speculative_tokens == 6  # the API's default until resolve_k asks the cost model
     k, source = eagle.resolve_k()
     assert 0 <= k <= 8 and source.startswith("cost model") and eagle.resolve_k()[0] == k
     for prompt in ["def f3(x):\n", "def f6(x):\n    return x"]:

@@ -58,10 +58,11 @@ class EagleDrafter:
         if not isinstance(target, NativeLM):
             raise ValueError(HIDDEN_STATES_NEED_NATIVE)
         self.target, self.head, self.shape = target.model, head, shape
-        # The k generate uses when none is given, and why: the cost model's chain length
-        # for the default CPU chain (None here: the generator asks it), else the default
-        # depth (no cost model knows a tree's cost yet).
-        self.own_k = None if k_by_cost_model else (DEFAULT_DEPTH, "eagle's default depth")
+        # The k generate uses when none is given: for the default CPU chain the cost model's
+        # chain length (the generator's resolve_k asks it), else, and in the API until then,
+        # the default depth (no cost model knows a tree's cost yet).
+        self.k_by_cost_model = k_by_cost_model
+        self.own_k = (DEFAULT_DEPTH, "eagle's default depth")
         self.reads_hidden = (target.config.n_layers,)
         self.name = f"eagle({shape.name.removeprefix('tree(').removesuffix(')')})"
         self.params, self.generator = SamplingParams(), torch.Generator()

@@ -69,9 +69,11 @@ METHODS: dict[str, MethodSpec] = {
                           "default: the prophet shipped for the target)", needs="heads", batched=True, default_k="4"),
     "eagle": MethodSpec("an EAGLE drafter (fc([token; target feature]) + one layer + the target's LM head) grows "
                         "a token tree (--heads DIR, default: the drafter shipped for the target; --tree, default "
-                        "a chain of 6 on the CPU, on a GPU dynamic:10, EAGLE-2's best nodes by cumulative "
-                        "confidence)",
-                        needs="heads", batched=True, default_k="6 (the tree's depth); batched: a chain of 6"),
+                        "on the CPU a chain as long as the cost model finds pays, on a GPU dynamic:10, EAGLE-2's "
+                        "best nodes by cumulative confidence)",
+                        needs="heads", batched=True,
+                        default_k="the cost model's chain length on the CPU (1-8, measured once, cached), else 6 "
+                                  "(the tree's depth); batched: a chain of 6"),
     "auto": MethodSpec("the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
                        needs="measured", default_k="the cost model's choice with the method"),
 }
@@ -86,7 +88,7 @@ BATCH_METHODS = tuple(name for name, m in METHODS.items() if m.batched)
 class DraftOptions:
     """Method settings beyond k (the CLI flags of the same names)."""
 
-    tree: str | None = None  # None: the method's own default (2,2,1; eagle: a chain of 6, dynamic:10 on GPUs)
+    tree: str | None = None  # None: the method's own default (2,2,1; eagle: a cost-model chain, dynamic:10 on GPUs)
     tree_children: str = "sample"  # sample (i.i.d. from q when sampling) or top (top-k, one-hot q)
     num_drafts: int = 3
     ngram_max: int = 3
