@@ -22,7 +22,8 @@ import json
 import os
 import platform
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,3 +218,25 @@ def entry(kind: str, version: int, models: Mapping[str, object], **settings) -> 
     identity = {"kind": kind, "version": version, "fingerprint_version": FINGERPRINT_VERSION,
                 **settings, "machine": machine_fingerprint(), **prints}
     return Entry(cache_dir() / f"{kind}-{digest(identity)}.json", identity)
+
+
+def measured_once(entry: Entry | None, what: str, measure: Callable[[], dict], valid: Callable[[dict], bool],
+                  remeasure: bool = False, log: Callable[[str], None] | None = None) -> tuple[dict, bool]:
+    """A measurement kept in the cache: ``entry``'s data where it holds one that is ``valid``
+    (and not ``remeasure``), else ``measure()``'s, stamped and stored there; and whether it
+    was measured now. ``what`` names it in the lines ``log`` gets (before a measurement, and
+    when the cache cannot be written)."""
+    log = log or (lambda msg: None)
+    if entry is not None and not remeasure:
+        data = entry.load()
+        if data is not None and valid(data):
+            return data, False
+    log(f"measuring {what} on this machine, once "
+        f"({f'cached in {entry.path}' if entry is not None else 'not cached'}; --remeasure redoes it)")
+    data = {**measure(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if entry is not None:
+        try:
+            entry.store(data)
+        except OSError as exc:
+            log(f"could not write the cache ({exc.strerror or exc}); {what} is not cached")
+    return data, True

@@ -11,7 +11,6 @@ per-position acceptance of the head on the calibration prompts. The cost model
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -134,26 +133,18 @@ def cached_exit_k(target: NativeLM, tokenizer, head: ExitHead, share_kv: bool = 
     :data:`EXIT_MAX_K`), 0 (plain decoding) when even that is predicted no faster than
     plain decoding; cached beside the auto-k choices, measured (seconds) when missing or
     with ``remeasure``. ``log`` gets a line before a measurement."""
-    log = log or (lambda msg: None)
     calibration = [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
     # The head's weights, layer, kind and draft vocabulary: a retrained head, or another
     # --draft-vocab, is measured again.
     drafting = (head.exit_layer, head.kind, None if head.draft_ids is None else head.draft_ids.tolist())
     entry = cache.entry("exit-k", EXIT_K_VERSION, {"target": target}, head=cache.module_digest(head, *drafting),
                         share_kv=share_kv, max_k=EXIT_MAX_K, calibration=cache.digest(calibration))
-    if entry is not None and not remeasure:
-        data = entry.load()
-        if data is not None and isinstance(data.get("k"), int):
-            return data["k"], False
-    log(f"measuring early exit's k for this target and exit head on this machine, once "
-        f"({f'cached in {entry.path}' if entry is not None else 'not cached'}; --remeasure redoes it)")
-    choice = measure_exit_layer(target, tokenizer, {head.exit_layer: head}, max_k=EXIT_MAX_K, share_kv=share_kv,
-                                repeats=5)
-    k = choice.k if choice.predicted_speedup > 1.0 else 0
-    if entry is not None:
-        try:
-            entry.store({"k": k, "predicted": choice.per_layer[choice.layer]["predicted"],
-                         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-        except OSError as exc:
-            log(f"could not write the early-exit k cache ({exc.strerror or exc}); the choice is not cached")
-    return k, True
+    def measure() -> dict:
+        choice = measure_exit_layer(target, tokenizer, {head.exit_layer: head}, max_k=EXIT_MAX_K, share_kv=share_kv,
+                                    repeats=5)
+        return {"k": choice.k if choice.predicted_speedup > 1.0 else 0,
+                "predicted": choice.per_layer[choice.layer]["predicted"]}
+
+    data, measured = cache.measured_once(entry, "early exit's k for this target and exit head", measure,
+                                         lambda d: isinstance(d.get("k"), int), remeasure, log)
+    return data["k"], measured

@@ -129,34 +129,28 @@ def cached_eagle_k(target: NativeLM, tokenizer, head, max_k: int, remeasure: boo
     ``remeasure``. Chains, because a wide verify pass costs several steps on a CPU; how
     long pays depends on the target (SmolLM2's int4 passes: a chain of 1-2; the embedded
     target: 8). ``log`` gets a line before a measurement."""
-    log = log or (lambda msg: None)
     calibration = [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
     entry = cache.entry("eagle-k", EAGLE_K_VERSION, {"target": target}, head=cache.module_digest(head),
                         max_k=max_k, calibration=cache.digest(calibration))
-    if entry is not None and not remeasure:
-        data = entry.load()
-        if data is not None and isinstance(data.get("k"), int):
-            return data["k"], False
-    log(f"measuring how long an EAGLE chain pays for this target and drafter on this machine, once "
-        f"({f'cached in {entry.path}' if entry is not None else 'not cached'}; --remeasure redoes it)")
-    eos = eos_token_ids(target, tokenizer)
-    prompts = [torch.tensor(ids, dtype=torch.long) for ids in calibration]
-    outputs = [[t for s in decode(target, ids, StopConditions(CHAIN_TOKENS, eos)) for t in s.tokens] for ids in prompts]
-    longest = max(range(len(prompts)), key=lambda i: prompts[i].numel() + len(outputs[i]))
-    context = torch.cat([prompts[longest], torch.tensor(outputs[longest], dtype=torch.long)])
-    costs, _ = measure_quiet_step_costs(target, None, context, range(1, max_k + 2), repeats=5, log=log)
-    predicted: dict[int, float] = {}
-    best = 1
-    for n in range(1, max_k + 1):
-        predicted[n] = measure_head_method("eagle", n, target, prompts, outputs, costs, tree=(1,) * n, heads=head)[0]
-        best = n if round(predicted[n], 12) > round(predicted[best], 12) else best
-        if n >= best + 2:  # two longer chains in a row no better: longer ones only cost more (SmolLM2: 1 > 2 > 3)
-            break
-    k = best if predicted[best] > 1.0 else 0
-    if entry is not None:
-        try:
-            entry.store({"k": k, "predicted": predicted,
-                         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-        except OSError as exc:
-            log(f"could not write the EAGLE chain cache ({exc.strerror or exc}); the choice is not cached")
-    return k, True
+
+    def measure() -> dict:
+        eos = eos_token_ids(target, tokenizer)
+        prompts = [torch.tensor(ids, dtype=torch.long) for ids in calibration]
+        outputs = [[t for s in decode(target, ids, StopConditions(CHAIN_TOKENS, eos)) for t in s.tokens]
+                   for ids in prompts]
+        longest = max(range(len(prompts)), key=lambda i: prompts[i].numel() + len(outputs[i]))
+        context = torch.cat([prompts[longest], torch.tensor(outputs[longest], dtype=torch.long)])
+        costs, _ = measure_quiet_step_costs(target, None, context, range(1, max_k + 2), repeats=5, log=log)
+        predicted: dict[int, float] = {}
+        best = 1
+        for n in range(1, max_k + 1):
+            predicted[n] = measure_head_method("eagle", n, target, prompts, outputs, costs, tree=(1,) * n,
+                                               heads=head)[0]
+            best = n if round(predicted[n], 12) > round(predicted[best], 12) else best
+            if n >= best + 2:  # two longer chains in a row no better: longer ones only cost more (SmolLM2: 1 > 2 > 3)
+                break
+        return {"k": best if predicted[best] > 1.0 else 0, "predicted": predicted}
+
+    data, measured = cache.measured_once(entry, "how long an EAGLE chain pays for this target and drafter",
+                                         measure, lambda d: isinstance(d.get("k"), int), remeasure, log)
+    return data["k"], measured
