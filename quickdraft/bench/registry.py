@@ -188,11 +188,12 @@ ADAPTIVE_STOPS = ["confidence:0.7", "dv", "heuristic", "cost"]
 
 # Early exit (issue 11): the shared head and every head shipped for the target, each with
 # and without sharing the target's KV cache (the A/B of what sharing saves in verification),
-# each at the k the early-exit cost model picks for it; then the trained head (shared KV)
-# with the adaptive draft-stop policies, drafting up to 12.
+# each at the k the early-exit cost model picks for it (up to -k where given, else up to
+# what generate's early-exit k goes to); then the trained head (shared KV) with the
+# adaptive draft-stop policies, drafting up to 12.
 def _early_exit_rows(ctx, config, k):
     from ..drafters.early_exit import SHARED, EarlyExitDrafter, resolve_exit_head, shipped_heads
-    from ..policy.exit_layer import measure_exit_layer
+    from ..policy.exit_layer import EXIT_MAX_K, measure_exit_layer
 
     heads = [str(path) for path in shipped_heads(ctx.target)]
     layer = resolve_exit_head(ctx.target, None, None).exit_layer  # the shipped head's layer, else the default
@@ -201,7 +202,8 @@ def _early_exit_rows(ctx, config, k):
         head = (resolve_exit_head(ctx.target, spec, layer) if spec == SHARED else
                 resolve_exit_head(ctx.target, spec, None, config.draft_vocab))
         for share in (True, False):
-            head_k = measure_exit_layer(ctx.target, ctx.tokenizer, {head.exit_layer: head}, max_k=min(k, 8),
+            most = EXIT_MAX_K if config.k is None else min(config.k, EXIT_MAX_K)
+            head_k = measure_exit_layer(ctx.target, ctx.tokenizer, {head.exit_layer: head}, max_k=most,
                                         share_kv=share, repeats=3).k
             settings = {"k": head_k, "L": head.exit_layer, "head": head.kind, "kv": "shared" if share else "own"}
             rows.append(EngineMethod("early-exit", lambda c, h=head, s=share: EarlyExitDrafter(c.target, h, share_kv=s),
