@@ -62,6 +62,13 @@ def sampling_params(
 DRAFT_STEP_WIDTH = 2
 
 
+def _cost_model_source(k: int, measured: bool, what: str) -> str:
+    """Where a cost-model k came from, as resolve_k reports it."""
+    if not k:
+        return f"cost model: {what} is predicted slower, plain decoding"
+    return "cost model, measured now" if measured else "cost model, cached"
+
+
 class SpeculativeGenerator:
     """Generates text with a target model, speeding it up with a drafter when given one.
 
@@ -439,8 +446,7 @@ class SpeculativeGenerator:
 
             k, measured = cached_eagle_k(self.target, self.tokenizer, self.drafter.head,
                                          self.drafter.shape.depth(MAX_CPU_CHAIN), remeasure=remeasure, log=log)
-            source = ("cost model: EAGLE is predicted slower, plain decoding" if not k else
-                      "cost model, measured now" if measured else "cost model, cached")
+            source = _cost_model_source(k, measured, "EAGLE")
         elif (fixed := self._method_k()) is not None:
             k, source = fixed
         else:
@@ -450,15 +456,13 @@ class SpeculativeGenerator:
                 if log is not None:
                     log(choice.summary())  # cached or measured now, and how to re-measure
                 k = choice.k
-                source = ("cost model: the draft is predicted slower, plain decoding" if not k else
-                          "cost model, measured now" if choice.measured else "cost model, cached")
+                source = _cost_model_source(k, choice.measured, "the draft")
             elif isinstance(self.drafter, EarlyExitDrafter):
                 from .policy.exit_layer import cached_exit_k
 
                 k, measured = cached_exit_k(self.target, self.tokenizer, self.drafter.head, self.drafter.share_kv,
                                             remeasure=remeasure, log=log)
-                source = ("cost model: early exit is predicted slower, plain decoding" if not k else
-                          "cost model, measured now" if measured else "cost model, cached")
+                source = _cost_model_source(k, measured, "early exit")
             else:
                 k, source = self.num_speculative_tokens, "default"
         self.num_speculative_tokens = k
