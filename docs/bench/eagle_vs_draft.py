@@ -2,12 +2,14 @@
 (the bench's rows are medians of ratios that this host's noise moves by 10-15%):
 
     python docs/bench/eagle_vs_draft.py [--k 8] [--rounds 2] [--categories short,long,out-of-domain]
+        [--heads DIR ...]
 
 For every prompt of each category, plain decoding, the draft model at k and an EAGLE chain
-of k generate 128 tokens in turn (the order alternating between rounds). Prints per
-category: each method's speedup over plain decoding (geometric mean over prompts of the
-per-prompt ratio of median decode times), tau, and EAGLE's decode time over the draft's
-with a 95% bootstrap interval over prompts (below 1: EAGLE faster).
+of k (the shipped drafter, and each ``--heads`` drafter) generate 128 tokens in turn (the
+order alternating between rounds). Prints per category: each method's speedup over plain
+decoding (geometric mean over prompts of the per-prompt ratio of median decode times),
+tau, and each EAGLE drafter's decode time over the draft's with a 95% bootstrap interval
+over prompts (below 1: EAGLE faster).
 """
 
 import argparse
@@ -33,11 +35,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--categories", default="short,long,out-of-domain")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--heads", nargs="*", default=[], help="more EAGLE drafter directories")
     args = parser.parse_args()
+    chain = ",".join(["1"] * args.k)
     gens = {"ar": SpeculativeGenerator.from_pretrained(method="ar"),
             "draft": SpeculativeGenerator.from_pretrained(method="draft"),
-            "eagle": SpeculativeGenerator.from_pretrained(method="eagle",
-                                                          options=DraftOptions(tree=",".join(["1"] * args.k)))}
+            "eagle": SpeculativeGenerator.from_pretrained(method="eagle", options=DraftOptions(tree=chain))}
+    for path in args.heads:
+        gens[f"eagle:{Path(path).name}"] = SpeculativeGenerator.from_pretrained(
+            method="eagle", options=DraftOptions(tree=chain, heads=path))
+    eagles = [m for m in gens if m.startswith("eagle")]
     rng = random.Random(0)
     for category in args.categories.split(","):
         prompts = [json.loads(line) for line in open(ROOT / "quickdraft" / "assets" / "bench" / f"{category}.jsonl")]
@@ -51,13 +58,14 @@ def main() -> None:
                     tau[m].append(out.stats.mean_accepted_tokens)
         ids = [p["id"] for p in prompts]
         med = {m: {i: statistics.median(times[m][i]) for i in ids} for m in gens}
-        speed = {m: geomean([med["ar"][i] / med[m][i] for i in ids]) for m in ("draft", "eagle")}
-        ratios = [med["eagle"][i] / med["draft"][i] for i in ids]
-        boots = sorted(geomean([rng.choice(ratios) for _ in ratios]) for _ in range(2000))
+        speed = {m: geomean([med["ar"][i] / med[m][i] for i in ids]) for m in gens if m != "ar"}
         print(f"{category} ({len(ids)} prompts): draft k={args.k} {speed['draft']:.2f}x (tau "
-              f"{statistics.fmean(tau['draft']):.2f}), EAGLE chain of {args.k} {speed['eagle']:.2f}x (tau "
-              f"{statistics.fmean(tau['eagle']):.2f}); EAGLE / draft decode time {geomean(ratios):.3f} "
-              f"[{boots[50]:.3f}, {boots[1949]:.3f}]", flush=True)
+              f"{statistics.fmean(tau['draft']):.2f})", flush=True)
+        for m in eagles:
+            ratios = [med[m][i] / med["draft"][i] for i in ids]
+            boots = sorted(geomean([rng.choice(ratios) for _ in ratios]) for _ in range(2000))
+            print(f"  {m} chain of {args.k} {speed[m]:.2f}x (tau {statistics.fmean(tau[m]):.2f}); / draft decode "
+                  f"time {geomean(ratios):.3f} [{boots[50]:.3f}, {boots[1949]:.3f}]", flush=True)
 
 
 if __name__ == "__main__":

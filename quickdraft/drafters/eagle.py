@@ -67,7 +67,7 @@ class EagleDrafter:
         self.name = f"eagle({shape.name.removeprefix('tree(').removesuffix(')')})"
         self.params, self.generator = SamplingParams(), torch.Generator()
         self.cache = None
-        self.features: torch.Tensor | None = None  # the target's final states, by position
+        self.features: torch.Tensor | None = None  # the target's final states by position, as the drafter reads them
         self.known = 0  # positions whose target feature has been observed
         self.fed = 0  # positions whose tokens the drafter's cache holds (with target features)
         self.offset = 0  # the position in slot 0: the prompt tokens before it are not read
@@ -84,15 +84,15 @@ class EagleDrafter:
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = self.head.new_cache(max_len)
             weight = self.target.embed.weight
-            self.features = torch.zeros(max_len, self.target.config.hidden_size, dtype=weight.dtype,
-                                        device=weight.device)
+            self.features = torch.zeros(max_len, self.head.feature_size, dtype=weight.dtype, device=weight.device)
         self.known = self.fed = self.offset = 0
         self.prompt = prompt
 
     @torch.inference_mode()
     def observe(self, slot: int, start: int, states: dict[int, torch.Tensor]) -> None:
         final = states[self.reads_hidden[0]]
-        self.features[start : start + final.shape[0]] = final
+        with row_dependent_rounding():  # a narrow drafter's map to its width: its own rounding, as drafting's
+            self.features[start : start + final.shape[0]] = self.head.from_target(final)
         self.known = start + final.shape[0]
         if self.fed == 0 and self.known >= self.prompt.numel():
             self._feed_prompt()

@@ -67,7 +67,8 @@ METHODS: dict[str, MethodSpec] = {
                          default_k="4 (one tree level per head, at most the number of heads); batched: a chain of 4"),
     "prophet": MethodSpec("a prophet transformer drafts a chain from the target's last hidden states (--heads DIR, "
                           "default: the prophet shipped for the target)", needs="heads", batched=True, default_k="4"),
-    "eagle": MethodSpec("an EAGLE drafter (fc([token; target feature]) + one layer + the target's LM head) grows "
+    "eagle": MethodSpec("an EAGLE drafter (fc([token; target feature]) + one layer, at the target's width and read by "
+                        "its LM head, or at a draft model's width with its own) grows "
                         "a token tree (--heads DIR, default: the drafter shipped for the target; --tree, default "
                         "on the CPU a chain as long as the cost model finds pays, on a GPU dynamic:10, EAGLE-2's "
                         "best nodes by cumulative confidence)",

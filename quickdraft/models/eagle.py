@@ -14,6 +14,14 @@ The LM head may score a reduced draft vocabulary (the most frequent tokens of th
 text, FR-Spec / EAGLE-3): its rows, copied from the target's frozen LM head, are stored
 with the drafter, since the target's own head may be packed for decoding. Other tokens
 get ``-inf`` logits: they are never drafted, which costs acceptance, never exactness.
+The layer may be narrower than the target (``layer``: a draft model's shape, e.g. the
+embedded draft's 256 wide against the target's 448): it then has its own token embedding,
+final norm and LM head rows, and maps the target's features to its width with one linear
+(``feature_in``) before ``fc``; what it feeds back is its own output at its width. A step
+then reads a draft model's bytes instead of a target layer's, and it can start as that
+draft model (``from_draft``). Without a target-width output there is no feature to
+regress: it learns from the soft cross-entropy alone (as EAGLE-3 does).
+
 Saved as ``config.json`` + ``model.safetensors`` with the target's fingerprint.
 """
 
@@ -33,9 +41,11 @@ from .exit_head import target_fingerprint
 from .head_files import HeadFiles
 from .kv_cache import KVCache
 from .loading import CheckpointError
-from .transformer import Block, RMSNorm, Transformer, apply_rope
+from .transformer import Block, RMSNorm, Transformer, apply_rope, make_norm
 
 EAGLE_KIND = "quickdraft-eagle-head"
+#: What ``EagleConfig.layer`` may set: the layer's shape where it is not the target's.
+LAYER_FIELDS = ("hidden_size", "n_heads", "n_kv_heads", "intermediate_size")
 
 
 @dataclass
@@ -48,37 +58,105 @@ class EagleConfig:
     target: str = ""
     target_fingerprint: str = ""
     kind: str = EAGLE_KIND
+    layer: dict[str, int] | None = None  # LAYER_FIELDS where the layer is not the target's shape
 
 
 class EagleHead(nn.Module):
-    """``fc`` + one decoder layer of the target's shape (+ the reduced LM head's rows)."""
+    """``fc`` + one decoder layer, of the target's shape (read by the target's final norm and
+    LM head rows) or of its own ``layer`` shape (with its own embedding, norm and rows)."""
 
-    def __init__(self, target: Transformer, vocab_ids: torch.Tensor | None = None) -> None:
+    def __init__(self, target: Transformer, vocab_ids: torch.Tensor | None = None,
+                 layer: dict[str, int] | None = None) -> None:
         super().__init__()
         tc = target.config
-        self.layer_config = dataclasses.replace(tc, n_layers=1)
-        self.fc = nn.Linear(2 * tc.hidden_size, tc.hidden_size, bias=False)
+        unknown = set(layer or ()) - set(LAYER_FIELDS)
+        if unknown:
+            raise ValueError(f"an EAGLE layer's shape sets {', '.join(LAYER_FIELDS)}, not {', '.join(sorted(unknown))}")
+        self.layer_config = dataclasses.replace(tc, n_layers=1, **(layer or {}))
+        width = self.layer_config.hidden_size
+        if self.layer_config.head_dim * self.layer_config.n_heads != width:
+            raise ValueError(f"an EAGLE layer {width} wide needs {width // tc.head_dim} heads of the target's "
+                             f"{tc.head_dim} (the target's rotary tables), not {self.layer_config.n_heads}")
+        self.own_width = width != tc.hidden_size
+        self.fc = nn.Linear(2 * width, width, bias=False)
         with torch.no_grad():  # the feature passes through at first: the layer learns what changes
-            self.fc.weight[:, tc.hidden_size :].copy_(torch.eye(tc.hidden_size))
-        # Both halves of fc's input at unit scale: a target's final states are large (the
-        # embedded target's: RMS ~16) and its embeddings small (RMS ~0.04); unscaled, the
-        # token would be lost in the feature and take thousands of steps to surface.
-        embed_rms = target.embed.weight.detach().float().pow(2).mean().sqrt().clamp_min(1e-6)
-        self.register_buffer("embed_scale", (1 / embed_rms).reshape(1))
+            self.fc.weight[:, width:].copy_(torch.eye(width))
+        if self.own_width:
+            self.embed = nn.Embedding(tc.vocab_size, width)
+            self.feature_in = nn.Linear(tc.hidden_size, width, bias=False)
+            self.norm = make_norm(self.layer_config)
+            if vocab_ids is None:  # its rows are its own: all of them stored
+                vocab_ids = torch.arange(tc.vocab_size)
+        self.register_buffer("embed_scale", torch.ones(1))
+        self.set_embed_scale(target)
         self.layer = Block(self.layer_config)
         self.vocab_head: nn.Linear | None = None
         if vocab_ids is not None:
             self.register_buffer("vocab_ids", torch.as_tensor(vocab_ids, dtype=torch.long).clone())
-            self.vocab_head = nn.Linear(tc.hidden_size, self.vocab_ids.numel(), bias=False)
-            self.vocab_head.requires_grad_(False)  # the target's LM head rows: frozen
+            self.vocab_head = nn.Linear(width, self.vocab_ids.numel(), bias=False)
+            # The target's LM head rows stay frozen; a narrow layer's own rows are learned.
+            self.vocab_head.requires_grad_(self.own_width)
         else:
             self.vocab_ids = None
 
+    @property
+    def layer_shape(self) -> dict[str, int] | None:
+        """The layer's shape for ``EagleConfig.layer`` (None: the target's)."""
+        cfg = self.layer_config
+        return {name: getattr(cfg, name) for name in LAYER_FIELDS} if self.own_width else None
+
+    @property
+    def feature_size(self) -> int:
+        """The width of what ``fc`` reads beside a token: :meth:`from_target`'s output."""
+        return self.layer_config.hidden_size
+
+    def set_embed_scale(self, target: Transformer) -> None:
+        """Both halves of fc's input at unit scale: a target's final states are large (the
+        embedded target's: RMS ~16) and its embeddings small (RMS ~0.04); unscaled, the
+        token would be lost in the feature and take thousands of steps to surface."""
+        weight = self.token_embedding(target).weight.detach().float()
+        self.embed_scale.fill_(float(1 / weight.pow(2).mean().sqrt().clamp_min(1e-6)))
+
+    def token_embedding(self, target: Transformer) -> nn.Embedding:
+        return self.embed if self.own_width else target.embed
+
+    def final_norm(self, target: Transformer) -> nn.Module:
+        return self.norm if self.own_width else target.norm
+
+    def from_target(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's final states ``[..., H]`` as this drafter reads them beside a token:
+        themselves at the target's width, else mapped to the layer's width (``feature_in``,
+        at unit RMS first, as ``fc`` sees both)."""
+        return self.feature_in(unit_rms(features)) if self.own_width else features
+
     def copy_vocab_rows(self, target: Transformer) -> None:
-        """Fill the reduced head with the target's LM head rows (an unpacked target)."""
-        if self.vocab_head is not None:
+        """Fill the reduced head with the target's LM head rows (an unpacked target); a
+        narrow layer's rows are its own (``from_draft`` or trained)."""
+        if self.vocab_head is not None and not self.own_width:
             with torch.no_grad():
                 self.vocab_head.weight.copy_(target.lm_head.weight[self.vocab_ids])
+
+    def from_draft(self, draft: Transformer, target: Transformer) -> None:
+        """Start as ``draft`` (a one-layer Llama draft model of this layer's shape, sharing
+        the target's vocabulary): its embedding, layer, final norm and LM head rows, and an
+        ``fc`` that passes its embedding through and ignores the feature, so that before any
+        training this drafter proposes what the draft model does. Training then learns what
+        the target's features add."""
+        dc = draft.config
+        if not self.own_width or dc.n_layers != 1 or dc.vocab_size != target.config.vocab_size or any(
+                getattr(dc, name) != getattr(self.layer_config, name) for name in LAYER_FIELDS):
+            raise ValueError("an EAGLE drafter starts from a one-layer draft model of its layer's shape and the "
+                             f"target's vocabulary; this draft has {dc.n_layers} layers, width {dc.hidden_size}, "
+                             f"vocabulary {dc.vocab_size}")
+        with torch.no_grad():
+            self.embed.weight.copy_(draft.embed.weight)
+            self.layer.load_state_dict(draft.layers[0].state_dict())
+            self.norm.load_state_dict(draft.norm.state_dict())
+            self.vocab_head.weight.copy_(draft.lm_head.weight[self.vocab_ids])
+            self.set_embed_scale(target)
+            width = self.feature_size
+            self.fc.weight.zero_()
+            self.fc.weight[:, :width].copy_(torch.eye(width) / self.embed_scale)
 
     @property
     def draft_vocab(self) -> int:
@@ -103,13 +181,14 @@ class EagleHead(nn.Module):
 
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor, target: Transformer) -> torch.Tensor:
         """The layer's input ``fc([embed(tokens); features])``, each half at unit RMS."""
-        return self.fc(torch.cat([target.embed(tokens) * self.embed_scale, unit_rms(features)], dim=-1))
+        embedded = self.token_embedding(target)(tokens) * self.embed_scale
+        return self.fc(torch.cat([embedded, unit_rms(features)], dim=-1))
 
     def sub_logits(self, hidden: torch.Tensor, target: Transformer) -> torch.Tensor:
         """Logits over the draft vocabulary (the whole one without a reduced head)."""
         if self.vocab_head is None:
             return target.head(hidden)
-        return self.vocab_head(target.norm(hidden))
+        return self.vocab_head(self.final_norm(target)(hidden))
 
     def best_token(self, hidden: torch.Tensor, target: Transformer) -> int:
         """The drafter's argmax token for one output ``[1, H]``: the first maximum over the
@@ -122,7 +201,7 @@ class EagleHead(nn.Module):
         """Feed, then ``n`` greedy draft tokens, in one C call (``cpu_kernels.eagle_chain``).
 
         The feed: ``feed_tokens`` ``[m]`` (m >= 1), each with the target's feature of the
-        token before it (``feed_features`` ``[m, H]``), at positions ``start - m .. start -
+        token before it (``feed_features`` ``[m, feature_size]``, :meth:`from_target`'s), at positions ``start - m .. start -
         1`` and cache slots ``slot - m ..`` (:meth:`extend`'s causal pass). Then
         :meth:`best_token` of its last output, and of each level fed the token before at
         positions ``start``, ``start + 1``, ... and slots ``slot``, ``slot + 1``, ...
@@ -130,9 +209,10 @@ class EagleHead(nn.Module):
         float rounding. None, with nothing written, where it cannot run (float32 CPU
         inference with a reduced head, our kernels running every linear, a Llama target,
         room in the cache): the caller feeds and steps in Python."""
-        weight, slot, m = target.embed.weight, start if slot is None else slot, feed_tokens.numel()
+        weight, slot, m = self.token_embedding(target).weight, start if slot is None else slot, feed_tokens.numel()
+        norm = self.final_norm(target)
         if (self.vocab_head is None or target.pos_embed is not None or target._inv_freq is None
-                or not isinstance(target.norm, RMSNorm) or not cpu_kernels.fused_layers(feed_features)
+                or not isinstance(norm, RMSNorm) or not cpu_kernels.fused_layers(feed_features)
                 or not weight.is_contiguous() or weight.dtype != torch.float32 or m < 1 or slot < m
                 or not isinstance(cache.k, torch.Tensor) or slot + n - 1 > cache.max_len):
             return None
@@ -143,7 +223,7 @@ class EagleHead(nn.Module):
         cos, sin = target._rope(start - m, m + n - 1)
         return cpu_kernels.eagle_chain(feed_tokens, feed_features, n, weight, float(self.embed_scale), fc, stack,
                                        self.layer.attn.n_heads, (cos[0, 0], sin[0, 0]), cache.k, cache.v, slot,
-                                       (target.norm.weight, target.norm.eps), head, self.vocab_ids,
+                                       (norm.weight, norm.eps), head, self.vocab_ids,
                                        target.config.vocab_size)
 
     def _chain_specs(self) -> tuple | None:
@@ -174,7 +254,8 @@ class EagleHead(nn.Module):
     def extend(self, tokens: torch.Tensor, features: torch.Tensor, target: Transformer, cache: KVCache,
                positions: torch.Tensor | int, slots: torch.Tensor | int, mask: torch.Tensor | None = None
                ) -> torch.Tensor:
-        """Inference: feed ``tokens`` ``[T]`` with ``features`` ``[T, H]`` at ``positions``,
+        """Inference: feed ``tokens`` ``[T]`` with ``features`` ``[T, feature_size]`` (the target's
+        through :meth:`from_target`, or the drafter's own outputs) at ``positions``,
         keys into ``cache`` at ``slots`` (``mask`` ``[T, S]`` as in ``Transformer.forward``);
         the outputs ``[T, H]``. Tokens and mask may be on the CPU (moved to the features'
         device); tensor positions and slots stay where they are (indices: on the CPU, their
@@ -191,7 +272,7 @@ class EagleHead(nn.Module):
     def unrolled(self, tokens: torch.Tensor, features: torch.Tensor, target: Transformer, steps: int
                  ) -> list[torch.Tensor]:
         """Training-time test over windows: ``tokens`` ``[B, T]``, the target's ``features``
-        ``[B, T, H]``; the outputs ``[B, T, H]`` of steps ``0 .. steps - 1``.
+        ``[B, T, H]``; the outputs ``[B, T, feature_size]`` of steps ``0 .. steps - 1``.
 
         Step 0 is the drafter on the target's features (slot ``p``: ``x_p``, ``f_{p-1}``).
         Step ``k`` feeds step ``k - 1``'s outputs back (slot ``p``: ``x_p``, ``h^{k-1}_{p-1}``)
@@ -199,6 +280,7 @@ class EagleHead(nn.Module):
         at slots ``<= p - k`` (what the target verified) and to step ``j``'s key at slot
         ``p - k + j`` for ``j = 1 .. k`` (its ancestors and itself). Slots ``p < k`` of step
         ``k`` have no such node and are garbage: the loss masks them."""
+        features = self.from_target(features)
         bsz, length, hidden = features.shape
         block, attn = self.layer, self.layer.attn
         rope = target._rope(0, length) if target._inv_freq is not None else None  # what extend's positions get
@@ -269,7 +351,7 @@ def is_eagle_dir(path: str | Path) -> bool:
 def save_eagle(head: EagleHead, target: Transformer, target_name: str, out: str | Path) -> None:
     """Write ``config.json`` + ``model.safetensors`` (fp32) to ``out``."""
     cfg = EagleConfig(target.config.hidden_size, target.config.vocab_size, head.draft_vocab, target_name,
-                      target_fingerprint(target))
+                      target_fingerprint(target), layer=head.layer_shape)
     FILES.save(out, cfg, head.state_dict())
 
 
@@ -290,9 +372,9 @@ def load_eagle(path: str | Path, target: Transformer, draft_vocab: int | None = 
     ids = read_draft_vocab(path, draft_vocab)
     tensors = FILES.read_weights(path)
     try:
-        head = EagleHead(target, tensors.get("vocab_ids"))
+        head = EagleHead(target, tensors.get("vocab_ids"), cfg.layer)
         head.load_state_dict(tensors)
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:
         raise CheckpointError(f"cannot read EAGLE drafter {path}: {str(exc).splitlines()[0]}") from None
     if ids is not None:
         head.restrict_vocab(ids)

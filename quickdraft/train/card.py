@@ -629,7 +629,10 @@ def training_and_data_sections(r: dict, out: Path) -> list[str]:
 def _before_header(r: dict) -> str:
     """The held-out table's extra column for heads trained on from ``--init``: the same
     held-out windows scored with the starting weights."""
-    return f" before (`--init {Path(r['init']['path']).name}`) |" if r.get("init_heldout_agreement") else ""
+    if not r.get("init_heldout_agreement"):
+        return ""
+    name = Path(r["init"]["path"]).name
+    return f" at the start (`{name}`'s own proposals) |" if r["init"].get("draft") else f" before (`--init {name}`) |"
 
 
 def init_line(r: dict) -> list[str]:
@@ -637,6 +640,11 @@ def init_line(r: dict) -> list[str]:
     init = r.get("init")
     if not init:
         return []
+    if init.get("draft"):
+        return [f"Started as the draft model `{init['path']}` (`model.safetensors` sha256 {init['sha256'][:12]}...): "
+                "its embedding, layer, final norm and LM head rows, with an fc that passed its embedding through "
+                "and ignored the feature, so that it proposed what the draft does; the held-out table scores that "
+                "start and the result on the same windows.", ""]
     return [f"Started from `{init['path']}` (`model.safetensors` sha256 {init['sha256'][:12]}...) and trained on "
             "from there: the held-out table scores both on the same windows.", ""]
 
@@ -726,16 +734,27 @@ def write_eagle_card(out: Path, r: dict) -> None:
              f"({r['draft_vocab_covers']:.1%} of it; the target's own LM head rows, frozen, stored here; "
              "`draft_vocab.json` ranks them, so `--draft-vocab N` drafts with the N most frequent)"
              if r["draft_vocab"] else "the target's own LM head (shared, not stored here)")
+    layer = r.get("layer")
+    if layer:
+        what = (f"fc([its own token embedding; the target's final hidden state of the previous token, mapped to "
+                f"{layer['hidden_size']} wide]) + one decoder layer {layer['hidden_size']} wide ({layer['n_heads']} "
+                f"heads, MLP {layer['intermediate_size']}), read by its own final norm and LM head rows over the "
+                f"{r['draft_vocab']:,} most frequent tokens of the training text ({r['draft_vocab_covers']:.1%} of it; "
+                "`draft_vocab.json` ranks them). It predicts the target's next token and drafts by feeding its own "
+                "outputs back")
+        loss = f"loss = sum over steps k of 0.8^k x {r['kl_weight']} x soft CE against the target"
+    else:
+        what = ("fc([token embedding; the target's final hidden state of the previous token]) + one decoder layer "
+                f"of the target's shape, read by the target's final norm and {vocab}. It predicts the target's next "
+                "feature and token, and drafts by feeding its own features back")
+        loss = (f"loss = sum over steps k of 0.8^k x ({r['reg_weight']} x SmoothL1(feature) + {r['kl_weight']} x "
+                "soft CE against the target)")
     lines = [
         f"# {out.name}",
         "",
         f"An EAGLE-style feature drafter for the target `{r['target']}` ({r['target_params']:,} parameters): "
-        "fc([token embedding; the target's final hidden state of the previous token]) + one decoder layer of the "
-        f"target's shape, read by the target's final norm and {vocab}. It predicts the target's next feature "
-        f"and token, and drafts by feeding its own features back. **{r['params']:,} parameters**, bf16 "
-        f"safetensors (trained in fp32); distilled from the frozen target with a training-time test of {r['ttt_steps']} unrolled "
-        f"steps, loss = sum over steps k of 0.8^k x ({r['reg_weight']} x SmoothL1(feature) + {r['kl_weight']} x "
-        f"soft CE against the target). {status}",
+        f"{what}. **{r['params']:,} parameters**, bf16 safetensors (trained in fp32); distilled from the frozen "
+        f"target with a training-time test of {r['ttt_steps']} unrolled steps, {loss}. {status}",
         "",
         "`config.json` records the target's name and fingerprint; `quickdraft generate --method eagle --heads "
         "THIS_DIR` uses it (a dynamic token tree verified by the target: output identical to the target's) and "

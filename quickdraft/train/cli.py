@@ -174,6 +174,11 @@ def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "directory) and train on with this run's data; an EAGLE drafter keeps its draft "
                         "vocabulary, widened by --draft-vocab N to include this text's N most frequent tokens "
                         "(default: fresh weights)")
+    p.add_argument("--from-draft", default=None, metavar="MODEL",
+                   help="eagle: a layer of this one-layer draft model's shape instead of the target's (e.g. "
+                        "qd-stdlib-draft: 256 wide against the target's 448), with its own embedding, norm and LM "
+                        "head rows, the target's features mapped to its width; it starts as the draft (the same "
+                        "proposals) and learns what the features add. A cheaper step; soft cross-entropy only")
     p.add_argument("--draft-vocab", type=non_negative_int, default=None, metavar="N",
                    help="eagle: its LM head scores the N most frequent tokens of the training text (default: "
                         "an eighth of the vocabulary, at least 1024; 0 = all)")

@@ -5,7 +5,9 @@ Self-distilled from the frozen target: per unrolled step ``k`` of the training-t
 drafter's output against the target's own final state there at unit RMS, EAGLE-1) plus soft
 cross-entropy against the target's distribution over the draft vocabulary, weighted
 ``0.8 ** k`` (EAGLE-3: deeper steps are less sure). The vocabulary for a reduced LM head is
-the most frequent tokens of the training text (:mod:`quickdraft.models.draft_vocab`).
+the most frequent tokens of the training text (:mod:`quickdraft.models.draft_vocab`). A
+drafter narrower than the target (``--from-draft``) has no target-width output to regress:
+soft cross-entropy alone, as in EAGLE-3.
 """
 
 from __future__ import annotations
@@ -51,10 +53,12 @@ def eagle_loss(head: EagleHead, target, tokens: torch.Tensor, t_logits: torch.Te
     total = features.new_zeros(())
     logs = {}
     for k, out in enumerate(head.unrolled(tokens, features, target, steps)):
-        reg = F.smooth_l1_loss(out[:, k:], unit_rms(features[:, k:]))  # the scale the drafter works at
         logp = F.log_softmax(head.sub_logits(out[:, k:], target).float(), dim=-1)
         ce = -(teacher[:, k:] * logp).sum(-1).mean()
-        total = total + STEP_DECAY ** k * (reg_weight * reg + ce_weight * ce)
+        loss = ce_weight * ce
+        if not head.own_width:  # a narrow layer's output is no target feature: nothing to regress
+            loss = loss + reg_weight * F.smooth_l1_loss(out[:, k:], unit_rms(features[:, k:]))  # the drafter's scale
+        total = total + STEP_DECAY ** k * loss
         logs[f"ce{k}"] = ce.item()
         # Top-1 agreement with the target (what greedy verification accepts): the soft CE
         # alone hides how much of it is the target's own entropy.

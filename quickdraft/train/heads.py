@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ..drafters.medusa import MedusaDrafter
 from ..machine import machine_info
 from ..models.draft_vocab import default_vocab_size, write_draft_vocab
-from ..models.eagle import EagleHead, is_eagle_dir, load_eagle, save_eagle
+from ..models.eagle import LAYER_FIELDS, EagleHead, is_eagle_dir, load_eagle, save_eagle
 from ..models.errors import CheckpointError
 from ..models.medusa import MedusaHeads, is_medusa_dir, load_medusa, save_medusa
 from ..models.registry import read_meta
@@ -180,11 +180,22 @@ def _student(args, target, tokens, log):
     from .eagle import eagle_agreement, frequent_tokens, make_eagle_loss, vocab_cover
 
     start, init = read_init(args.init, target, load_eagle) if args.init is not None else (None, None)
+    draft, layer = None, None if start is None else start.layer_shape
+    if getattr(args, "from_draft", None) is not None:
+        if start is not None:
+            raise TrainInputError("--from-draft starts a new EAGLE drafter; --init continues one: pass one of them")
+        draft, draft_dir, _ = load_native_teacher(args.from_draft)
+        layer = {name: getattr(draft.config, name) for name in LAYER_FIELDS}
+        init = {"path": str(args.from_draft), "draft": True,
+                "sha256": hashlib.sha256((draft_dir / "model.safetensors").read_bytes()).hexdigest()}
     if start is None:
         size = default_vocab_size(target.config.vocab_size) if args.draft_vocab is None else args.draft_vocab
         ids, covers = frequent_tokens(tokens.train, target.config.vocab_size, size)
     else:
         ids = start.vocab_ids
+        if start.own_width and args.draft_vocab:
+            raise TrainInputError(f"--draft-vocab: {args.init}'s LM head rows are its own, learned for its "
+                                  "tokens; it cannot widen them (drop --draft-vocab, or start anew)")
         if ids is not None and args.draft_vocab:  # widen: the rows are the target's, nothing learned is lost
             ids = torch.unique(torch.cat([ids, frequent_tokens(tokens.train, target.config.vocab_size,
                                                                args.draft_vocab)[0]]))
@@ -192,16 +203,24 @@ def _student(args, target, tokens, log):
         log(f"[train heads] starting from {args.init}")
     if ids is not None:
         log(f"[train heads] draft vocabulary: {ids.numel():,} tokens ({covers:.1%} of the training text)")
-    head = EagleHead(target, ids)
+    try:
+        head = EagleHead(target, ids, layer)
+        if draft is not None:
+            head.from_draft(draft, target)
+    except ValueError as exc:
+        raise TrainInputError(f"--from-draft {args.from_draft}: {exc}") from None
+    if draft is not None:
+        log(f"[train heads] a layer of the draft's shape ({draft.config.hidden_size} wide), starting as "
+            f"{args.from_draft}")
     head.copy_vocab_rows(target)
-    if start is not None:  # its own layers; the reduced head's rows (frozen) come from the target above
+    if start is not None:  # its own layers; a target-width head's rows (frozen) come from the target above
         state = head.state_dict()
-        state.update((k, v) for k, v in start.state_dict().items() if not k.startswith("vocab_"))
+        state.update((k, v) for k, v in start.state_dict().items() if head.own_width or not k.startswith("vocab_"))
         head.load_state_dict(state)
     return (head, make_eagle_loss(states, args.ttt_steps, args.reg_weight, args.kl_weight), save_eagle,
             load_eagle,
             lambda h: eagle_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens, args.ttt_steps),
-            {"ttt_steps": args.ttt_steps, "draft_vocab": 0 if ids is None else ids.numel(),
+            {"ttt_steps": args.ttt_steps, "layer": head.layer_shape, "draft_vocab": 0 if ids is None else ids.numel(),
              "draft_vocab_covers": covers, "reg_weight": args.reg_weight, "kl_weight": args.kl_weight, "init": init})
 
 
