@@ -17,6 +17,7 @@ from quickdraft.decoding.sampling import SamplingParams
 from quickdraft.drafters import DraftOptions, make_drafter
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.shapes import DynamicTree, StaticTree
+from quickdraft.drafters.shipped import HEADS_DIR
 from quickdraft.models.config import ModelConfig
 from quickdraft.models.eagle import EagleHead, load_eagle, save_eagle
 from quickdraft.models.loading import CheckpointError
@@ -25,32 +26,37 @@ from quickdraft.models.transformer import Transformer
 TARGET = tiny_lm(0, 3.0)
 
 
-def random_head(target: Transformer, vocab_ids=None, seed: int = 0, std: float = 0.3) -> EagleHead:
+def random_head(target: Transformer, vocab_ids=None, seed: int = 0, std: float = 0.3, layer=None) -> EagleHead:
     torch.manual_seed(seed)
-    head = EagleHead(target, vocab_ids)
+    head = EagleHead(target, vocab_ids, layer)
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0, std)
     return head.eval()
 
 
-def test_unrolled_training_steps_compute_what_drafting_computes():
+@pytest.mark.parametrize("layer", [None, {"hidden_size": 16, "n_heads": 2, "n_kv_heads": 1, "intermediate_size": 40}],
+                         ids=["target-width", "narrow"])
+def test_unrolled_training_steps_compute_what_drafting_computes(layer):
     """Step k at slot p of the training-time test == feeding slots 0..p-k with the target's
-    features, then a chain of k nodes each fed its parent's output, through the drafter's
-    KV cache and tree mask (grouped-query attention and a reduced vocabulary included)."""
+    features (mapped to the layer's width by ``from_target`` for a narrow drafter), then a
+    chain of k nodes each fed its parent's output, through the drafter's KV cache and tree
+    mask (grouped-query attention and a reduced vocabulary included)."""
     torch.manual_seed(0)
     cfg = ModelConfig(family="llama", model_type="llama", vocab_size=50, hidden_size=32, n_layers=2, n_heads=4,
                       n_kv_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=64)
     target = Transformer(cfg).eval()
-    head = random_head(target, torch.arange(0, 50, 2), std=0.2)
+    head = random_head(target, torch.arange(0, 50, 2), std=0.2, layer=layer)
     length, steps = 9, 4
     tokens, features = torch.randint(0, 50, (1, length)), torch.randn(1, length, 32)
     with torch.no_grad():
         unrolled = head.unrolled(tokens, features, target, steps)
+        mapped = head.from_target(features[0])
+        assert mapped.shape == (length, head.feature_size)
         for k in range(steps):
             for p in range(k, length):
                 cache, n = head.new_cache(32), p - k + 1
-                fed = torch.cat([torch.zeros(1, 32), features[0, : n - 1]])
+                fed = torch.cat([torch.zeros(1, head.feature_size), mapped[: n - 1]])
                 out = head.extend(tokens[0, :n], fed, target, cache, 0, 0)[-1]
                 for d in range(k):
                     slot = torch.tensor([n + d])
@@ -338,10 +344,13 @@ def test_a_greedy_chain_proposes_what_the_tree_loop_proposes(monkeypatch):
     assert [t for step in runs[0][0] for t in step] == plain
 
 
-def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch):
+@pytest.mark.parametrize("heads", [None, "qd-stdlib-target-eagle-wide"], ids=["shipped-256-wide", "448-wide"])
+def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch, heads):
     """``qd_eagle_chain`` feeds the accepted tokens and runs the chain's levels in C: the
     same tokens as the Python feed and levels (float rounding aside, which the argmax does
-    not see here), the same drafter cache, and greedy output stays plain decoding's."""
+    not see here), the same drafter cache, and greedy output stays plain decoding's; for
+    the shipped drafter at the draft model's width (its own embedding and norm) and for
+    the one of the target's width."""
     from quickdraft.decoding.engine import decode
     from quickdraft.decoding.stats import GenerationStats
     from quickdraft.decoding.stopping import StopConditions
@@ -352,7 +361,8 @@ def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch):
     if cpu_kernels.library() is None:
         pytest.skip("needs the compiled CPU kernels")
     pair = load_pair(None, need_draft=False)
-    head = load_eagle_head(pair.target, None)
+    head = load_eagle_head(pair.target, heads and str(HEADS_DIR / heads))
+    assert head.own_width == (heads is None)
     chained = EagleHead.greedy_chain
     runs = []
     for in_c in (True, False):

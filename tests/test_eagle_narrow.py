@@ -1,7 +1,7 @@
 """An EAGLE drafter narrower than its target (a draft model's shape, ``--from-draft``): it
-starts as the draft model it is built from, its unrolled training steps compute what its
-drafting computes, its C chain drafts what its Python levels draft, greedy output stays
-plain decoding's, and the trainer builds, saves and reloads it."""
+starts as the draft model it is built from, greedy output stays plain decoding's, and the
+trainer builds, saves and reloads it. (Its unrolled training steps against its drafting,
+and its C chain against its Python levels: ``tests/test_eagle.py``.)"""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ import torch
 from quickdraft.cli import main
 from quickdraft.drafters import DraftOptions
 from quickdraft.models.config import ModelConfig
-from quickdraft.models.eagle import EagleHead, load_eagle, save_eagle
+from quickdraft.models.eagle import EagleHead, load_eagle
 from quickdraft.models.transformer import Transformer
 
 NARROW = {"hidden_size": 16, "n_heads": 2, "n_kv_heads": 1, "intermediate_size": 40}
 
 
-def tiny(hidden: int, layers: int, heads: int, kv_heads: int, seed: int) -> Transformer:
+def tiny(hidden: int, layers: int, heads: int, kv_heads: int, seed: int, theta: float = 10000.0) -> Transformer:
     torch.manual_seed(seed)
     cfg = ModelConfig(family="llama", model_type="llama", vocab_size=50, hidden_size=hidden, n_layers=layers,
                       n_heads=heads, n_kv_heads=kv_heads, head_dim=8, intermediate_size=2 * hidden + 8,
-                      max_position_embeddings=64, tie_word_embeddings=True)
+                      max_position_embeddings=64, tie_word_embeddings=True, rope_theta=theta)
     model = Transformer(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -49,104 +49,29 @@ def test_a_narrow_drafter_starts_as_its_draft_model():
     assert head.layer_shape == NARROW and head.feature_size == 16 and head.draft_vocab == 50
     with pytest.raises(ValueError, match="one-layer draft model of its layer's shape"):
         head.from_draft(tiny(16, 2, 2, 1, 2), target)
+    with pytest.raises(ValueError, match="rope theta 500"):  # other positions: it would not be the draft
+        head.from_draft(tiny(16, 1, 2, 1, 2, theta=500.0), target)
     with pytest.raises(ValueError, match="heads of the target's 8"):
         EagleHead(target, None, {**NARROW, "n_heads": 4})
 
 
-def test_narrow_unrolled_steps_compute_what_drafting_computes():
-    """Step k at slot p of the training-time test == feeding slots 0..p-k with the target's
-    features mapped to the layer's width (``from_target``), then a chain of k nodes each fed
-    its parent's output at that width, through the drafter's KV cache and tree mask."""
-    target = tiny(32, 2, 4, 2, 0)
-    torch.manual_seed(3)
-    head = EagleHead(target, torch.arange(0, 50, 2), NARROW)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.normal_(0, 0.2)
-    head.eval()
-    length, steps = 9, 4
-    tokens, features = torch.randint(0, 50, (1, length)), torch.randn(1, length, 32)
-    with torch.no_grad():
-        unrolled = head.unrolled(tokens, features, target, steps)
-        mapped = head.from_target(features[0])
-        assert mapped.shape == (length, 16)
-        for k in range(steps):
-            for p in range(k, length):
-                cache, n = head.new_cache(32), p - k + 1
-                fed = torch.cat([torch.zeros(1, 16), mapped[: n - 1]])
-                out = head.extend(tokens[0, :n], fed, target, cache, 0, 0)[-1]
-                for d in range(k):
-                    slot = torch.tensor([n + d])
-                    mask = torch.ones(1, 1, n + d + 1, dtype=torch.bool)
-                    out = head.extend(tokens[0, n + d : n + d + 1], out[None], target, cache, slot, slot, mask)[0]
-                torch.testing.assert_close(out, unrolled[k][0, p], atol=1e-5, rtol=1e-4)
-    logits = head.logits(unrolled[0], target)
-    assert torch.isinf(logits[..., 1::2]).all() and torch.isfinite(logits[..., ::2]).all()
+def test_greedy_narrow_eagle_equals_plain_decoding_in_the_cli(capsys):
+    """The embedded target's shipped drafter (256 wide against 448): trees (the Python
+    levels with a tree mask) and the chain, through the CLI, and sampled trees' tokens."""
+    from quickdraft.drafters.eagle import shipped_eagle
+    from quickdraft.models.eagle import read_eagle_config
+    from quickdraft.models.lm import load_model
+    from quickdraft.models.loading import resolve_model_dir
 
-
-@pytest.fixture(scope="module")
-def embedded_narrow(tmp_path_factory):
-    """The embedded target's drafter built from the embedded draft, untrained (it proposes
-    the draft's tokens: accepted often, so the chain is exercised), saved as a directory."""
-    from quickdraft.train.exit_head import load_native_teacher
-
-    target = load_native_teacher("qd-stdlib-target")[0]
-    draft = load_native_teacher("qd-stdlib-draft")[0]
-    head = EagleHead(target, None, {name: getattr(draft.config, name) for name in NARROW})
-    head.from_draft(draft, target)
-    out = tmp_path_factory.mktemp("narrow")
-    save_eagle(head, target, "qd-stdlib-target", out)
-    return out
-
-
-def test_the_narrow_chain_in_one_call_drafts_what_its_python_levels_draft(embedded_narrow, monkeypatch):
-    """Beside the embedded target (448 wide) a 256-wide drafter: the C chain (its own
-    embedding and norm) drafts the Python levels' tokens, accepted as often, and greedy output
-    is plain decoding's either way."""
-    from quickdraft.decoding.engine import decode
-    from quickdraft.decoding.stats import GenerationStats
-    from quickdraft.decoding.stopping import StopConditions
-    from quickdraft.drafters.eagle import EagleDrafter, load_eagle_head
-    from quickdraft.drafters.shapes import StaticTree
-    from quickdraft.models import cpu_kernels
-    from quickdraft.pair import load_pair
-
-    if cpu_kernels.library() is None:
-        pytest.skip("needs the compiled CPU kernels")
-    pair = load_pair(None, need_draft=False)
-    head = load_eagle_head(pair.target, str(embedded_narrow))
-    assert head.own_width and head.feature_size == 256
-    chained = EagleHead.greedy_chain
-    prompt = torch.tensor(pair.tokenizer("import os\n\n\ndef walk(root):\n")["input_ids"])
-    plain = [t for s in decode(pair.target, prompt, StopConditions(64)) for t in s.tokens]
-    runs = []
-    for in_c in (True, False):
-        ran_in_c = []
-
-        def chain(self, *args, in_c=in_c, ran_in_c=ran_in_c):
-            tokens = chained(self, *args) if in_c else None
-            ran_in_c.append(tokens is not None)
-            return tokens
-
-        monkeypatch.setattr(EagleHead, "greedy_chain", chain)
-        stats = GenerationStats()
-        drafter = EagleDrafter(pair.target, head, StaticTree((1,) * 6, sample=False))
-        steps = list(decode(pair.target, prompt, StopConditions(64), drafter=drafter, num_speculative_tokens=6,
-                            stats=stats))
-        assert [t for step in steps for t in step.tokens] == plain
-        assert ran_in_c and all(ran_in_c) == in_c
-        runs.append(([s.tokens for s in steps], stats.mean_accepted_tokens))
-    assert runs[0] == runs[1] and runs[0][1] > 2
-
-
-def test_greedy_narrow_eagle_equals_plain_decoding_in_the_cli(embedded_narrow, capsys):
-    """Trees (the Python levels with a tree mask) and the default chain, through the CLI."""
+    shipped = shipped_eagle(load_model(resolve_model_dir("qd-stdlib-target")))
+    assert read_eagle_config(shipped).layer["hidden_size"] == 256
     common = ["generate", "--max-new-tokens", "48", "--json", "--prompt", "def median(values):\n"]
     assert main([*common, "--method", "ar"]) == 0
     plain = json.loads(capsys.readouterr().out)["token_ids"]
     for extra in (["--tree", "dynamic:6"], ["--tree", "2,2,1"], ["-k", "5"]):
-        assert main([*common, "--method", "eagle", "--heads", str(embedded_narrow), *extra]) == 0
-        assert json.loads(capsys.readouterr().out)["token_ids"] == plain
+        assert main([*common, "--method", "eagle", *extra]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["token_ids"] == plain and out["stats"]["mean_accepted_tokens"] > 1.5
 
 
 def test_train_heads_from_a_draft(tmp_path, capsys):

@@ -91,8 +91,10 @@ class EagleDrafter:
     @torch.inference_mode()
     def observe(self, slot: int, start: int, states: dict[int, torch.Tensor]) -> None:
         final = states[self.reads_hidden[0]]
-        with row_dependent_rounding():  # a narrow drafter's map to its width: its own rounding, as drafting's
-            self.features[start : start + final.shape[0]] = self.head.from_target(final)
+        if self.head.own_width:  # mapped to its width once here, with drafting's rounding
+            with row_dependent_rounding():
+                final = self.head.from_target(final)
+        self.features[start : start + final.shape[0]] = final
         self.known = start + final.shape[0]
         if self.fed == 0 and self.known >= self.prompt.numel():
             self._feed_prompt()

@@ -142,12 +142,13 @@ class EagleHead(nn.Module):
         ``fc`` that passes its embedding through and ignores the feature, so that before any
         training this drafter proposes what the draft model does. Training then learns what
         the target's features add."""
-        dc = draft.config
-        if not self.own_width or dc.n_layers != 1 or dc.vocab_size != target.config.vocab_size or any(
-                getattr(dc, name) != getattr(self.layer_config, name) for name in LAYER_FIELDS):
-            raise ValueError("an EAGLE drafter starts from a one-layer draft model of its layer's shape and the "
-                             f"target's vocabulary; this draft has {dc.n_layers} layers, width {dc.hidden_size}, "
-                             f"vocabulary {dc.vocab_size}")
+        dc, lc = draft.config, self.layer_config
+        same = ("vocab_size", "head_dim", "rope_theta", "rope_scaling", "family", *LAYER_FIELDS)  # lc has the target's rotary
+        if not self.own_width or dc.n_layers != 1 or any(getattr(dc, name) != getattr(lc, name) for name in same):
+            raise ValueError("an EAGLE drafter starts from a one-layer draft model of its layer's shape, with the "
+                             f"target's vocabulary and rotary positions; this draft has {dc.n_layers} layers, width "
+                             f"{dc.hidden_size}, vocabulary {dc.vocab_size}, heads of {dc.head_dim}, "
+                             f"rope theta {dc.rope_theta:g}")
         with torch.no_grad():
             self.embed.weight.copy_(draft.embed.weight)
             self.layer.load_state_dict(draft.layers[0].state_dict())
@@ -201,8 +202,9 @@ class EagleHead(nn.Module):
         """Feed, then ``n`` greedy draft tokens, in one C call (``cpu_kernels.eagle_chain``).
 
         The feed: ``feed_tokens`` ``[m]`` (m >= 1), each with the target's feature of the
-        token before it (``feed_features`` ``[m, feature_size]``, :meth:`from_target`'s), at positions ``start - m .. start -
-        1`` and cache slots ``slot - m ..`` (:meth:`extend`'s causal pass). Then
+        token before it through :meth:`from_target` (``feed_features`` ``[m, feature_size]``),
+        at positions ``start - m .. start - 1`` and cache slots ``slot - m ..``
+        (:meth:`extend`'s causal pass). Then
         :meth:`best_token` of its last output, and of each level fed the token before at
         positions ``start``, ``start + 1``, ... and slots ``slot``, ``slot + 1``, ...
         (default: the positions): what :meth:`extend` and :meth:`best_token` compute, up to
@@ -257,7 +259,7 @@ class EagleHead(nn.Module):
         """Inference: feed ``tokens`` ``[T]`` with ``features`` ``[T, feature_size]`` (the target's
         through :meth:`from_target`, or the drafter's own outputs) at ``positions``,
         keys into ``cache`` at ``slots`` (``mask`` ``[T, S]`` as in ``Transformer.forward``);
-        the outputs ``[T, H]``. Tokens and mask may be on the CPU (moved to the features'
+        the outputs ``[T, feature_size]``. Tokens and mask may be on the CPU (moved to the features'
         device); tensor positions and slots stay where they are (indices: on the CPU, their
         largest value is read without waiting for a GPU)."""
         tokens = tokens.to(features.device, non_blocking=True)
