@@ -13,6 +13,7 @@ from test_sampling_exact import empirical_pvalue, tiny_lm
 from test_trees_exact import MSSWithoutResidualUpdate
 
 from quickdraft.cli import main
+from quickdraft.decoding.drafter import EMPTY
 from quickdraft.decoding.sampling import SamplingParams
 from quickdraft.drafters import DraftOptions, make_drafter
 from quickdraft.drafters.eagle import EagleDrafter
@@ -68,17 +69,20 @@ def test_unrolled_training_steps_compute_what_drafting_computes(layer):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shape", [DynamicTree(4, branch=2), StaticTree((2, 2))], ids=["dynamic", "sampled"])
+@pytest.mark.parametrize("shape", [DynamicTree(4, branch=2), StaticTree((2, 2)), StaticTree((1, 1), sample=False)],
+                         ids=["dynamic", "sampled", "top-chain"])
 def test_sampled_eagle_trees_match_the_target_distribution(shape):
     """Dynamic trees have one-hot q; static trees sample from the drafter (q over a reduced
-    vocabulary, zero elsewhere): both exact under the engine's tree rule."""
+    vocabulary, zero elsewhere); a chain of top tokens (one-hot q) drafts blind before the
+    prefill too: all exact under the engine's tree rule."""
     drafter = EagleDrafter(TARGET, random_head(TARGET.model, torch.tensor([0, 1, 3])), shape)
     assert empirical_pvalue(TARGET, drafter, SamplingParams(temperature=1.0), n_samples=2000) > 1e-3
 
 
 @pytest.mark.slow
-def test_a_wrong_rule_fails_the_same_eagle_test():
-    drafter = EagleDrafter(TARGET, random_head(TARGET.model, torch.tensor([0, 1, 3])), StaticTree((2, 2)))
+@pytest.mark.parametrize("shape", [StaticTree((2, 2)), StaticTree((1, 1), sample=False)], ids=["sampled", "top-chain"])
+def test_a_wrong_rule_fails_the_same_eagle_test(shape):
+    drafter = EagleDrafter(TARGET, random_head(TARGET.model, torch.tensor([0, 1, 3])), shape)
     assert empirical_pvalue(TARGET, drafter, SamplingParams(temperature=1.0), MSSWithoutResidualUpdate,
                             n_samples=500) < 1e-6
 
@@ -327,6 +331,8 @@ def test_a_greedy_chain_proposes_what_the_tree_loop_proposes(monkeypatch):
     prompt = torch.tensor(pair.tokenizer("def median(values):\n")["input_ids"])
     scored = EagleHead.sub_logits
     monkeypatch.setattr(EagleHead, "greedy_chain", lambda *args: None)  # the chain's Python levels
+    # The tree loop has no blind first round (a chain's only): both start drafting after the prefill.
+    monkeypatch.setattr(EagleDrafter, "_draft_blind", lambda self, sequence, k: EMPTY)
     runs = []
     for fast in (True, False):
         seen: list[torch.Tensor] = []  # every drafter output its LM head scored, in order

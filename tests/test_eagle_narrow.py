@@ -137,3 +137,39 @@ def test_train_heads_from_a_draft(tmp_path, capsys):
     assert err.count("\n") == 1 and "one-layer draft model" in err
     assert train("again", "--init", str(tmp_path / "narrow"), "--draft-vocab", "8") == 2
     assert "rows are its own" in capsys.readouterr().err
+
+
+def test_the_first_round_drafts_blind_and_leaves_nothing_behind(monkeypatch):
+    """Before the prefill a chain drafts from the prompt with zero features and the prefill
+    pass verifies it: the first pass yields more than one token, greedy output stays plain
+    decoding's, and the prompt's slots in the drafter's cache end as the target's features
+    wrote them (the same as when the first round does not draft)."""
+    from quickdraft.decoding.drafter import EMPTY
+    from quickdraft.decoding.engine import decode
+    from quickdraft.decoding.stats import GenerationStats
+    from quickdraft.decoding.stopping import StopConditions
+    from quickdraft.drafters.eagle import EagleDrafter, load_eagle_head
+    from quickdraft.drafters.shapes import StaticTree
+    from quickdraft.pair import load_pair
+
+    pair = load_pair(None, need_draft=False)
+    head = load_eagle_head(pair.target, None)
+    firsts = []
+    for text in ("def median(values):\n", "for i in range(10):\n    print(i)\n"):
+        prompt = torch.tensor(pair.tokenizer(text)["input_ids"])
+        plain = [t for s in decode(pair.target, prompt, StopConditions(48)) for t in s.tokens]
+        runs = []
+        for blind in (True, False):
+            if not blind:
+                monkeypatch.setattr(EagleDrafter, "_draft_blind", lambda self, sequence, k: EMPTY)
+            stats = GenerationStats()
+            drafter = EagleDrafter(pair.target, head, StaticTree((1,) * 6, sample=False))
+            steps = list(decode(pair.target, prompt, StopConditions(48), drafter=drafter, num_speculative_tokens=6,
+                                stats=stats))
+            assert [t for s in steps for t in s.tokens] == plain
+            runs.append((stats.prefill_tokens, drafter.cache.k[..., : prompt.numel(), :].clone()))
+            monkeypatch.undo()
+        assert runs[1][0] == 1
+        torch.testing.assert_close(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-5)
+        firsts.append(runs[0][0])
+    assert max(firsts) > 1

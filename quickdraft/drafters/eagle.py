@@ -2,7 +2,9 @@
 a token tree, by default EAGLE-2's dynamic tree (``--tree dynamic:N``: the best N nodes by
 cumulative draft confidence); the engine verifies it in one pass with its exact tree rule.
 
-Each step the drafter first feeds the tokens the target accepted since the last step,
+Before the prefill (no features yet) a chain drafts from the prompt fed with zero
+features, and the prefill pass verifies it, as a draft model's first proposal is. Each
+step the drafter first feeds the tokens the target accepted since the last step,
 each with the target's own feature of the token before it (handed over by the hidden-state
 contract, :mod:`quickdraft.decoding.drafter`: no extra target pass), up to the step's new
 token; its output there scores the tree's first level. Tree nodes are then fed level by
@@ -116,10 +118,34 @@ class EagleDrafter:
     def propose(self, slots: Sequence[int], sequences: Sequence[torch.Tensor], ks: Sequence[int]) -> list[Proposal]:
         (k,) = ks  # one sequence: slot 0 (join refused any other)
         sequence = sequences[0]
-        # Drafting needs the feature of every token but the last: not before the prefill.
-        if k == 0 or self.shape.depth(k) == 0 or self.known < sequence.shape[0] - 1:
+        if k == 0 or self.shape.depth(k) == 0:
             return [EMPTY]
+        # Drafting needs the feature of every token but the last, which the prefill gives;
+        # before it, a chain drafts blind and rides in the prefill pass.
+        if self.known < sequence.shape[0] - 1:
+            return [self._draft_blind(sequence, k) if self.fed == 0 and self._greedy_chain() else EMPTY]
         return [self._draft(sequence, k)]
+
+    @torch.inference_mode()
+    @row_dependent_rounding()
+    def _draft_blind(self, sequence: torch.Tensor, k: int) -> Proposal:
+        """The first round's chain, before the target has seen the prompt: the prompt fed
+        with zero features (the feature of the first token's predecessor in training). A
+        draft model proposes there too, verified by the prefill pass; without this an EAGLE
+        drafter's first pass yielded one token, against the draft's 4-6 (embedded target,
+        chains of 8: the shipped drafter's first pass now 3.8 / 2.8 / 4.1 tokens, short /
+        long / out-of-domain; docs/heads/README.md, session 28). Its keys sit in the slots
+        the prompt's feed (``_feed_prompt``, after the prefill) writes again with the
+        target's features, so ``fed`` stays 0 and nothing of it outlives the round."""
+        n = sequence.shape[0]
+        offset = max(0, n - PROMPT_WINDOW)
+        zeros = self.features.new_zeros(n - offset, self.head.feature_size)
+        depth = self.shape.depth(k)
+        tokens = self.head.greedy_chain(sequence[offset:], zeros, depth, n, self.cache, self.target, n - offset)
+        if tokens is None:
+            out = self.head.extend(sequence[offset:], zeros, self.target, self.cache, offset, 0)
+            return self._chain(out[-1], n, n - offset, depth)
+        return self._chain_proposal(tokens)
 
     @torch.inference_mode()
     @row_dependent_rounding()  # the target decides what is accepted: the fastest kernels
