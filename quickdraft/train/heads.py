@@ -180,8 +180,9 @@ def _student(args, target, tokens, log):
     from .eagle import eagle_agreement, frequent_tokens, make_eagle_loss, vocab_cover
 
     start, init = read_init(args.init, target, load_eagle) if args.init is not None else (None, None)
-    draft, layer = None, None if start is None else start.layer_shape
-    if getattr(args, "from_draft", None) is not None:
+    draft = None
+    layer = None if start is None else start.layer_shape
+    if args.from_draft is not None:
         if start is not None:
             raise TrainInputError("--from-draft starts a new EAGLE drafter; --init continues one: pass one of them")
         draft, draft_dir, _ = load_native_teacher(args.from_draft)
@@ -207,11 +208,10 @@ def _student(args, target, tokens, log):
         head = EagleHead(target, ids, layer)
         if draft is not None:
             head.from_draft(draft, target)
+            log(f"[train heads] a layer of the draft's shape ({draft.config.hidden_size} wide), starting as "
+                f"{args.from_draft}")
     except ValueError as exc:
         raise TrainInputError(f"--from-draft {args.from_draft}: {exc}") from None
-    if draft is not None:
-        log(f"[train heads] a layer of the draft's shape ({draft.config.hidden_size} wide), starting as "
-            f"{args.from_draft}")
     head.copy_vocab_rows(target)
     if start is not None:  # its own layers; a target-width head's rows (frozen) come from the target above
         state = head.state_dict()
