@@ -104,9 +104,10 @@ def test_train_heads_from_a_draft(tmp_path, capsys):
                      "32", "--batch-size", "2", "--lr", "1e-2", "--warmup", "1", "--eval-tokens", "256",
                      "--threads", "1", "--probe-every", "0", "--no-progress", *extra])
 
-    assert train("narrow", "--from-draft", str(tmp_path / "draft"), "--draft-vocab", "0") == 0
+    assert train("narrow", "--from-draft", str(tmp_path / "draft"), "--draft-vocab", "0", "--blind-share", "0.5") == 0
     report = json.loads((tmp_path / "narrow" / "train_report.json").read_text())
     assert report["layer"]["hidden_size"] == 32 and report["init"]["draft"] and len(report["heldout_agreement"]) == 2
+    assert report["blind_share"] == 0.5
     assert "Started as the draft model" in (tmp_path / "narrow" / "README.md").read_text()
     target = load_native_teacher(str(tmp_path / "target"))[0]
     draft = load_native_teacher(str(tmp_path / "draft"))[0]
@@ -137,6 +138,8 @@ def test_train_heads_from_a_draft(tmp_path, capsys):
     assert err.count("\n") == 1 and "one-layer draft model" in err
     assert train("again", "--init", str(tmp_path / "narrow"), "--draft-vocab", "8") == 2
     assert "rows are its own" in capsys.readouterr().err
+    assert train("again", "--init", str(tmp_path / "narrow"), "--blind-share", "1") == 2
+    assert "--blind-share 1.0: a share of the windows" in capsys.readouterr().err
 
 
 def test_the_first_round_drafts_blind_and_leaves_nothing_behind(monkeypatch):
@@ -173,3 +176,24 @@ def test_the_first_round_drafts_blind_and_leaves_nothing_behind(monkeypatch):
         torch.testing.assert_close(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-5)
         firsts.append(runs[0][0])
     assert max(firsts) > 1
+
+
+def test_blind_windows_read_zero_features():
+    """``--blind-share``: a blind window's loss does not depend on the target's features
+    (it is read with zero ones, as the first round drafts), a seeing window's does."""
+    from quickdraft.train.eagle import eagle_loss
+
+    target = tiny(32, 2, 4, 2, 0)
+    head = EagleHead(target, None, NARROW)
+    torch.manual_seed(5)
+    tokens, t_logits, features = torch.randint(0, 50, (2, 10)), torch.randn(2, 10, 50), torch.randn(2, 10, 32)
+    blind = torch.tensor([True, False])
+
+    def loss(f):
+        return float(eagle_loss(head, target, tokens, t_logits, f, 2, 0.5, 1.0, blind)[0])
+
+    moved = [features.clone(), features.clone()]
+    moved[0][0] += torch.randn(10, 32)
+    moved[1][1] += torch.randn(10, 32)
+    assert loss(moved[0]) == pytest.approx(loss(features), abs=1e-6)
+    assert loss(moved[1]) != pytest.approx(loss(features), abs=1e-4)

@@ -749,6 +749,9 @@ def write_eagle_card(out: Path, r: dict) -> None:
                 "feature and token, and drafts by feeding its own features back")
         loss = (f"loss = sum over steps k of 0.8^k x ({r['reg_weight']} x SmoothL1(feature) + {r['kl_weight']} x "
                 "soft CE against the target)")
+    if r.get("blind_share"):
+        loss += (f", {r['blind_share']:.0%} of the windows read with zero features (as a chain drafts in the first "
+                 "round, before the prefill)")
     lines = [
         f"# {out.name}",
         "",

@@ -167,6 +167,9 @@ def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="prophet: a bias-free linear map of the states even at the target's width")
     p.add_argument("--ttt-steps", type=positive_int, default=5,
                    help="eagle: training-time test, steps unrolled on the drafter's own features (default 5)")
+    p.add_argument("--blind-share", type=float, default=0.0, metavar="P",
+                   help="eagle: the share of windows read with zero features, as a chain drafts in the first "
+                        "round, before the prefill has made the prompt's features (default 0)")
     p.add_argument("--reg-weight", type=float, default=0.5,
                    help="eagle: weight of the SmoothL1 feature regression (default 0.5)")
     p.add_argument("--init", type=Path, default=None, metavar="DIR",

@@ -46,13 +46,17 @@ def teacher_probs(head: EagleHead, t_logits: torch.Tensor) -> torch.Tensor:
 
 
 def eagle_loss(head: EagleHead, target, tokens: torch.Tensor, t_logits: torch.Tensor, features: torch.Tensor,
-               steps: int, reg_weight: float, ce_weight: float) -> tuple[torch.Tensor, dict[str, float]]:
+               steps: int, reg_weight: float, ce_weight: float, blind: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, dict[str, float]]:
     """The weighted loss of ``steps`` unrolled steps over windows ``tokens`` ``[B, T]``, with
-    the target's logits and final states there; and each step's soft CE for the log."""
+    the target's logits and final states there; and each step's soft CE for the log.
+    ``blind`` ``[B]``: windows the drafter reads with zero features, as the first round
+    drafts before the prefill (their targets stay the target's)."""
     teacher = teacher_probs(head, t_logits)
     total = features.new_zeros(())
     logs = {}
-    for k, out in enumerate(head.unrolled(tokens, features, target, steps)):
+    inputs = features if blind is None else features.masked_fill(blind[:, None, None], 0.0)
+    for k, out in enumerate(head.unrolled(tokens, inputs, target, steps)):
         logp = F.log_softmax(head.sub_logits(out[:, k:], target).float(), dim=-1)
         ce = -(teacher[:, k:] * logp).sum(-1).mean()
         loss = ce_weight * ce
@@ -66,12 +70,15 @@ def eagle_loss(head: EagleHead, target, tokens: torch.Tensor, t_logits: torch.Te
     return total, logs
 
 
-def make_eagle_loss(states, steps: int, reg_weight: float, ce_weight: float):
-    """The trainer's ``loss_fn`` (``states``: :class:`~quickdraft.train.heads.TargetStates`)."""
+def make_eagle_loss(states, steps: int, reg_weight: float, ce_weight: float, blind_share: float = 0.0):
+    """The trainer's ``loss_fn`` (``states``: :class:`~quickdraft.train.heads.TargetStates`);
+    ``blind_share`` of the windows, drawn each step, are read with zero features."""
     def loss_fn(head: EagleHead, batch: torch.Tensor):
         tokens = batch[:, :-1]
         t_logits, features = states(tokens)
-        return eagle_loss(head, states.target, tokens, t_logits, features, steps, reg_weight, ce_weight)
+        blind = torch.rand(tokens.shape[0]) < blind_share if blind_share > 0 else None
+        return eagle_loss(head, states.target, tokens, t_logits, features, steps, reg_weight, ce_weight,
+                          None if blind is None else blind.to(features.device))
 
     return loss_fn
 

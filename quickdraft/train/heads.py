@@ -179,6 +179,8 @@ def _student(args, target, tokens, log):
                 {"num_heads": heads.num_heads, "kl_weight": args.kl_weight, "ce_weight": args.ce_weight, "init": init})
     from .eagle import eagle_agreement, frequent_tokens, make_eagle_loss, vocab_cover
 
+    if not 0 <= args.blind_share < 1:
+        raise TrainInputError(f"--blind-share {args.blind_share}: a share of the windows, at least 0 and below 1")
     start, init = read_init(args.init, target, load_eagle) if args.init is not None else (None, None)
     draft = None
     layer = None if start is None else start.layer_shape
@@ -217,11 +219,12 @@ def _student(args, target, tokens, log):
         state = head.state_dict()
         state.update((k, v) for k, v in start.state_dict().items() if head.own_width or not k.startswith("vocab_"))
         head.load_state_dict(state)
-    return (head, make_eagle_loss(states, args.ttt_steps, args.reg_weight, args.kl_weight), save_eagle,
+    return (head, make_eagle_loss(states, args.ttt_steps, args.reg_weight, args.kl_weight, args.blind_share), save_eagle,
             load_eagle,
             lambda h: eagle_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens, args.ttt_steps),
             {"ttt_steps": args.ttt_steps, "layer": head.layer_shape, "draft_vocab": 0 if ids is None else ids.numel(),
-             "draft_vocab_covers": covers, "reg_weight": args.reg_weight, "kl_weight": args.kl_weight, "init": init})
+             "draft_vocab_covers": covers, "reg_weight": args.reg_weight, "kl_weight": args.kl_weight, "blind_share": args.blind_share,
+             "init": init})
 
 
 def run_train_heads(args, command: str, log=print) -> int:
