@@ -190,7 +190,7 @@ def test_blind_windows_read_zero_features():
     blind = torch.tensor([True, False])
 
     def loss(f):
-        return float(eagle_loss(head, target, tokens, t_logits, f, 2, 0.5, 1.0, blind)[0])
+        return eagle_loss(head, target, tokens, t_logits, f, 2, 0.5, 1.0, blind)[0].item()
 
     moved = [features.clone(), features.clone()]
     moved[0][0] += torch.randn(10, 32)
