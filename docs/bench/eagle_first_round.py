@@ -11,14 +11,14 @@ chain of k, greedy, 128 tokens. Deterministic: no timing.
 """
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from quickdraft.generator import DraftOptions, SpeculativeGenerator  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from eagle_vs_draft import bench_prompts, generators  # noqa: E402
 
 
 def main() -> None:
@@ -28,14 +28,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--heads", nargs="*", default=[], help="more EAGLE drafter directories")
     args = parser.parse_args()
-    chain = ",".join(["1"] * args.k)
-    gens = {"draft": SpeculativeGenerator.from_pretrained(method="draft"),
-            "eagle": SpeculativeGenerator.from_pretrained(method="eagle", options=DraftOptions(tree=chain))}
-    for path in args.heads:
-        gens[f"eagle:{Path(path).name}"] = SpeculativeGenerator.from_pretrained(
-            method="eagle", options=DraftOptions(tree=chain, heads=path))
+    gens = generators(args.k, args.heads)
     for category in args.categories.split(","):
-        prompts = [json.loads(line) for line in open(ROOT / "quickdraft" / "assets" / "bench" / f"{category}.jsonl")]
+        prompts = bench_prompts(category)
         cells = []
         for name, gen in gens.items():
             stats = [gen.generate(p["prompt"], max_new_tokens=args.max_new_tokens, num_speculative_tokens=args.k).stats

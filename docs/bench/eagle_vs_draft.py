@@ -29,6 +29,21 @@ def geomean(values: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
+def generators(k: int, heads: list[str]) -> dict[str, SpeculativeGenerator]:
+    """The draft model, the shipped EAGLE drafter and each of ``heads`` as chains of ``k``."""
+    chain = ",".join(["1"] * k)
+    gens = {"draft": SpeculativeGenerator.from_pretrained(method="draft"),
+            "eagle": SpeculativeGenerator.from_pretrained(method="eagle", options=DraftOptions(tree=chain))}
+    for path in heads:
+        gens[f"eagle:{Path(path).name}"] = SpeculativeGenerator.from_pretrained(
+            method="eagle", options=DraftOptions(tree=chain, heads=path))
+    return gens
+
+
+def bench_prompts(category: str) -> list[dict]:
+    return [json.loads(line) for line in open(ROOT / "quickdraft" / "assets" / "bench" / f"{category}.jsonl")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--k", type=int, default=8)
@@ -37,17 +52,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--heads", nargs="*", default=[], help="more EAGLE drafter directories")
     args = parser.parse_args()
-    chain = ",".join(["1"] * args.k)
-    gens = {"ar": SpeculativeGenerator.from_pretrained(method="ar"),
-            "draft": SpeculativeGenerator.from_pretrained(method="draft"),
-            "eagle": SpeculativeGenerator.from_pretrained(method="eagle", options=DraftOptions(tree=chain))}
-    for path in args.heads:
-        gens[f"eagle:{Path(path).name}"] = SpeculativeGenerator.from_pretrained(
-            method="eagle", options=DraftOptions(tree=chain, heads=path))
+    gens = {"ar": SpeculativeGenerator.from_pretrained(method="ar"), **generators(args.k, args.heads)}
     eagles = [m for m in gens if m.startswith("eagle")]
     rng = random.Random(0)
     for category in args.categories.split(","):
-        prompts = [json.loads(line) for line in open(ROOT / "quickdraft" / "assets" / "bench" / f"{category}.jsonl")]
+        prompts = bench_prompts(category)
         times = {m: {p["id"]: [] for p in prompts} for m in gens}
         tau = {m: [] for m in gens}
         for r in range(args.rounds):
