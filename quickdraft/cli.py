@@ -344,7 +344,9 @@ def add_placement_options(parser: argparse.ArgumentParser, device_help: str = ""
     parser.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
                         help="weights, KV caches and activations: auto (default: float32 on CPU, "
                         "bfloat16 on CUDA), float32, bfloat16 or float16; acceptance probabilities "
-                        "are float32 whatever this is")
+                        "are float32 whatever this is. bfloat16 on a CPU with AVX512_BF16 (Zen 4, Sapphire "
+                        "Rapids): bfloat16 weights and matrix-product inputs, float32 sums, norms, attention "
+                        "and KV cache (fast, exactly lossless; docs/quantization.md)")
     parser.add_argument("--quantize", default="auto", choices=QUANTIZE_CHOICES,
                         help="how the linears' weights are stored (CPU, float32 compute): auto (default: "
                         "a GGUF file's own Q4_0/Q4_1 blocks as int4 and Q8_0 blocks and head as int8, where the "

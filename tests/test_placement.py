@@ -1,5 +1,6 @@
 """--device / --dtype: resolved in one place, refused in one line, and bfloat16 decoding on
-the CPU (slow but correct) is lossless against bfloat16 plain decoding."""
+the CPU is lossless against bfloat16 plain decoding (with our bfloat16 products where the
+CPU has AVX512_BF16, tests/test_bf16_products.py; else PyTorch's bfloat16 ops)."""
 
 import pytest
 import torch
@@ -10,6 +11,8 @@ from quickdraft.decoding.sampling import SamplingParams
 from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftModelDrafter
 from quickdraft.generator import SpeculativeGenerator
+from quickdraft.models import cpu_kernels
+from quickdraft.models.decode_linear import DecodeLinear
 from quickdraft.models.lm import load_model
 from quickdraft.models.placement import Placement, PlacementError, resolve_placement
 
@@ -51,20 +54,41 @@ def test_cuda_without_cuda_is_one_line_with_the_fix(capsys):
         SpeculativeGenerator.from_pretrained(device="cuda")
 
 
-def test_bf16_weights_cache_and_logits(tiny_family):
+def test_bf16_weights_cache_and_logits_on_pytorch_ops(tiny_family, monkeypatch):
+    """A CPU without AVX512_BF16 (or without our kernels): the model is bfloat16 throughout."""
+    monkeypatch.setattr(cpu_kernels, "bf16_products_supported", lambda: False)
     lm = load_model(tiny_family["target"], placement=BF16)
     assert lm.model.embed.weight.dtype == torch.bfloat16 and not lm.decode_linears
     logits = lm.extend(torch.tensor([1, 2, 3]))
     assert lm.cache.k.dtype == torch.bfloat16 and logits.dtype == torch.bfloat16
 
 
+@pytest.mark.skipif(not cpu_kernels.bf16_products_supported(), reason="this CPU lacks AVX512_BF16")
+def test_bf16_on_our_products(tiny_family):
+    """With AVX512_BF16: weights rounded to bfloat16 (kept as float32 tensors), the products'
+    inputs rounded too, the cache, norms and logits float32."""
+    lm = load_model(tiny_family["target"], placement=BF16)
+    weight = lm.model.embed.weight
+    assert lm.model.bf16_products and lm.decode_linears
+    assert weight.dtype == torch.float32 and torch.equal(weight.bfloat16().float(), weight)
+    assert {m.kind for m in lm.model.modules() if isinstance(m, DecodeLinear)} == {"bf16dp"}
+    logits = lm.extend(torch.tensor([1, 2, 3]))
+    assert lm.cache.k.dtype == torch.float32 and logits.dtype == torch.float32
+
+
+def computes_in_bf16(model) -> bool:
+    """PyTorch's bfloat16 ops, or our bfloat16 products (test_bf16_products.py)."""
+    return model.embed.weight.dtype == torch.bfloat16 or getattr(model, "bf16_products", False)
+
+
 def plain(target, ids, n):
     return [t for s in decode(target, ids, StopConditions(n)) for t in s.tokens]
 
 
-#: bfloat16 keeps 8 significant bits: a k+1-row verify pass and a one-row step may round a
-#: logit differently (the CPU's bf16 matmul kernels depend on the row count), so two logits
-#: closer than this may swap order. float32 is exact (tests/test_engine.py).
+#: bfloat16 keeps 8 significant bits: on PyTorch's bfloat16 ops a k+1-row verify pass and a
+#: one-row step may round a logit differently (the CPU's bf16 matmul kernels depend on the
+#: row count), so two logits closer than this may swap order. float32 and our bfloat16
+#: products are exact (tests/test_engine.py, tests/test_bf16_products.py).
 NEAR_TIE = 0.25
 
 
@@ -106,7 +130,7 @@ def test_bf16_methods_equal_bf16_plain_through_the_api(tiny_family, method):
     ar = SpeculativeGenerator.from_pretrained(tiny_family["target"], method="ar", dtype="bfloat16")
     gen = SpeculativeGenerator.from_pretrained(tiny_family["target"], tiny_family["perturbed"], method=method,
                                                dtype="bfloat16")
-    assert gen.target.model.embed.weight.dtype == torch.bfloat16
+    assert computes_in_bf16(gen.target.model)
     for prompt in PROMPTS:
         want = ar.generate(prompt, max_new_tokens=40).token_ids
         got = gen.generate(prompt, max_new_tokens=40, num_speculative_tokens=4).token_ids

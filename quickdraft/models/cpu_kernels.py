@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 SOURCES = tuple(Path(__file__).with_name("kernels") / name
-                for name in ("qmatmul.c", "qmatmul_avx512.c", "drafter_q8.c", "layer_ops.c"))
+                for name in ("qmatmul.c", "qmatmul_avx512.c", "drafter_q8.c", "bf16_products.c", "layer_ops.c"))
 HEADERS = tuple(Path(__file__).with_name("kernels") / name for name in ("qmatmul.h", "q8a8.h"))
 # -ffp-contract=off: the compiler must not fuse or reorder float operations differently in
 # the row-count specializations, so every row rounds alike (see the source's comment).
@@ -102,6 +102,8 @@ def library() -> ctypes.CDLL | None:
     lib.qd_f16_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_q8c_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_vnni_supported.restype = ctypes.c_int
+    lib.qd_bf16dp_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
+    lib.qd_bf16dp_supported.restype = ctypes.c_int
     lib.qd_rms_norm.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr]
     lib.qd_silu_mul.argtypes = [_ptr, _c_int64, _c_int64, _ptr]
     lib.qd_attend.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64,
@@ -122,7 +124,7 @@ def library() -> ctypes.CDLL | None:
     lib.qd_eagle_chain.argtypes = [_ptr, _c_float, _c_int64, _ptr, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                    _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr,
                                    _c_int64, _ptr, _ptr, _ptr, _c_int64, _ptr, _c_int64, _c_int]
-    for fn in (lib.qd_eagle_chain, lib.qd_greedy_chain, lib.qd_block, lib.qd_blocks, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_q8c_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
+    for fn in (lib.qd_eagle_chain, lib.qd_greedy_chain, lib.qd_block, lib.qd_blocks, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_q8c_matmul, lib.qd_bf16dp_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
         fn.restype = None
     return lib
 
@@ -185,6 +187,24 @@ def half_matmul(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return y
 
 
+def bf16_products_supported() -> bool:
+    """Whether :func:`bf16_products` runs here (our kernels, AVX512_BF16)."""
+    lib = library()
+    return lib is not None and bool(lib.qd_bf16dp_supported())
+
+
+def bf16_products(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``bf16(x) @ W.T`` with float32 sums, ``x`` float32 ``[M, K]`` rounded to bfloat16
+    first, ``W`` bfloat16 ``[N, K]``, ``K % 32 == 0`` (``kernels/bf16_products.c``): what
+    ``--dtype bfloat16`` multiplies with on a CPU that has AVX512_BF16. Each row rounded alike
+    whatever ``M``. Needs :func:`bf16_products_supported`."""
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    library().qd_bf16dp_matmul(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0],
+                               y.data_ptr(), torch.get_num_threads())
+    return y
+
+
 def drafter_int8_supported() -> bool:
     """Whether :func:`drafter_q8_matmul` runs here (our kernels, AVX-512 VNNI)."""
     lib = library()
@@ -231,7 +251,7 @@ class LinearSpec(ctypes.Structure):
 
 
 #: ``LinearSpec.kind`` of each weight format.
-LINEAR_KINDS = {"f32": 0, "q8": 1, "q4": 2, "bf16": 3, "f16": 4, "q8c": 5}
+LINEAR_KINDS = {"f32": 0, "q8": 1, "q4": 2, "bf16": 3, "f16": 4, "q8c": 5, "bf16dp": 6}
 
 
 def linear_spec(kind: str, out_features: int, in_features: int, q: torch.Tensor, scale: torch.Tensor | None = None,
@@ -239,7 +259,8 @@ def linear_spec(kind: str, out_features: int, in_features: int, q: torch.Tensor,
     """A ``LinearSpec`` pointing at these tensors (the layer that owns them must outlive it):
     ``kind`` ``f32`` / ``bf16`` / ``f16`` (``q`` is the weight in that format), ``q8`` or
     ``q4`` (as :func:`q8_matmul` / :func:`q4_matmul` take them), ``q8c`` (a drafter's, as
-    :func:`drafter_q8_matmul` takes it)."""
+    :func:`drafter_q8_matmul` takes it), ``bf16dp`` (a bfloat16 weight that
+    :func:`bf16_products` multiplies)."""
     def ptr(t: torch.Tensor | None) -> int | None:
         return None if t is None else t.data_ptr()
 

@@ -77,7 +77,7 @@ class PackedWeightsError(ValueError):
 class DecodeLinear(nn.Module):
     """Drop-in inference replacement for ``nn.Linear`` on CPU (see the module docstring)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, bf16_products: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         weight = linear.weight.detach()
@@ -103,6 +103,9 @@ class DecodeLinear(nn.Module):
                 if torch.equal(narrow.float(), self.exact_weight):
                     self.exact_weight, self.kind = narrow, kind
                     break
+            # A bfloat16 model on the CPU (loading.build_native): bfloat16 inputs too.
+            if bf16_products and self.kind == "bf16" and cpu_kernels.bf16_products_supported():
+                self.kind = "bf16dp"
         else:
             # An opaque oneDNN tensor, not a parameter: state_dict and .to() never see it.
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), None)
@@ -118,7 +121,8 @@ class DecodeLinear(nn.Module):
             # (the static step stays eager on the CPU), it only has to be one graph.
             return torch.nn.functional.linear(x, self.exact_weight.float(), self.bias)
         if self.exact_weight is not None:
-            product = cpu_kernels.f32_matmul if self.kind == "f32" else cpu_kernels.half_matmul
+            product = {"f32": cpu_kernels.f32_matmul, "bf16dp": cpu_kernels.bf16_products}.get(
+                self.kind, cpu_kernels.half_matmul)
             y = product(x.reshape(-1, self.in_features), self.exact_weight)
             y = y.view(*x.shape[:-1], self.out_features)
             return y if self.bias is None else y + self.bias
@@ -196,14 +200,16 @@ def use_decode_linears(model: nn.Module) -> bool:
     Returns whether the model now has CPU decode kernels: decode linears (none on other
     devices or dtypes, nor on builds without oneDNN; swapping twice is harmless) or
     quantized linears (``quant_linear``), which are row-invariant too. Tied weights get
-    their own packed copy; the embedding keeps its own.
+    their own packed copy; the embedding keeps its own. A model marked ``bf16_products``
+    (``loading.build_native``) multiplies bfloat16-rounded inputs.
     """
     if not onednn_linear_available():
         return False
+    bf16 = getattr(model, "bf16_products", False)
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.weight.device.type == "cpu" and child.weight.dtype == torch.float32:
-                setattr(parent, name, DecodeLinear(child))
+                setattr(parent, name, DecodeLinear(child, bf16))
     return any(isinstance(m, (DecodeLinear, WeightOnlyLinear)) for m in model.modules())
 
 

@@ -386,10 +386,12 @@ void qd_bf16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int
 void qd_f16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads);
 void qd_q8c_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N, float *y,
                    int threads);
+void qd_bf16dp_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads);
 
 /* One linear layer's weights: kind 0 float32 [out, in], 1 int8 groups (+ scale), 2 int4
  * groups (+ scale, zero), 3 bfloat16 [out, in], 4 float16 [out, in], 5 a drafter's int8
- * (+ a scale per row: drafter_q8.c); bias may be NULL. */
+ * (+ a scale per row: drafter_q8.c), 6 bfloat16 [out, in] times bfloat16-rounded x
+ * (bf16_products.c); bias may be NULL. */
 typedef struct {
     int64_t kind, in, out;
     const void *q;
@@ -407,6 +409,8 @@ static void linear(const QdLinear *l, const float *x, int64_t m, float *y, int t
         qd_f16_matmul(x, m, l->in, (const uint16_t *)l->q, l->out, y, threads);
     else if (l->kind == 5)
         qd_q8c_matmul(x, m, l->in, (const int8_t *)l->q, l->scale, l->out, y, threads);
+    else if (l->kind == 6)
+        qd_bf16dp_matmul(x, m, l->in, (const uint16_t *)l->q, l->out, y, threads);
     else
         qd_q4_matmul(x, m, l->in, (const uint8_t *)l->q, l->scale, l->zero, l->out, y, threads);
     if (l->bias)
