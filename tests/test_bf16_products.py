@@ -85,3 +85,18 @@ def test_sampling_on_bf16_products_matches_the_target_and_a_wrong_rule_fails():
     params = SamplingParams(temperature=1.0)
     assert empirical_pvalue(target, drafter, params, n_samples=2000) > 1e-3
     assert empirical_pvalue(target, drafter, params, NoResidual, n_samples=2000) < 1e-6
+
+
+def test_a_float32_target_keeps_its_fingerprint_and_storage_sharing_in_bf16(tiny_family):
+    """Heads are found for a target by a fingerprint of bfloat16-rounded weights, so a
+    float32 checkpoint's heads still load when it runs ``--dtype bfloat16``; rounding
+    leaves alone a tensor that is rounded already (a draft's shared embedding keeps its
+    storage, tests/test_shared_embed.py)."""
+    from quickdraft.models.exit_head import target_fingerprint
+    from quickdraft.models.lm import load_model
+    from quickdraft.models.placement import resolve_placement
+
+    fp32 = load_model(tiny_family["target"]).model
+    bf16 = load_model(tiny_family["target"], placement=resolve_placement("cpu", "bfloat16")).model
+    assert not torch.equal(fp32.embed.weight.bfloat16().float(), fp32.embed.weight)  # float32 values
+    assert target_fingerprint(fp32) == target_fingerprint(bf16)

@@ -125,3 +125,23 @@ def test_a_mismatched_target_or_none_is_refused_in_one_line(trained, capsys):
                      "--method", "draft", "--max-new-tokens", "4", "--prompt", "def"]) != 0
     err = capsys.readouterr().err.strip()
     assert "shares the embeddings" in err and "Traceback" not in err and "\n" not in err
+
+
+def test_the_pair_loads_in_bfloat16_and_stays_lossless(trained):
+    """``--dtype bfloat16`` rounds the target's embedding: the draft's record knows that
+    rounding too, so the pair loads (sharing the rounded tensor) and another target is still
+    refused."""
+    from quickdraft.generator import SpeculativeGenerator
+    from quickdraft.models.errors import CheckpointError
+    from quickdraft.models.placement import resolve_placement
+    from quickdraft.pair import load_pair
+
+    spec = SpeculativeGenerator.from_pretrained(str(trained / "target"), draft=str(trained / "draft"),
+                                                method="draft", dtype="bfloat16")
+    assert spec.draft.model.embed.weight.data_ptr() == spec.target.model.embed.weight.data_ptr()
+    plain = SpeculativeGenerator.from_pretrained(str(trained / "target"), method="ar", dtype="bfloat16")
+    ours = spec.generate("def total", max_new_tokens=24, num_speculative_tokens=3)
+    assert ours.token_ids == plain.generate("def total", max_new_tokens=24).token_ids
+    with pytest.raises(CheckpointError, match="shares the embeddings"):
+        load_pair(str(trained / "other"), str(trained / "draft"), True, "native",
+                  placement=resolve_placement("cpu", "bfloat16"))

@@ -62,13 +62,15 @@ class ExitHeadConfig:
 def target_fingerprint(model: Transformer) -> str:
     """A short content hash of a target: its shape and a few of its weights (embedding rows
     and norms, which the CPU decode kernels leave in place), so the same weights give the
-    same fingerprint wherever they are stored."""
+    same fingerprint wherever they are stored. The weights are hashed rounded to bfloat16,
+    so the target loaded ``--dtype bfloat16`` keeps its heads (for a bfloat16 checkpoint,
+    such as the embedded models, the rounding changes nothing)."""
     cfg = model.config
     h = hashlib.sha256(json.dumps([cfg.family, cfg.n_layers, cfg.hidden_size, cfg.vocab_size]).encode())
     with torch.no_grad():
         for t in (model.embed.weight[:8], model.embed.weight[-8:], model.norm.weight,
                   model.layers[-1].mlp_norm.weight):
-            h.update(t.detach().to(torch.float32).cpu().contiguous().numpy().tobytes())
+            h.update(t.detach().to(torch.bfloat16).to(torch.float32).cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:16]
 
 

@@ -310,7 +310,12 @@ def build_native(
     if missing:
         raise CheckpointError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")
     if cpu_bf16_products(dtype, device):
-        model = model.to(torch.bfloat16).float()
+        model = model.float()
+        with torch.no_grad():
+            for param in model.parameters():
+                rounded = param.to(torch.bfloat16).float()
+                if not torch.equal(rounded, param):  # (a tensor shared with a target is already rounded)
+                    param.data = rounded
         model.bf16_products = True
         return model.eval().requires_grad_(False)
     return model.to(dtype).to(device).eval().requires_grad_(False)

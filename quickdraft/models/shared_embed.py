@@ -30,9 +30,12 @@ def fingerprint(weight: torch.Tensor) -> str:
 
 
 def shared_spec(target_weight: torch.Tensor, target_name: str) -> dict:
-    """What a draft's ``quickdraft.json`` records under :data:`SHARED_KEY`."""
+    """What a draft's ``quickdraft.json`` records under :data:`SHARED_KEY`: the tensor's
+    fingerprint, and that of its bfloat16 rounding (the target loaded ``--dtype bfloat16``
+    holds that one; the draft then takes the rounded tensor, as the target computes with it)."""
     return {"from": "target", "target": target_name, "tensor": EMBED_NAME,
-            "shape": list(target_weight.shape), "sha256": fingerprint(target_weight)}
+            "shape": list(target_weight.shape), "sha256": fingerprint(target_weight),
+            "sha256_bfloat16": fingerprint(target_weight.to(torch.bfloat16))}
 
 
 def read_shared(model_dir: Path) -> dict | None:
@@ -61,7 +64,8 @@ def shared_tensors(draft_dir: Path, target) -> dict[str, torch.Tensor] | None:
     if spec is None:
         return None
     weight = input_embedding(target)
-    if list(weight.shape) != spec["shape"] or fingerprint(weight) != spec["sha256"]:
+    known = {spec["sha256"], spec.get("sha256_bfloat16")}
+    if list(weight.shape) != spec["shape"] or fingerprint(weight) not in known:
         raise CheckpointError(
             f"draft {draft_dir} shares the embeddings of {spec['target']}, but this target's "
             f"(shape {list(weight.shape)}) differ; pair it with {spec['target']}, or pass a "
