@@ -19,6 +19,7 @@ from quickdraft.drafters import DraftOptions, make_drafter
 from quickdraft.drafters.eagle import EagleDrafter
 from quickdraft.drafters.shapes import DynamicTree, StaticTree
 from quickdraft.drafters.shipped import HEADS_DIR
+from quickdraft.generator import SpeculativeGenerator
 from quickdraft.models.config import ModelConfig
 from quickdraft.models.eagle import EagleHead, load_eagle, save_eagle
 from quickdraft.models.loading import CheckpointError
@@ -427,3 +428,33 @@ def test_the_drafter_reads_a_long_prompts_last_tokens_only(monkeypatch):
         (offset, fed), = at_leave
         assert offset == prompt.numel() - 24 and fed > prompt.numel()  # the prompt's window, fed in the prefill
         assert not drafter.cache.k[..., fed - offset + 8 :, :].any()  # no slot past the window and the drafts
+
+
+def test_a_heuristic_chain_adapts_its_length_and_stays_lossless():
+    """``--draft-stop heuristic``: chains of up to 12 (the generator's k), +2 after a fully
+    accepted chain, -1 otherwise, each drafted in one call; output is plain decoding's."""
+    eagle = SpeculativeGenerator.from_pretrained(method="eagle", options=DraftOptions(draft_stop="heuristic"))
+    plain = SpeculativeGenerator.from_pretrained(method="ar")
+    assert eagle.resolve_k()[0] == 12 and eagle.drafter.name.endswith("(heuristic)")
+    lengths = set()
+    observe = eagle.drafter.stop_policy.observe
+
+    def record(drafted, accepted):
+        lengths.add(drafted)
+        observe(drafted, accepted)
+
+    eagle.drafter.stop_policy.observe = record
+    for prompt in ("def median(values):\n", "class Stack:\n    def __init__(self"):
+        want = plain.generate(prompt, max_new_tokens=64).token_ids
+        assert eagle.generate(prompt, max_new_tokens=64).token_ids == want
+    assert len(lengths) > 2 and max(lengths) <= 12  # it moved
+
+
+@pytest.mark.parametrize("options, says", [
+    (DraftOptions(draft_stop="confidence:0.5"), "ends a chain token by token"),
+    (DraftOptions(draft_stop="heuristic", tree="dynamic:8"), "sets a chain's length"),
+])
+def test_stop_policies_eagle_cannot_follow_are_one_line_errors(options, says):
+    with pytest.raises(ValueError, match=says) as info:
+        SpeculativeGenerator.from_pretrained(method="eagle", options=options)
+    assert "\n" not in str(info.value)

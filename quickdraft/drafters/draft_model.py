@@ -107,7 +107,7 @@ class DraftModelDrafter:
         nodes: list[Node] = []
         frontier, chain = [-1], True  # chain: every node fed so far is an ancestor of the next
         depth_limit = self.stop.max_depth(self.shape.depth(k))
-        adaptive = not isinstance(self.stop, FixedStop)
+        adaptive = getattr(self.stop, "stops_mid_chain", True)  # (a policy of ours says)
         if self.params.greedy and type(self.shape) is Shape and not adaptive and depth_limit > 0:
             # A greedy chain: what the draft has not seen yet and its steps in one C call
             # where its model allows (the same tokens as the loop below; the last one is not

@@ -39,6 +39,9 @@ class DraftStop(Protocol):
     """How many tokens a chain drafter drafts this step."""
 
     name: str
+    #: Whether ``keep_going`` may end a chain before ``max_depth``: where it cannot, a
+    #: drafter may draft the whole chain in one call (the C chains) and ask nothing per token.
+    stops_mid_chain: bool
 
     def max_depth(self, k: int) -> int:
         """Most tokens to draft this step (fixed: ``k``; never more than ``k``). Called once
@@ -56,6 +59,7 @@ class FixedStop:
     """Always ``k`` tokens (what every chain drafter did before adaptive stopping)."""
 
     name = "fixed"
+    stops_mid_chain = False
 
     def max_depth(self, k: int) -> int:
         return k
@@ -72,6 +76,8 @@ class ConfidenceStop:
     ``--draft-p-min``; Draft & Verify's fixed threshold). Like Draft & Verify, the
     unconfident token is still proposed (llama.cpp drops it): it costs one verify row and
     is accepted often enough to pay for it."""
+
+    stops_mid_chain = True
 
     def __init__(self, threshold: float) -> None:
         self.threshold = threshold
@@ -101,6 +107,7 @@ class DraftVerifyStop:
     """
 
     name = "dv"
+    stops_mid_chain = True
 
     def __init__(self, target: float = 0.9, eps: float = 0.01, beta1: float = 0.5, beta2: float = 0.9,
                  start: float = 0.6, max_drafts: int = ADAPTIVE_MAX_DEPTH) -> None:
@@ -136,6 +143,7 @@ class HeuristicStop:
     n -= 1 (not below 1) otherwise. n starts at, and never exceeds, the engine's k."""
 
     name = "heuristic"
+    stops_mid_chain = False
 
     def __init__(self) -> None:
         self.current: int | None = None
@@ -169,6 +177,7 @@ class CostStop:
     """
 
     name = "cost"
+    stops_mid_chain = True
 
     def __init__(self, costs: StepCostTable | None = None, max_drafts: int = ADAPTIVE_MAX_DEPTH) -> None:
         self.costs, self.max_drafts = costs, max_drafts

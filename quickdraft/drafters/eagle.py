@@ -30,6 +30,7 @@ from ..models.eagle import FILES as EAGLE_FILES
 from ..models.eagle import EagleConfig, EagleHead, load_eagle
 from ..models.lm import HIDDEN_STATES_NEED_NATIVE, CausalLM, NativeLM
 from ..models.quant_linear import quantize_drafter
+from .draft_stop import DraftStop
 from .shapes import Node, Shape, StaticTree, as_proposal, parse_tree
 from .shipped import shipped_for
 
@@ -56,10 +57,22 @@ PROMPT_WINDOW = 512
 class EagleDrafter:
     """Proposes a token tree from an EAGLE drafter (batch 1, slot 0)."""
 
-    def __init__(self, target: NativeLM, head: EagleHead, shape: Shape, k_by_cost_model: bool = False) -> None:
+    def __init__(self, target: NativeLM, head: EagleHead, shape: Shape, k_by_cost_model: bool = False,
+                 stop_policy: DraftStop | None = None) -> None:
+        """``stop_policy``: a chain's ``--draft-stop`` policy, one that never ends a chain
+        midway (fixed, heuristic: its chain is one C call); None = fixed."""
         if not isinstance(target, NativeLM):
             raise ValueError(HIDDEN_STATES_NEED_NATIVE)
+        if stop_policy is not None and stop_policy.name != "fixed":
+            if not (isinstance(shape, StaticTree) and all(w == 1 for w in shape.widths)):
+                raise ValueError(f"--draft-stop {stop_policy.name} sets a chain's length; --method eagle drafts a "
+                                 "tree here (pass --tree 1,1,...,1 or leave --tree out)")
+            if getattr(stop_policy, "stops_mid_chain", True):
+                raise ValueError(f"--draft-stop {stop_policy.name} ends a chain token by token; an EAGLE chain "
+                                 "is drafted in one call: use --draft-stop heuristic (or fixed)")
         self.target, self.head, self.shape = target.model, head, shape
+        self.stop_policy = None if stop_policy is None or stop_policy.name == "fixed" else stop_policy
+        self._drafted = 0  # tokens of the last chain, for the policy's observe()
         # The k generate uses when none is given: for the default CPU chain the cost model's
         # chain length (the generator's resolve_k asks it), else, and in the API until then,
         # the default depth (no cost model knows a tree's cost yet).
@@ -67,6 +80,8 @@ class EagleDrafter:
         self.own_k = (DEFAULT_DEPTH, "eagle's default depth")
         self.reads_hidden = (target.config.n_layers,)
         self.name = f"eagle({shape.name.removeprefix('tree(').removesuffix(')')})"
+        if self.stop_policy is not None:
+            self.name += f"({self.stop_policy.name})"
         self.params, self.generator = SamplingParams(), torch.Generator()
         self.cache = None
         self.features: torch.Tensor | None = None  # the target's final states by position, as the drafter reads them
@@ -140,7 +155,7 @@ class EagleDrafter:
         n = sequence.shape[0]
         offset = max(0, n - PROMPT_WINDOW)
         zeros = self.features.new_zeros(n - offset, self.head.feature_size)
-        depth = self.shape.depth(k)
+        depth = self._depth(k)
         tokens = self.head.greedy_chain(sequence[offset:], zeros, depth, n, self.cache, self.target, n - offset)
         if tokens is None:
             out = self.head.extend(sequence[offset:], zeros, self.target, self.cache, offset, 0)
@@ -156,18 +171,18 @@ class EagleDrafter:
         fed, self.fed = self.fed, n
         chain = self._greedy_chain()
         if chain:  # feed and chain in one C call where our kernels run
-            tokens = self.head.greedy_chain(sequence[fed:n], features, self.shape.depth(k), n, self.cache,
+            tokens = self.head.greedy_chain(sequence[fed:n], features, self._depth(k), n, self.cache,
                                             self.target, base)
             if tokens is not None:
                 return self._chain_proposal(tokens)
         out = self.head.extend(sequence[fed:n], features, self.target, self.cache, fed, fed - self.offset)
         if chain:
-            return self._chain(out[-1], n, base, self.shape.depth(k))
+            return self._chain(out[-1], n, base, self._depth(k))
         nodes: list[Node] = []
         outputs = {-1: out[-1]}  # node -> the drafter's output there (its children's feature)
         slot_of: dict[int, int] = {}  # node -> its cache slot after the sequence
         frontier, logits = [-1], self.head.logits(out[-1:], self.target)
-        depth_limit = self.shape.depth(k)
+        depth_limit = self._depth(k)
         for depth in range(depth_limit):
             new = self.shape.grow(depth, nodes, frontier, logits, self.params, self.generator)
             if depth + 1 == depth_limit:
@@ -191,7 +206,15 @@ class EagleDrafter:
                                  slots, mask[None])
             outputs.update(zip(frontier, h))
             logits = self.head.logits(h, self.target)
-        return as_proposal(nodes, self.shape.finish(nodes, k))
+        proposal = as_proposal(nodes, self.shape.finish(nodes, k))
+        self._drafted = proposal.tokens.numel()
+        return proposal
+
+    def _depth(self, k: int) -> int:
+        """How deep this round drafts: the shape's depth for k, or less where the stop
+        policy says so."""
+        depth = self.shape.depth(k)
+        return depth if self.stop_policy is None else self.stop_policy.max_depth(depth)
 
     def _greedy_chain(self) -> bool:
         """A chain of argmax tokens: each level one node, fed causally after the last."""
@@ -211,12 +234,15 @@ class EagleDrafter:
                 h = self.head.extend(torch.tensor(tokens[-1:]), h, self.target, self.cache, n + d, base + d)
         return self._chain_proposal(tokens)
 
-    @staticmethod
-    def _chain_proposal(tokens: list[int]) -> Proposal:
+    def _chain_proposal(self, tokens: list[int]) -> Proposal:
+        self._drafted = len(tokens)
         return Proposal(torch.tensor(tokens), torch.arange(-1, len(tokens) - 1), None, None)
 
     def verified(self, slot: int, length: int, path: list[int]) -> None:
-        pass  # the tree's keys are overwritten next step by the accepted tokens, with the target's features
+        # (The tree's keys are overwritten next step by the accepted tokens, with the target's features.)
+        if self.stop_policy is not None and self._drafted:
+            self.stop_policy.observe(self._drafted, len(path))
+        self._drafted = 0
 
     def leave(self, slot: int) -> None:
         self.known = self.fed = self.offset = 0

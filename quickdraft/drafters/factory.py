@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from ..decoding.drafter import Drafter, NoDrafter
 from ..models.lm import CausalLM
 from .draft_model import DraftModelDrafter
-from .draft_stop import FixedStop, parse_draft_stop
+from .draft_stop import ADAPTIVE_MAX_DEPTH, FixedStop, parse_draft_stop
 from .ngram import NgramDrafter
 from .shapes import MultiDraft, Shape, StaticTree, parse_tree
 
@@ -71,8 +71,9 @@ METHODS: dict[str, MethodSpec] = {
                         "its LM head, or at a draft model's width with its own) grows "
                         "a token tree (--heads DIR, default: the drafter shipped for the target; --tree, default "
                         "on the CPU a chain as long as the cost model finds pays, on a GPU dynamic:10, EAGLE-2's "
-                        "best nodes by cumulative confidence)",
-                        needs="heads", batched=True,
+                        "best nodes by cumulative confidence; --draft-stop heuristic: a chain whose length "
+                        "adapts, up to 12)",
+                        needs="heads", chain=True, batched=True,
                         default_k="the cost model's chain length on the CPU (1-8, measured once, cached), else 6 "
                                   "(the tree's depth); batched: a chain of 6"),
     "auto": MethodSpec("the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
@@ -180,10 +181,13 @@ def make_drafter(
         from .eagle import EagleDrafter, eagle_shape, load_eagle_head
 
         device = getattr(target, "device", None)
-        # No --tree on the CPU: a chain as long as the cost model finds pays (generate's k).
-        by_cost_model = options.tree is None and not (device is not None and device.type == "cuda")
+        adaptive = not isinstance(stop, FixedStop)
+        # No --tree on the CPU: a chain as long as the cost model finds pays (generate's k);
+        # with an adaptive --draft-stop, a chain as long as it may grow.
+        by_cost_model = options.tree is None and not (device is not None and device.type == "cuda") and not adaptive
+        tree = options.tree or (",".join(["1"] * ADAPTIVE_MAX_DEPTH) if adaptive else None)
         return EagleDrafter(target, load_eagle_head(target, options.heads, options.draft_vocab),
-                            eagle_shape(options.tree, options.tree_children, device), by_cost_model)
+                            eagle_shape(tree, options.tree_children, device), by_cost_model, stop)
     shape = draft_shape(method, options)
     if method == "layer-skip":
         from .layer_skip import LayerSkipLM, load_profile
