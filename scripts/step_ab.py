@@ -7,11 +7,15 @@ host's speed drifts between processes):
     python scripts/step_ab.py build [MODEL] --rev REV  # the kernels as of commit REV vs this tree's
                                                        # (float32 weights both ways)
     python scripts/step_ab.py weights [MODEL]  # bf16/fp16-valued weights stored as float32 vs 16-bit
+    python scripts/step_ab.py products [MODEL]  # bf16 weights times float32 inputs vs bf16 products
+                                                # (--dtype bfloat16 on an AVX512_BF16 CPU)
     # MODEL: default smollm2-135m (make real-model); --widths 1,3,6,9; --context 128
 
 Prints the median wall time of a pass of each width after a 128-token context, each way,
 and their ratio (second / first). Both ways give the same logits bit for bit
-(tests/test_layer_ops.py, tests/test_quant_linear.py); only their speed differs.
+(tests/test_layer_ops.py, tests/test_quant_linear.py); only their speed differs, except
+``products``, whose second way rounds the products' inputs to bfloat16 (what --dtype
+bfloat16 computes; tests/test_bf16_products.py).
 """
 
 import argparse
@@ -114,9 +118,29 @@ def weight_ways(model: torch.nn.Module) -> list[tuple[str, Callable[[], None]]]:
     return [("float32", lambda: use(wide)), ("16-bit", lambda: use([c for _, _, c in places]))]
 
 
+def products_ways(model: torch.nn.Module) -> list[tuple[str, Callable[[], None]]]:
+    """Switch every bfloat16-stored decode linear of ``model`` between float32 inputs (the
+    float32 model's kernel) and bfloat16 products (``--dtype bfloat16``'s), same weights."""
+    places = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+              if isinstance(child, DecodeLinear) and child.kind == "bf16"]
+    if not places or not cpu_kernels.bf16_products_supported():
+        raise SystemExit("products: needs bfloat16-valued weights (the embedded models) and AVX512_BF16")
+    narrow = []
+    for _, _, child in places:
+        twin = copy.copy(child)
+        twin.kind = "bf16dp"
+        narrow.append(twin)
+
+    def use(modules):
+        for (parent, name, _), module in zip(places, modules, strict=True):
+            setattr(parent, name, module)
+
+    return [("float32 inputs", lambda: use([c for _, _, c in places])), ("bf16 products", lambda: use(narrow))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("compare", choices=sorted([*WAYS, "build", "weights"]))
+    parser.add_argument("compare", choices=sorted([*WAYS, "build", "weights", "products"]))
     parser.add_argument("model", nargs="?", default="smollm2-135m")
     parser.add_argument("--widths", default="1,3,6,9")
     parser.add_argument("--rounds", type=int, default=240)
@@ -129,6 +153,8 @@ def main() -> None:
     lm = load_model(args.model)
     if args.compare == "weights":
         WAYS["weights"] = weight_ways(lm.model)
+    elif args.compare == "products":
+        WAYS["products"] = products_ways(lm.model)
     elif args.compare == "build":  # float32 weights both ways: an older build may not take 16-bit ones
         dict(weight_ways(lm.model))["float32"]()
     ways = WAYS[args.compare]

@@ -2,14 +2,15 @@
 (the bench's rows are medians of ratios that this host's noise moves by 10-15%):
 
     python docs/bench/eagle_vs_draft.py [--k 8] [--rounds 2] [--categories short,long,out-of-domain]
-        [--heads DIR ...]
+        [--heads DIR ...] [--dtype bfloat16] [--draft-stop heuristic]
 
 For every prompt of each category, plain decoding, the draft model at k and an EAGLE chain
 of k (the shipped drafter, and each ``--heads`` drafter) generate 128 tokens in turn (the
 order alternating between rounds). Prints per category: each method's speedup over plain
 decoding (geometric mean over prompts of the per-prompt ratio of median decode times),
 tau, and each EAGLE drafter's decode time over the draft's with a 95% bootstrap interval
-over prompts (below 1: EAGLE faster).
+over prompts (below 1: EAGLE faster). ``--draft-stop heuristic`` gives the draft model and
+every EAGLE chain lengths that follow acceptance, up to ``--k``.
 """
 
 import argparse
@@ -29,14 +30,18 @@ def geomean(values: list[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
-def generators(k: int, heads: list[str]) -> dict[str, SpeculativeGenerator]:
+def generators(k: int, heads: list[str], dtype: str = "auto",
+               draft_stop: str = "fixed") -> dict[str, SpeculativeGenerator]:
     """The draft model, the shipped EAGLE drafter and each of ``heads`` as chains of ``k``."""
     chain = ",".join(["1"] * k)
-    gens = {"draft": SpeculativeGenerator.from_pretrained(method="draft"),
-            "eagle": SpeculativeGenerator.from_pretrained(method="eagle", options=DraftOptions(tree=chain))}
+
+    def load(method: str, **options) -> SpeculativeGenerator:
+        return SpeculativeGenerator.from_pretrained(method=method, dtype=dtype,
+                                                    options=DraftOptions(draft_stop=draft_stop, **options))
+
+    gens = {"draft": load("draft"), "eagle": load("eagle", tree=chain)}
     for path in heads:
-        gens[f"eagle:{Path(path).name}"] = SpeculativeGenerator.from_pretrained(
-            method="eagle", options=DraftOptions(tree=chain, heads=path))
+        gens[f"eagle:{Path(path).name}"] = load("eagle", tree=chain, heads=path)
     return gens
 
 
@@ -51,8 +56,11 @@ def main() -> None:
     parser.add_argument("--categories", default="short,long,out-of-domain")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--heads", nargs="*", default=[], help="more EAGLE drafter directories")
+    parser.add_argument("--dtype", default="auto", help="every model's --dtype (default: float32 on the CPU)")
+    parser.add_argument("--draft-stop", default="fixed", help="fixed (default) or heuristic: chains up to --k")
     args = parser.parse_args()
-    gens = {"ar": SpeculativeGenerator.from_pretrained(method="ar"), **generators(args.k, args.heads)}
+    gens = {"ar": SpeculativeGenerator.from_pretrained(method="ar", dtype=args.dtype),
+            **generators(args.k, args.heads, args.dtype, args.draft_stop)}
     eagles = [m for m in gens if m.startswith("eagle")]
     rng = random.Random(0)
     for category in args.categories.split(","):
