@@ -49,15 +49,36 @@ def bench_prompts(category: str) -> list[dict]:
     return [json.loads(line) for line in open(ROOT / "quickdraft" / "assets" / "bench" / f"{category}.jsonl")]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def paired_runs(gens: dict, prompts: list[dict], rounds: int, max_new_tokens: int,
+                k: int) -> tuple[dict, dict]:
+    """Each generator on each prompt in turn, ``rounds`` times (the order reversed every
+    other round): the median decode seconds per generator and prompt id, and every run's tau."""
+    times = {key: {p["id"]: [] for p in prompts} for key in gens}
+    tau = {key: [] for key in gens}
+    for r in range(rounds):
+        for p in prompts:
+            for key, g in (gens.items() if r % 2 == 0 else list(gens.items())[::-1]):
+                out = g.generate(p["prompt"], max_new_tokens=max_new_tokens, num_speculative_tokens=k)
+                times[key][p["id"]].append(out.stats.decode_seconds)
+                tau[key].append(out.stats.mean_accepted_tokens)
+    return {key: {i: statistics.median(t) for i, t in by_id.items()} for key, by_id in times.items()}, tau
+
+
+def paired_parser(doc: str) -> argparse.ArgumentParser:
+    """The options every paired script here takes."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--k", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--categories", default="short,long,out-of-domain")
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--draft-stop", default="fixed", help="fixed (default) or heuristic: chains up to --k")
+    return parser
+
+
+def main() -> None:
+    parser = paired_parser(__doc__)
     parser.add_argument("--heads", nargs="*", default=[], help="more EAGLE drafter directories")
     parser.add_argument("--dtype", default="auto", help="every model's --dtype (default: float32 on the CPU)")
-    parser.add_argument("--draft-stop", default="fixed", help="fixed (default) or heuristic: chains up to --k")
     args = parser.parse_args()
     gens = {"ar": SpeculativeGenerator.from_pretrained(method="ar", dtype=args.dtype),
             **generators(args.k, args.heads, args.dtype, args.draft_stop)}
@@ -65,16 +86,8 @@ def main() -> None:
     rng = random.Random(0)
     for category in args.categories.split(","):
         prompts = bench_prompts(category)
-        times = {m: {p["id"]: [] for p in prompts} for m in gens}
-        tau = {m: [] for m in gens}
-        for r in range(args.rounds):
-            for p in prompts:
-                for m, g in (gens.items() if r % 2 == 0 else list(gens.items())[::-1]):
-                    out = g.generate(p["prompt"], max_new_tokens=args.max_new_tokens, num_speculative_tokens=args.k)
-                    times[m][p["id"]].append(out.stats.decode_seconds)
-                    tau[m].append(out.stats.mean_accepted_tokens)
+        med, tau = paired_runs(gens, prompts, args.rounds, args.max_new_tokens, args.k)
         ids = [p["id"] for p in prompts]
-        med = {m: {i: statistics.median(times[m][i]) for i in ids} for m in gens}
         speed = {m: geomean([med["ar"][i] / med[m][i] for i in ids]) for m in gens if m != "ar"}
         print(f"{category} ({len(ids)} prompts): draft k={args.k} {speed['draft']:.2f}x (tau "
               f"{statistics.fmean(tau['draft']):.2f})", flush=True)
