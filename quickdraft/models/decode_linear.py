@@ -70,6 +70,11 @@ def row_dependent_rounding() -> Iterator[None]:
         _rounding.free = before
 
 
+#: Our kernel for each ``DecodeLinear.kind`` (the format of ``exact_weight``).
+PRODUCTS = {"f32": cpu_kernels.f32_matmul, "bf16": cpu_kernels.half_matmul, "f16": cpu_kernels.half_matmul,
+            "bf16dp": cpu_kernels.bf16_products}
+
+
 class PackedWeightsError(ValueError):
     """A layer's weights exist only in oneDNN's opaque packed form (no copy to read rows from)."""
 
@@ -91,7 +96,7 @@ class DecodeLinear(nn.Module):
         # widths (every K > 1024 on an AVX2 EPYC): there one row at a time, so that a verify
         # pass never disagrees with a plain step at a near-tie.
         self.exact_weight, self.packed, self.row_by_row = None, None, False
-        self.kind = "f32"  # exact_weight's format for our kernels: "f32", "bf16" or "f16"
+        self.kind = "f32"  # exact_weight's format for our kernels (PRODUCTS): "f32", "bf16", "f16" or "bf16dp"
         if cpu_kernels.library() is not None and self.in_features % 32 == 0:
             self.exact_weight = weight.float().contiguous()
             # Weights that are bfloat16 (or float16) values, as a bf16 (fp16) checkpoint's
@@ -121,9 +126,7 @@ class DecodeLinear(nn.Module):
             # (the static step stays eager on the CPU), it only has to be one graph.
             return torch.nn.functional.linear(x, self.exact_weight.float(), self.bias)
         if self.exact_weight is not None:
-            product = {"f32": cpu_kernels.f32_matmul, "bf16dp": cpu_kernels.bf16_products}.get(
-                self.kind, cpu_kernels.half_matmul)
-            y = product(x.reshape(-1, self.in_features), self.exact_weight)
+            y = PRODUCTS[self.kind](x.reshape(-1, self.in_features), self.exact_weight)
             y = y.view(*x.shape[:-1], self.out_features)
             return y if self.bias is None else y + self.bias
         if self.row_by_row and x.numel() > self.in_features:
