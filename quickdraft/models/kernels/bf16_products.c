@@ -8,14 +8,16 @@
  * float32). The float32 path widens the weights and multiplies float32 activations, 2 FMAs
  * per 32 inputs and row; this is one instruction, so a verify pass of several rows, whose
  * products are bound by arithmetic on this CPU, costs less. Measured on the 2-core Zen 4
- * EPYC here (the embedded target's 33 products of a pass, weights streamed, standalone C):
- * 0.67x the time at 9 rows, 0.60x at 13, the same at 1-5 rows (bound by memory).
+ * EPYC here: the embedded target's 33 products of a pass alone (standalone C, weights
+ * streamed) 0.67x the time at 9 rows, 0.60x at 13, the same at 1-5 (bound by memory);
+ * whole passes (scripts/step_ab.py products) 0.81-0.82x at 9 tokens after 300, 0.88-0.93x
+ * after 1,100 (attention, float32, weighs more), 1.01-1.05x at one token.
  *
- * Same rounding whatever the row count: output (m, n) has one accumulator that takes the
- * 32-input chunks of K in order, then sum16 (qmatmul.h's sum8 of its halves' sum); x's
- * rounding is per element. So a row of a k+1-row verify pass rounds as a one-row step does
- * (lossless speculative decoding), whichever tile shape (below) computes it. There is no
- * AVX2 twin: where the CPU lacks AVX512_BF16 the model computes in PyTorch's bfloat16
+ * Same rounding whatever the row count: output (m, n) has two accumulators, the 32-input
+ * chunks of K going to them in turn (two chains in flight for a one-row step), then sum16
+ * of their sum; x's rounding is per element. So a row of a k+1-row verify pass rounds as a
+ * one-row step does (lossless speculative decoding), whatever pass it falls in. There is
+ * no AVX2 twin: where the CPU lacks AVX512_BF16 the model computes in PyTorch's bfloat16
  * (models/loading.py), not with these products.
  */
 #if defined(__clang__)
@@ -29,9 +31,9 @@
 
 #include <stdlib.h>
 
-/* Rows of x a tile takes at most, and weight rows at once: one-to-three-row products take 4
- * weight rows (4-12 accumulator chains in flight, one row alone would wait on the
- * instruction's latency), larger ones 2 (each x load shared by both; 2 x 12 accumulators). */
+/* Rows of x a pass over one weight row takes (2 x 12 accumulators), and how many weight
+ * rows ahead it prefetches. (Tiles of 2-4 weight rows were 1.3x slower at 1-5 rows: more
+ * weight streams a thread.) */
 #define BF16DP_ROWS 12
 #define BF16DP_AHEAD 2
 
