@@ -37,12 +37,6 @@
 #define BF16DP_ROWS 12
 #define BF16DP_AHEAD 2
 
-static inline float sum16(__m512 acc) {
-    const __m256 lo = _mm512_castps512_ps256(acc);
-    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
-    return sum8(_mm256_add_ps(lo, hi));
-}
-
 /* Weight row w against rows 0 .. rows - 1 of xb into y[r * ldy]; `ahead` (NULL: none) is
  * a later weight row, prefetched a line per chunk. Always inlined with a constant `rows`:
  * each row count its own specialization. */

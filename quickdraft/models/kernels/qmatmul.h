@@ -24,6 +24,14 @@ static inline float sum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The 16 lanes of acc added in a fixed order: its halves first, then sum8 (AVX-512 files
+ * only; the target attribute lets the AVX2 files include this header). */
+static inline __attribute__((target("avx512f"))) float sum16(__m512 acc) {
+    const __m256 lo = _mm512_castps512_ps256(acc);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+    return sum8(_mm256_add_ps(lo, hi));
+}
+
 /* The AVX-512 products (qmatmul_avx512.c), and whether this CPU runs them: int4; float32
  * of 4-16 rows (a prefetching row pass) and of 17+ (tiles); bfloat16 and float16 (the row
  * pass, tiles from 17); int8 with VNNI. */

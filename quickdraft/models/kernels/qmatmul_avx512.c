@@ -43,12 +43,6 @@
  * at 9 rows). */
 #define TILE_ROWS 10
 
-static inline float sum16(__m512 acc) {
-    const __m256 lo = _mm512_castps512_ps256(acc);
-    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
-    return sum8(_mm256_add_ps(lo, hi));
-}
-
 /* One int4 group of weight row n as two vectors of 16 floats: weights 0..15 and 16..31. */
 static inline void q4_group16(const Weights *w, int64_t n, int64_t K, int64_t g, __m512 out[2]) {
     const int64_t i = n * (K / GROUP) + g;
