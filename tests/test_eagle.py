@@ -331,7 +331,7 @@ def test_a_greedy_chain_proposes_what_the_tree_loop_proposes(monkeypatch):
     head = load_eagle_head(pair.target, None)
     prompt = torch.tensor(pair.tokenizer("def median(values):\n")["input_ids"])
     scored = EagleHead.sub_logits
-    monkeypatch.setattr(EagleHead, "greedy_chain", lambda *args: None)  # the chain's Python levels
+    monkeypatch.setattr(EagleHead, "greedy_chain", lambda *args, **kwargs: None)  # the chain's Python levels
     # The tree loop has no blind first round (a chain's only): both start drafting after the prefill.
     monkeypatch.setattr(EagleDrafter, "_draft_blind", lambda self, sequence, k: EMPTY)
     runs = []
@@ -375,8 +375,8 @@ def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch, 
     for in_c in (True, False):
         ran_in_c = []
 
-        def chain(self, *args, in_c=in_c, ran_in_c=ran_in_c):
-            tokens = chained(self, *args) if in_c else None
+        def chain(self, *args, in_c=in_c, ran_in_c=ran_in_c, **kwargs):
+            tokens = chained(self, *args, **kwargs) if in_c else None
             ran_in_c.append(tokens is not None)
             return tokens
 

@@ -21,6 +21,8 @@ def test_rms_norm_and_silu_mul_match_pytorch(width):
     gen = torch.Generator().manual_seed(width)
     x, w = torch.randn(5, width, generator=gen), torch.randn(width, generator=gen)
     torch.testing.assert_close(cpu_kernels.rms_norm(x, w, 1e-5), F.rms_norm(x, (width,), w, 1e-5))
+    # No weight: a unit one, bit for bit (an EAGLE drafter's feature map takes it).
+    assert torch.equal(cpu_kernels.rms_norm(x, None, 1e-6), cpu_kernels.rms_norm(x, torch.ones(width), 1e-6))
     h = torch.randn(2, 3, 2 * width, generator=gen) * 6  # far into silu's tails too
     torch.testing.assert_close(cpu_kernels.silu_mul(h), F.silu(h[..., :width]) * h[..., width:])
 

@@ -84,7 +84,7 @@ class EagleDrafter:
             self.name += f"({self.stop_policy.name})"
         self.params, self.generator = SamplingParams(), torch.Generator()
         self.cache = None
-        self.features: torch.Tensor | None = None  # the target's final states by position, as the drafter reads them
+        self.features: torch.Tensor | None = None  # the target's final states by position (its width)
         self.known = 0  # positions whose target feature has been observed
         self.fed = 0  # positions whose tokens the drafter's cache holds (with target features)
         self.offset = 0  # the position in slot 0: the prompt tokens before it are not read
@@ -101,16 +101,15 @@ class EagleDrafter:
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = self.head.new_cache(max_len)
             weight = self.target.embed.weight
-            self.features = torch.zeros(max_len, self.head.feature_size, dtype=weight.dtype, device=weight.device)
+            self.features = torch.zeros(max_len, weight.shape[1], dtype=weight.dtype, device=weight.device)
         self.known = self.fed = self.offset = 0
         self.prompt = prompt
 
     @torch.inference_mode()
     def observe(self, slot: int, start: int, states: dict[int, torch.Tensor]) -> None:
+        # Kept at the target's width: a narrow drafter maps them where it feeds them, in
+        # the chain's C call (the map as PyTorch calls here cost ~0.1-0.3 ms a round).
         final = states[self.reads_hidden[0]]
-        if self.head.own_width:  # mapped to its width once here, with drafting's rounding
-            with row_dependent_rounding():
-                final = self.head.from_target(final)
         self.features[start : start + final.shape[0]] = final
         self.known = start + final.shape[0]
         if self.fed == 0 and self.known >= self.prompt.numel():
@@ -124,7 +123,7 @@ class EagleDrafter:
         the long bench prompts, ~15% of a 128-token decode)."""
         n = self.prompt.numel()
         self.fed = self.offset = max(0, n - PROMPT_WINDOW)
-        features = self.features[max(self.fed - 1, 0) : n - 1]  # position p: the feature of token p - 1
+        features = self.head.from_target(self.features[max(self.fed - 1, 0) : n - 1])  # p: token p - 1's
         if self.fed == 0:
             features = torch.cat([features.new_zeros(1, features.shape[1]), features])
         self.head.extend(self.prompt[self.fed :], features, self.target, self.cache, self.fed, 0)
@@ -166,16 +165,17 @@ class EagleDrafter:
     @row_dependent_rounding()  # the target decides what is accepted: the fastest kernels
     def _draft(self, sequence: torch.Tensor, k: int) -> Proposal:
         n = sequence.shape[0]
-        features = self.features[self.fed - 1 : n - 1]  # position p: the feature of token p - 1 (fed >= 1)
+        states = self.features[self.fed - 1 : n - 1]  # position p: the target's state at p - 1 (fed >= 1)
         base = n - self.offset  # the slot of position n
         fed, self.fed = self.fed, n
         chain = self._greedy_chain()
-        if chain:  # feed and chain in one C call where our kernels run
-            tokens = self.head.greedy_chain(sequence[fed:n], features, self._depth(k), n, self.cache,
-                                            self.target, base)
+        if chain:  # map, feed and chain in one C call where our kernels run
+            tokens = self.head.greedy_chain(sequence[fed:n], states, self._depth(k), n, self.cache,
+                                            self.target, base, raw=True)
             if tokens is not None:
                 return self._chain_proposal(tokens)
-        out = self.head.extend(sequence[fed:n], features, self.target, self.cache, fed, fed - self.offset)
+        out = self.head.extend(sequence[fed:n], self.head.from_target(states), self.target, self.cache, fed,
+                               fed - self.offset)
         if chain:
             return self._chain(out[-1], n, base, self._depth(k))
         nodes: list[Node] = []

@@ -123,7 +123,7 @@ def library() -> ctypes.CDLL | None:
                                     _ptr, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _c_int]
     lib.qd_eagle_chain.argtypes = [_ptr, _c_float, _c_int64, _ptr, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                    _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr,
-                                   _c_int64, _ptr, _ptr, _ptr, _c_int64, _ptr, _c_int64, _c_int]
+                                   _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _ptr, _c_int64, _c_int]
     for fn in (lib.qd_eagle_chain, lib.qd_greedy_chain, lib.qd_block, lib.qd_blocks, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_q8c_matmul, lib.qd_bf16dp_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
         fn.restype = None
     return lib
@@ -356,7 +356,7 @@ def eagle_chain(feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, 
                 embed_scale: float, fc: LinearSpec, stack: BlockStack, n_heads: int,
                 rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 start: int, final_norm: tuple[torch.Tensor, float], head: LinearSpec, head_ids: torch.Tensor | None,
-                vocab: int) -> list[int]:
+                vocab: int, feature_in: LinearSpec | None = None) -> list[int]:
     """An EAGLE drafter's feed and greedy chain of ``n`` tokens in one call
     (``qd_eagle_chain``). The feed: ``feed_tokens`` ``[m]``, each with ``feed_features``
     ``[m, H]`` (the target's feature of the token before it), through ``fc`` (over the
@@ -364,18 +364,21 @@ def eagle_chain(feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, 
     slots ``start - m .. start - 1``, causally. Then each token is the argmax of ``head``
     over the final-normed feature, the first from the feed's last output, each later one
     from the output of one level fed the token before it at slot ``start + i``. ``rope``:
-    cos and signed sin for the ``m + n - 1`` positions fed."""
+    cos and signed sin for the ``m + n - 1`` positions fed. ``feature_in``: a narrow
+    drafter's map from the target's width, applied to ``feed_features`` first (as
+    ``EagleHead.from_target`` does: unit RMS, then the linear); None: they are mapped."""
     tokens = torch.empty(n, dtype=torch.int64)
     feed = feed_tokens.to(torch.int64).contiguous()
     features = feed_features.float().contiguous()
-    feature = torch.empty(features.shape[1], dtype=torch.float32)
+    feature = torch.empty(embed.shape[1], dtype=torch.float32)
     ids, cos, sin, _alive = _chain_args(head_ids, rope)
     _, _, n_kv_heads, max_len, head_dim = k_cache.shape
     library().qd_eagle_chain(
         embed.data_ptr(), embed_scale, embed.shape[1], ctypes.addressof(fc), stack.norms, stack.eps, stack.linears,
         n_heads, n_kv_heads, head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len,
         start, final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab, feature.data_ptr(),
-        feed.data_ptr(), features.data_ptr(), feed.numel(), tokens.data_ptr(), n, torch.get_num_threads())
+        feed.data_ptr(), features.data_ptr(), None if feature_in is None else ctypes.addressof(feature_in),
+        feed.numel(), tokens.data_ptr(), n, torch.get_num_threads())
     return tokens.tolist()
 
 
@@ -388,11 +391,13 @@ def fused_layers(x: torch.Tensor) -> bool:
             and not torch.is_grad_enabled() and library() is not None)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dimension: ``x / sqrt(mean(x^2) + eps) * weight``, row by row."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension: ``x / sqrt(mean(x^2) + eps) * weight``, row by row
+    (``weight`` None: a unit weight)."""
     x = x.contiguous()
     y = torch.empty_like(x)
-    library().qd_rms_norm(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1], weight.data_ptr(), eps, y.data_ptr())
+    library().qd_rms_norm(x.data_ptr(), x.numel() // x.shape[-1], x.shape[-1],
+                          None if weight is None else weight.data_ptr(), eps, y.data_ptr())
     return y
 
 

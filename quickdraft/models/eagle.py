@@ -136,8 +136,7 @@ class EagleHead(nn.Module):
         # PyTorch ops took ~115 us a round right after a verify pass (~10 us warm), ~1.5%
         # of an embedded round. It rounds within an ulp of unit_rms (what training used):
         # a drafter's rounding changes what it proposes, never what the target accepts.
-        ones = torch.ones(features.shape[-1])
-        return self.feature_in(cpu_kernels.rms_norm(features, ones, UNIT_RMS_EPS))
+        return self.feature_in(cpu_kernels.rms_norm(features, None, UNIT_RMS_EPS))
 
     def copy_vocab_rows(self, target: Transformer) -> None:
         """Fill the reduced head with the target's LM head rows (an unpacked target); a
@@ -208,12 +207,13 @@ class EagleHead(nn.Module):
         return index if self.vocab_ids is None else int(self.vocab_ids[index])
 
     def greedy_chain(self, feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, start: int,
-                     cache: KVCache, target: Transformer, slot: int | None = None) -> list[int] | None:
+                     cache: KVCache, target: Transformer, slot: int | None = None, raw: bool = False
+                     ) -> list[int] | None:
         """Feed, then ``n`` greedy draft tokens, in one C call (``cpu_kernels.eagle_chain``).
 
         The feed: ``feed_tokens`` ``[m]`` (m >= 1), each with the target's feature of the
-        token before it through :meth:`from_target` (``feed_features`` ``[m, feature_size]``),
-        at positions ``start - m .. start - 1`` and cache slots ``slot - m ..``
+        token before it through :meth:`from_target` (``feed_features`` ``[m, feature_size]``;
+        ``raw``: the target's own states ``[m, H]``, mapped in the same call), at positions ``start - m .. start - 1`` and cache slots ``slot - m ..``
         (:meth:`extend`'s causal pass). Then
         :meth:`best_token` of its last output, and of each level fed the token before at
         positions ``start``, ``start + 1``, ... and slots ``slot``, ``slot + 1``, ...
@@ -231,26 +231,31 @@ class EagleHead(nn.Module):
         specs = self._chain_specs()
         if specs is None:
             return None
-        fc, stack, head = specs
+        fc, stack, head, feature_in = specs
+        if raw and self.own_width and feature_in is None:
+            return None
         cos, sin = target._rope(start - m, m + n - 1)
         return cpu_kernels.eagle_chain(feed_tokens, feed_features, n, weight, float(self.embed_scale), fc, stack,
                                        self.layer.attn.n_heads, (cos[0, 0], sin[0, 0]), cache.k, cache.v, slot,
                                        (norm.weight, norm.eps), head, self.vocab_ids,
-                                       target.config.vocab_size)
+                                       target.config.vocab_size, feature_in if raw and self.own_width else None)
 
     def _chain_specs(self) -> tuple | None:
-        """(fc, the block as a one-layer stack, the reduced head) for ``qd_eagle_chain``,
-        kept while the linears are the same objects (quantizing swaps them)."""
-        linears = (self.fc, self.vocab_head, *self.layer.linears())
+        """(fc, the block as a one-layer stack, the reduced head, feature_in or None) for
+        ``qd_eagle_chain``, kept while the linears are the same objects (quantizing swaps
+        them)."""
+        mapping = getattr(self, "feature_in", None)
+        linears = (self.fc, self.vocab_head, mapping, *self.layer.linears())
         known = getattr(self, "_specs", None)
         if known is not None and all(a is b for a, b in zip(known[0], linears)):
             return known[1]
         block = self.layer.kernel_specs()
-        fc, head = (getattr(m, "kernel_spec", lambda: None)() for m in (self.fc, self.vocab_head))
+        fc, head, feature_in = (getattr(m, "kernel_spec", lambda: None)() for m in (self.fc, self.vocab_head, mapping))
         norms = (self.layer.attn_norm, self.layer.mlp_norm)
         specs = None
         if block is not None and fc is not None and head is not None and norms[0].eps == norms[1].eps:
-            specs = (fc, cpu_kernels.BlockStack([(norms[0].weight, norms[1].weight)], norms[0].eps, [block]), head)
+            stack = cpu_kernels.BlockStack([(norms[0].weight, norms[1].weight)], norms[0].eps, [block])
+            specs = (fc, stack, head, feature_in)
         self._specs = (linears, specs)
         return specs
 

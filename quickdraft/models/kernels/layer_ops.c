@@ -74,8 +74,12 @@ void qd_rms_norm(const float *x, int64_t m, int64_t k, const float *w, float eps
         const float *xr = x + r * k;
         float *yr = y + r * k;
         const float scale = 1.0f / sqrtf(dot(xr, xr, k) / (float)k + eps);
-        for (int64_t i = 0; i < k; i++)
-            yr[i] = xr[i] * scale * w[i];
+        if (w == NULL) /* unit weight: what a weight of ones gives, without reading one */
+            for (int64_t i = 0; i < k; i++)
+                yr[i] = xr[i] * scale;
+        else
+            for (int64_t i = 0; i < k; i++)
+                yr[i] = xr[i] * scale * w[i];
     }
 }
 
@@ -545,6 +549,9 @@ void qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, const
     free(logits);
 }
 
+/* models/eagle.py's UNIT_RMS_EPS: the epsilon of every unit-RMS feature fc reads. */
+#define QD_UNIT_RMS_EPS 1e-6f
+
 /* fc's input for one token of an EAGLE drafter: [embed[token] * embed_scale ; feature /
  * rms(feature)] (a zero feature stays zero). */
 static void eagle_input(const float *embed, float embed_scale, int64_t hidden, int64_t token, const float *feature,
@@ -553,7 +560,7 @@ static void eagle_input(const float *embed, float embed_scale, int64_t hidden, i
     float squares = 0.0f;
     for (int64_t j = 0; j < hidden; j++)
         squares += feature[j] * feature[j];
-    const float unit = 1.0f / sqrtf(squares / (float)hidden + 1e-6f);
+    const float unit = 1.0f / sqrtf(squares / (float)hidden + QD_UNIT_RMS_EPS);
     for (int64_t j = 0; j < hidden; j++) {
         in[j] = e[j] * embed_scale;
         in[hidden + j] = feature[j] * unit;
@@ -568,7 +575,9 @@ static void eagle_input(const float *embed, float embed_scale, int64_t hidden, i
  * head(final_norm(feature)) (a reduced head's row index mapped through head_ids); after
  * each token but the last, one level: x = fc([embed[token] * embed_scale ; feature /
  * rms(feature)]), the block at cache slot start + i, and x becomes the next feature. cos /
- * ssin: [m + n - 1, d] (the feed's positions, then the levels'). What the drafter's Python
+ * ssin: [m + n - 1, d] (the feed's positions, then the levels'). With feature_in (a drafter
+ * narrower than its target), feed_features are the target's own states [m, target_width],
+ * mapped here as EagleHead.from_target maps them (unit RMS, then feature_in). What the drafter's Python
  * extend and levels compute, up to float rounding (a drafter's rounding never changes what
  * the target accepts); it saves ~0.35 ms of Python and PyTorch calls a level. */
 void qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, const QdLinear *fc,
@@ -576,12 +585,22 @@ void qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, const
                     const float *cos, const float *ssin, float *k_cache, float *v_cache, int64_t layer_stride,
                     int64_t max_len, int64_t start, const float *final_norm, float final_eps, const QdLinear *head,
                     const int64_t *head_ids, int64_t vocab, float *feature, const int64_t *feed_tokens,
-                    const float *feed_features, int64_t m, int64_t *tokens, int64_t n, int threads) {
+                    const float *feed_features, const QdLinear *feature_in, int64_t m, int64_t *tokens, int64_t n,
+                    int threads) {
     float *in = malloc((size_t)(2 * hidden) * sizeof(float)), *x = malloc((size_t)hidden * sizeof(float));
     float *h = malloc((size_t)hidden * sizeof(float)), *logits = malloc((size_t)head->out * sizeof(float));
     if (m > 0) {
         float *fin = malloc((size_t)(2 * m * hidden) * sizeof(float)), *fx = malloc((size_t)(m * hidden) * sizeof(float));
         float *mask = malloc((size_t)(m * start) * sizeof(float)); /* row j sees slots <= start - m + j */
+        float *mapped = NULL;
+        if (feature_in != NULL) {
+            float *unit = malloc((size_t)(m * feature_in->in) * sizeof(float));
+            mapped = malloc((size_t)(m * hidden) * sizeof(float));
+            qd_rms_norm(feed_features, m, feature_in->in, NULL, QD_UNIT_RMS_EPS, unit);
+            linear(feature_in, unit, m, mapped, threads);
+            free(unit);
+            feed_features = mapped;
+        }
         for (int64_t j = 0; j < m; j++) {
             eagle_input(embed, embed_scale, hidden, feed_tokens[j], feed_features + j * hidden, fin + j * 2 * hidden);
             for (int64_t s = 0; s < start; s++)
@@ -591,6 +610,7 @@ void qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, const
         qd_blocks(fx, m, hidden, 1, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache, layer_stride,
                   max_len, NULL, start - m, start, mask, start, fx, threads);
         memcpy(feature, fx + (m - 1) * hidden, (size_t)hidden * sizeof(float));
+        free(mapped);
         free(fin);
         free(fx);
         free(mask);
