@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .decoding.batch_engine import MAX_BATCH_K, BatchEngine, cache_length
 from .decoding.sampling import SamplingError, SamplingParams
@@ -14,6 +14,7 @@ from .decoding.stopping import StopConditions, cut_at_stop
 from .decoding.verify import acceptance_for
 from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from .drafters.batched import make_batch_drafter
+from .drafters.draft_stop import FixedStop, parse_draft_stop
 from .drafters.eagle import EagleDrafter
 from .drafters.early_exit import EarlyExitDrafter
 from .drafters.factory import BATCH_METHODS, DraftOptions
@@ -37,6 +38,15 @@ class Request:
 
 def batch_method(drafter) -> tuple[str, object, DraftOptions]:
     """The batched method, draft model and options matching a single-sequence drafter."""
+    method, draft, options = _batch_method(drafter)
+    chain = drafter.model if isinstance(drafter, HybridDrafter) else drafter
+    stop = getattr(chain, "stop", None) or getattr(chain, "stop_policy", None)  # its --draft-stop, if any
+    if stop is not None and stop.name != "fixed":
+        options = replace(options, draft_stop=stop.name)
+    return method, draft, options
+
+
+def _batch_method(drafter) -> tuple[str, object, DraftOptions]:
     if isinstance(drafter, NoDrafter):
         return "ar", None, DraftOptions()
     if isinstance(drafter, NgramDrafter):
@@ -64,18 +74,24 @@ def make_batch_engine(
 ) -> BatchEngine:
     """A :class:`BatchEngine` for ``method`` (ar, draft, ngram, hybrid, early-exit, medusa,
     prophet or eagle; ``options`` sets the n-gram sizes, the exit head and layer, the
-    heads): the method's batch
+    heads, and a ``draft_stop`` that sets chain lengths, each row's own): the method's batch
     drafter (or ``drafter``, the hook for new ones) and, when ``num_speculative_tokens`` is
     None, the batch policy measured for this target, drafter and batch size (``policy``
     replaces it; a head method's rows draft its fixed k, ``drafters/per_row.py``)."""
     from .policy.batch_policy import BatchPolicy
 
+    stop = parse_draft_stop(options.draft_stop)
+    if getattr(stop, "stops_mid_chain", False):
+        # A batched drafter drafts every row's chain in one pass: a row cannot stop midway.
+        raise ValueError(f"--draft-stop {options.draft_stop} ends a chain token by token, which batched rows do "
+                         "not; use --draft-stop heuristic (each row's chain follows its acceptance) or fixed")
     if drafter is None:
         drafter = make_batch_drafter(method, draft, target, max_batch_size, cache_length(target, max_len), options)
     if num_speculative_tokens is None:  # a drafter whose k the batch policy cannot measure yet
         num_speculative_tokens = getattr(drafter, "fixed_k", None)
     engine = BatchEngine(target, drafter, max_batch_size=max_batch_size, max_len=max_len,
-                         num_speculative_tokens=num_speculative_tokens, policy=policy, acceptance=acceptance)
+                         num_speculative_tokens=num_speculative_tokens, policy=policy, acceptance=acceptance,
+                         draft_stop=None if isinstance(stop, FixedStop) else lambda: parse_draft_stop(options.draft_stop))
     if policy is None and num_speculative_tokens is None and method != "ar":
         engine.policy = BatchPolicy.for_engine(engine)
     return engine

@@ -393,7 +393,8 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
                         "heuristic): fixed (k tokens, default); "
                         "confidence:T (draft top-1 probability < T); dv (Draft & Verify's adaptive threshold); "
                         "heuristic (+2 after a fully accepted step, -1 otherwise); cost (while the cost model "
-                        "says one more token pays). Adaptive policies draft at most -k (default 12)")
+                        "says one more token pays). Adaptive policies draft at most -k (default 12); batched rows "
+                        "(--prompts-file, the server's batch engine) take fixed or heuristic, each row its own")
     parser.add_argument("--skip-profile", metavar="FILE",
                         help="layer-skip: the JSON skip profile (from `quickdraft tune layer-skip`; default: "
                         "the one shipped for an embedded model)")

@@ -74,3 +74,44 @@ def test_bad_prompts_file_is_one_line_and_exit_2(tmp_path, content, message):
                           capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.count("\n") == 1 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_batched_rows_follow_the_heuristic_draft_stop_each_its_own(tiny_family, tmp_path, capsys):
+    """``--draft-stop heuristic`` with batched rows: each row's chain follows its own
+    acceptance (shorter after a rejection), output unchanged; a policy that ends chains
+    token by token is a one-line error (a batched drafter drafts every row's chain at once)."""
+    from quickdraft.drafters import DraftOptions
+
+    prompts = ["def add(a, b):", "for i in range(10):\n    print(i)\n" * 3, "x", "class Point:"]
+    runs = {}
+    for stop in ("fixed", "heuristic"):
+        gen = SpeculativeGenerator.from_pretrained(tiny_family["target"], tiny_family["perturbed"],
+                                                   options=DraftOptions(draft_stop=stop))
+        runs[stop] = gen.generate(prompts, max_new_tokens=24, num_speculative_tokens=6, batch_size=3)
+    assert [o.token_ids for o in runs["heuristic"]] == [o.token_ids for o in runs["fixed"]]
+    drafted = {stop: [o.stats.drafted_tokens / o.stats.target_forward_passes for o in outs]
+               for stop, outs in runs.items()}
+    assert all(h <= f for h, f in zip(drafted["heuristic"], drafted["fixed"]))
+    assert sum(drafted["heuristic"]) < sum(drafted["fixed"])  # rejections shortened some rows' chains
+    dv = SpeculativeGenerator.from_pretrained(tiny_family["target"], tiny_family["perturbed"],
+                                              options=DraftOptions(draft_stop="dv"))
+    with pytest.raises(ValueError, match="token by token.*heuristic"):
+        dv.generate(prompts[:2], max_new_tokens=4)
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "x"}\n{"prompt": "def f():"}\n')
+    assert main(["generate", "--model", str(tiny_family["target"]), "--draft", str(tiny_family["perturbed"]),
+                 "--prompts-file", str(path), "--draft-stop", "dv"]) != 0
+    assert "--draft-stop dv ends a chain token by token" in capsys.readouterr().err
+
+
+def test_the_server_batches_heuristic_chains_and_serves_token_by_token_policies_solo(gen):
+    from quickdraft.cli import CliError
+    from quickdraft.drafters import DraftOptions
+    from quickdraft.server.cli import make_engine
+
+    draft = gen.drafter.model
+    engine = make_engine("batch", gen.target, "draft", draft, 2, 3, True, DraftOptions(draft_stop="heuristic"), "mss")
+    assert engine.name == "batch" and engine.draft_stop().name == "heuristic"
+    assert make_engine("auto", gen.target, "draft", draft, 2, 3, True, DraftOptions(draft_stop="dv"), "mss").name == "solo"
+    with pytest.raises(CliError, match="token by token"):
+        make_engine("batch", gen.target, "draft", draft, 2, 3, True, DraftOptions(draft_stop="dv"), "mss")

@@ -78,6 +78,7 @@ class _Row:
     first_token: float | None = None
     proposal: Proposal = field(default_factory=lambda: EMPTY)
     states: dict[int, torch.Tensor] = field(default_factory=dict)  # this pass's, for a drafter that reads them
+    draft_stop: object | None = None  # the row's own chain-length policy (``max_depth``, ``observe``), if any
 
 
 class BatchEngine:
@@ -97,6 +98,10 @@ class BatchEngine:
 
     Not thread-safe: call ``add``, ``cancel`` and ``step`` from one thread (a server runs
     them in its step loop, between steps).
+
+    ``draft_stop``: makes each row's own chain-length policy (``--draft-stop heuristic``:
+    ``max_depth(k)`` at each step, ``observe(drafted, accepted)`` after it), so a row's chain
+    follows its own acceptance, up to the step's k; None: every row drafts k.
     """
 
     def __init__(
@@ -109,6 +114,7 @@ class BatchEngine:
         num_speculative_tokens: int | None = None,
         policy=None,
         acceptance: Callable[[SamplingParams, torch.Generator], AcceptanceRule] = acceptance_for,
+        draft_stop: Callable[[], object] | None = None,
     ) -> None:
         if not isinstance(target, NativeLM):
             raise ValueError("batched decoding needs the native runtime for the target (--backend native)")
@@ -127,6 +133,7 @@ class BatchEngine:
         self.num_speculative_tokens = num_speculative_tokens
         self.policy = policy
         self.acceptance = acceptance
+        self.draft_stop = draft_stop
         self.pooled = RecentAcceptance()  # acceptance of recent proposals, for the policy
         self.prefill_seconds = 0.0  # time in the joining rows' prefill passes (target and drafter), all rows
         self.last_k: int | None = None  # draft tokens per row at the last step (None before the first)
@@ -165,7 +172,8 @@ class BatchEngine:
         sequence[: prompt.numel()] = prompt
         stats = GenerationStats(prompt_tokens=prompt.numel())
         row = _Row(self._next_id, slot, sequence, prompt.numel(), params, generator,
-                   self.acceptance(params, generator), stop, stats, time.perf_counter())
+                   self.acceptance(params, generator), stop, stats, time.perf_counter(),
+                   draft_stop=None if self.draft_stop is None else self.draft_stop())
         started = time.perf_counter()
         # The row's tokens + a chain stay within its budget (``draft_budget``). Its prefill
         # waits for its first proposal. A drafter that serves fewer slots refuses this one
@@ -204,6 +212,9 @@ class BatchEngine:
         if k == 0 and self.num_speculative_tokens is None:
             self.pooled.record_plain_step()
         ks = [draft_budget(k, r.stop, r.length, self.context) for r in rows]
+        for i, r in enumerate(rows):
+            if r.draft_stop is not None and ks[i] > 0:
+                ks[i] = r.draft_stop.max_depth(ks[i])
         # A joining row about to draft, with a drafter that can read the target's prefill
         # (early exit: the stream entering its exit layer), drafts nothing this step and
         # takes its prefill from the target's pass instead of running the first layers
@@ -286,6 +297,8 @@ class BatchEngine:
         first = r.stats.target_forward_passes == 0
         self.pooled.record_step(r.proposal.size, accepted)  # what the policy learns from: every accepted draft
         self.drafter.verified(r.slot, r.length, verdict.path)
+        if r.draft_stop is not None and r.proposal.size:
+            r.draft_stop.observe(r.proposal.size, accepted)
         if self.reads:
             self.drafter.observe(r.slot, r.cached, accepted_states(r.states, r.length - r.cached, verdict.path))
         r.states = {}

@@ -30,6 +30,7 @@ def make_engine(
     """The engine for these settings: the batched one where it supports them (``choice``
     auto or batch), else :class:`~quickdraft.server.solo_engine.SoloEngine`."""
     from ..batch_generate import make_batch_engine
+    from ..drafters.draft_stop import parse_draft_stop
     from ..drafters.factory import BATCH_METHODS
     from .solo_engine import SoloEngine
 
@@ -38,6 +39,8 @@ def make_engine(
         why_not = f"the batched engine runs {', '.join(BATCH_METHODS)}, not {method}"
     elif target.backend != "native" or (draft is not None and draft.backend != "native"):
         why_not = "the batched engine needs the native runtime"
+    elif getattr(parse_draft_stop(options.draft_stop), "stops_mid_chain", False):
+        why_not = f"batched rows cannot end a chain token by token (--draft-stop {options.draft_stop}); heuristic can"
     if choice == "batch" and why_not:
         raise CliError(f"--engine batch: {why_not}; use --engine solo or auto")
     if choice != "solo" and why_not is None:
