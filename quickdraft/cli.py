@@ -389,8 +389,8 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ngram-max", type=positive_int, default=3, help="n-gram: longest tail to look up (default 3)")
     parser.add_argument("--ngram-min", type=positive_int, default=1, help="n-gram: shortest tail to look up (default 1)")
     parser.add_argument("--draft-stop", default="fixed", metavar="POLICY",
-                        help="when a chain stops drafting (draft, layer-skip, hybrid, early-exit; eagle: fixed and "
-                        "heuristic): fixed (k tokens, default); "
+                        help="when a chain stops drafting (draft, layer-skip, hybrid, early-exit; eagle: all but "
+                        "cost): fixed (k tokens, default); "
                         "confidence:T (draft top-1 probability < T); dv (Draft & Verify's adaptive threshold); "
                         "heuristic (+2 after a fully accepted step, -1 otherwise); cost (while the cost model "
                         "says one more token pays). Adaptive policies draft at most -k (default 12); batched rows "

@@ -178,3 +178,41 @@ def test_policies_change_how_much_is_drafted(models):
     heuristic = HeuristicStop()
     run(target, ids, 40, DraftModelDrafter(drafts["unrelated"], target.vocab_size, stop=heuristic), 8)
     assert heuristic.current < 8
+
+
+@pytest.mark.parametrize("spec", ["confidence:0.5", "confidence:0.95", "dv", "dv:start=0.2,max=5"])
+def test_a_confidence_floor_ends_the_c_chain_where_the_python_loop_ends(models, spec, monkeypatch):
+    """confidence and dv stop on the draft's top-1 probability alone (``min_confidence``),
+    so the draft model's greedy chain applies it inside its one C call: the same chains,
+    token for token and length for length, as the Python loop that asks ``keep_going``
+    after each token, and greedy output stays plain decoding's."""
+    from quickdraft.models import cpu_kernels
+    from quickdraft.models.lm import NativeLM
+
+    if cpu_kernels.library() is None:
+        pytest.skip("needs the compiled CPU kernels")
+    tok, target, drafts = models
+    chained = NativeLM.greedy_chain
+    runs, ended_early = [], []
+    for in_c in (True, False):
+        calls = []
+
+        def chain(self, first, n, *args, in_c=in_c, calls=calls, **kwargs):
+            tokens = chained(self, first, n, *args, **kwargs) if in_c else None
+            calls.append(tokens is not None)
+            ended_early.append(tokens is not None and len(tokens) < n + 1)
+            return tokens
+
+        monkeypatch.setattr(NativeLM, "greedy_chain", chain)
+        out = []
+        for prompt in PROMPTS:
+            ids = torch.tensor(tok(prompt)["input_ids"])
+            stats = GenerationStats()
+            drafter = DraftModelDrafter(drafts["perturbed"], target.vocab_size, stop=bound(spec, target))
+            tokens = run(target, ids, 30, drafter, 8, stats)
+            assert tokens == run(target, ids, 30)
+            out.append((tokens, stats.drafted_per_position, stats.accepted_per_position))
+        assert calls and all(calls) == in_c
+        runs.append(out)
+    assert runs[0] == runs[1]
+    assert any(ended_early)  # the floor ended some chains inside the call

@@ -450,8 +450,37 @@ def test_a_heuristic_chain_adapts_its_length_and_stays_lossless():
     assert len(lengths) > 2 and max(lengths) <= 12  # it moved
 
 
+@pytest.mark.parametrize("spec", ["confidence:0.6", "dv"])
+def test_a_confidence_floor_ends_eagle_chains_in_the_call_as_in_python(monkeypatch, spec):
+    """``--draft-stop confidence:T`` and ``dv`` stop on the drafter's top-1 probability:
+    ``qd_eagle_chain`` applies the floor inside its call, giving the chains (tokens and
+    lengths) the Python levels give, and output stays plain decoding's."""
+    from quickdraft.models import cpu_kernels
+
+    if cpu_kernels.library() is None:
+        pytest.skip("needs the compiled CPU kernels")
+    plain = SpeculativeGenerator.from_pretrained(method="ar")
+    chained = EagleHead.greedy_chain
+    runs, ended_early = [], []
+    for in_c in (True, False):
+        def chain(self, tokens, features, n, *args, in_c=in_c, **kwargs):
+            out = chained(self, tokens, features, n, *args, **kwargs) if in_c else None
+            ended_early.append(out is not None and len(out) < n)
+            return out
+
+        monkeypatch.setattr(EagleHead, "greedy_chain", chain)
+        eagle = SpeculativeGenerator.from_pretrained(method="eagle", options=DraftOptions(draft_stop=spec))
+        out = []
+        for prompt in ("def median(values):\n", "class Stack:\n    def __init__(self"):
+            got = eagle.generate(prompt, max_new_tokens=64)
+            assert got.token_ids == plain.generate(prompt, max_new_tokens=64).token_ids
+            out.append((got.token_ids, got.stats.drafted_per_position, got.stats.accepted_per_position))
+        runs.append(out)
+    assert runs[0] == runs[1] and any(ended_early)
+
+
 @pytest.mark.parametrize("options, says", [
-    (DraftOptions(draft_stop="confidence:0.5"), "ends a chain token by token"),
+    (DraftOptions(draft_stop="cost"), "weighs more than the drafter's confidence"),
     (DraftOptions(draft_stop="heuristic", tree="dynamic:8"), "sets a chain's length"),
 ])
 def test_stop_policies_eagle_cannot_follow_are_one_line_errors(options, says):

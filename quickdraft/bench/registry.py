@@ -166,8 +166,9 @@ register_method("prophet", _prophet_rows, help="a prophet transformer drafts a c
 
 
 def _eagle_rows(ctx, config, k):
-    """The EAGLE drafter shipped for the target: chains of 1, 2, 5 and the run's k, a chain
-    whose length adapts (``--draft-stop heuristic``, up to 12), and two dynamic trees (EAGLE-2). Short chains are there for targets whose verify pass costs nearly k + 1
+    """The EAGLE drafter shipped for the target: chains of 1, 2, 5 and the run's k, chains
+    whose length adapts (``--draft-stop heuristic`` and ``dv``, up to 12), and two dynamic
+    trees (EAGLE-2). Short chains are there for targets whose verify pass costs nearly k + 1
     times a step (SmolLM2's int4 kernels are compute-bound): there, one EAGLE token ahead
     gained 1.09x (chat) / 1.25x (code) over plain decoding where a chain of 5 lost."""
     from ..drafters.eagle import shipped_eagle
@@ -178,6 +179,7 @@ def _eagle_rows(ctx, config, k):
     chains = sorted({1, 2, 5, max(k, 1)})  # and one as long as the run's k (the draft model's), when longer
     return _drafter_rows("eagle", [*({"tree": ",".join(["1"] * n), "k": n} for n in chains),
                                    {"draft_stop": "heuristic", "k": 12},  # a chain of 1-12, as acceptance goes
+                                   {"draft_stop": "dv", "k": 12},  # ... or as the drafter's confidence goes
                                    {"tree": "dynamic:8", "k": 6},
                                    {"tree": "dynamic:12", "k": 6}])(ctx, config, k)
 

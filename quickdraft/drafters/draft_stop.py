@@ -43,6 +43,12 @@ class DraftStop(Protocol):
     #: drafter may draft the whole chain in one call (the C chains) and ask nothing per token.
     stops_mid_chain: bool
 
+    @property
+    def min_confidence(self) -> float | None:
+        """Where ``keep_going`` is exactly "the draft's top-1 probability is at least this"
+        (confidence, dv: the value for this chain), that value, so a C chain can apply it
+        token by token in its call; None where the rule is anything else."""
+
     def max_depth(self, k: int) -> int:
         """Most tokens to draft this step (fixed: ``k``; never more than ``k``). Called once
         at the start of every chain."""
@@ -60,6 +66,7 @@ class FixedStop:
 
     name = "fixed"
     stops_mid_chain = False
+    min_confidence = None
 
     def max_depth(self, k: int) -> int:
         return k
@@ -82,6 +89,10 @@ class ConfidenceStop:
     def __init__(self, threshold: float) -> None:
         self.threshold = threshold
         self.name = f"confidence:{threshold:g}"
+
+    @property
+    def min_confidence(self) -> float:
+        return self.threshold
 
     def max_depth(self, k: int) -> int:
         return k
@@ -117,6 +128,10 @@ class DraftVerifyStop:
         self.acceptance = 0.0  # AR~, the smoothed acceptance ratio
         self._cap = max_drafts
 
+    @property
+    def min_confidence(self) -> float:
+        return self.threshold
+
     def max_depth(self, k: int) -> int:
         self._cap = min(k, self.max_drafts)
         return self._cap
@@ -144,6 +159,7 @@ class HeuristicStop:
 
     name = "heuristic"
     stops_mid_chain = False
+    min_confidence = None
 
     def __init__(self) -> None:
         self.current: int | None = None
@@ -178,6 +194,7 @@ class CostStop:
 
     name = "cost"
     stops_mid_chain = True
+    min_confidence = None  # its rule weighs costs too
 
     def __init__(self, costs: StepCostTable | None = None, max_drafts: int = ADAPTIVE_MAX_DEPTH) -> None:
         self.costs, self.max_drafts = costs, max_drafts

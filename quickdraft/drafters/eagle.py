@@ -60,16 +60,17 @@ class EagleDrafter:
     def __init__(self, target: NativeLM, head: EagleHead, shape: Shape, k_by_cost_model: bool = False,
                  stop_policy: DraftStop | None = None) -> None:
         """``stop_policy``: a chain's ``--draft-stop`` policy, one that never ends a chain
-        midway (fixed, heuristic: its chain is one C call); None = fixed."""
+        midway (fixed, heuristic) or ends it on the drafter's confidence alone (confidence,
+        dv): its chain is one C call either way; None = fixed."""
         if not isinstance(target, NativeLM):
             raise ValueError(HIDDEN_STATES_NEED_NATIVE)
         if stop_policy is not None and stop_policy.name != "fixed":
             if not (isinstance(shape, StaticTree) and all(w == 1 for w in shape.widths)):
                 raise ValueError(f"--draft-stop {stop_policy.name} sets a chain's length; --method eagle drafts a "
                                  "tree here (pass --tree 1,1,...,1 or leave --tree out)")
-            if getattr(stop_policy, "stops_mid_chain", True):
-                raise ValueError(f"--draft-stop {stop_policy.name} ends a chain token by token; an EAGLE chain "
-                                 "is drafted in one call: use --draft-stop heuristic (or fixed)")
+            if getattr(stop_policy, "stops_mid_chain", True) and getattr(stop_policy, "min_confidence", None) is None:
+                raise ValueError(f"--draft-stop {stop_policy.name} weighs more than the drafter's confidence token by "
+                                 "token; an EAGLE chain is drafted in one call: use heuristic, confidence:T or dv")
         self.target, self.head, self.shape = target.model, head, shape
         self.stop_policy = None if stop_policy is None or stop_policy.name == "fixed" else stop_policy
         self._drafted = 0  # tokens of the last chain, for the policy's observe()
@@ -155,7 +156,8 @@ class EagleDrafter:
         offset = max(0, n - PROMPT_WINDOW)
         zeros = self.features.new_zeros(n - offset, self.head.feature_size)
         depth = self._depth(k)
-        tokens = self.head.greedy_chain(sequence[offset:], zeros, depth, n, self.cache, self.target, n - offset)
+        tokens = self.head.greedy_chain(sequence[offset:], zeros, depth, n, self.cache, self.target, n - offset,
+                                        min_confidence=self._floor())
         if tokens is None:
             out = self.head.extend(sequence[offset:], zeros, self.target, self.cache, offset, 0)
             return self._chain(out[-1], n, n - offset, depth)
@@ -171,7 +173,7 @@ class EagleDrafter:
         chain = self._greedy_chain()
         if chain:  # map, feed and chain in one C call where our kernels run
             tokens = self.head.greedy_chain(sequence[fed:n], states, self._depth(k), n, self.cache,
-                                            self.target, base, raw=True)
+                                            self.target, base, raw=True, min_confidence=self._floor())
             if tokens is not None:
                 return self._chain_proposal(tokens)
         out = self.head.extend(sequence[fed:n], self.head.from_target(states), self.target, self.cache, fed,
@@ -216,6 +218,10 @@ class EagleDrafter:
         depth = self.shape.depth(k)
         return depth if self.stop_policy is None else self.stop_policy.max_depth(depth)
 
+    def _floor(self) -> float:
+        """The confidence below which this round's chain ends (0: none)."""
+        return (getattr(self.stop_policy, "min_confidence", None) or 0.0) if self.stop_policy else 0.0
+
     def _greedy_chain(self) -> bool:
         """A chain of argmax tokens: each level one node, fed causally after the last."""
         shape = self.shape
@@ -226,10 +232,14 @@ class EagleDrafter:
         """The tree loop's chain without its tree: node ``d`` at position ``n + d`` and slot
         ``base + d`` sees the cache and the nodes before it, which is what causal attention
         gives (no mask to build), and its token is the argmax over the draft vocabulary (no
-        full-vocabulary scores to fill). ``EagleHead.greedy_chain`` is the same in one C call."""
-        tokens, h = [], out[None]
+        full-vocabulary scores to fill); it ends early after a token below the confidence
+        floor. ``EagleHead.greedy_chain`` is the same in one C call."""
+        tokens, h, floor = [], out[None], self._floor()
         for d in range(depth):
-            tokens.append(self.head.best_token(h, self.target))
+            token, confidence = self.head.best_token(h, self.target)
+            tokens.append(token)
+            if d + 1 < depth and confidence < floor:
+                break
             if d + 1 < depth:
                 h = self.head.extend(torch.tensor(tokens[-1:]), h, self.target, self.cache, n + d, base + d)
         return self._chain_proposal(tokens)

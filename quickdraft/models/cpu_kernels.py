@@ -120,11 +120,13 @@ def library() -> ctypes.CDLL | None:
                               _c_int64, _ptr, _c_int]
     lib.qd_greedy_chain.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                     _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr,
-                                    _ptr, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _c_int]
+                                    _ptr, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _c_float, _c_int]
+    lib.qd_greedy_chain.restype = _c_int64
     lib.qd_eagle_chain.argtypes = [_ptr, _c_float, _c_int64, _ptr, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                    _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr,
-                                   _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _ptr, _c_int64, _c_int]
-    for fn in (lib.qd_eagle_chain, lib.qd_greedy_chain, lib.qd_block, lib.qd_blocks, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_q8c_matmul, lib.qd_bf16dp_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
+                                   _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _ptr, _c_int64, _c_float, _c_int]
+    lib.qd_eagle_chain.restype = _c_int64
+    for fn in (lib.qd_block, lib.qd_blocks, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_q8c_matmul, lib.qd_bf16dp_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
         fn.restype = None
     return lib
 
@@ -320,7 +322,8 @@ def blocks(x: torch.Tensor, stack: BlockStack, n_heads: int, rope: tuple[torch.T
 def greedy_chain(first: int | None, n: int, embed: torch.Tensor, stack: BlockStack, n_heads: int,
                  rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  start: int, final_norm: tuple[torch.Tensor, float], head: LinearSpec,
-                 head_ids: torch.Tensor | None, vocab: int, feed: torch.Tensor | None = None) -> list[int]:
+                 head_ids: torch.Tensor | None, vocab: int, feed: torch.Tensor | None = None,
+                 min_confidence: float = 0.0) -> list[int]:
     """A greedy chain of ``n`` tokens after ``first`` in one call: each step feeds the last
     token at position and cache slot ``start + i`` (its ``embed`` row, the blocks of
     ``stack`` from layer 0, ``final_norm``'s RMSNorm, ``head``) and takes the argmax of its
@@ -328,20 +331,23 @@ def greedy_chain(first: int | None, n: int, embed: torch.Tensor, stack: BlockSta
     restricted head's rows). With ``feed`` (``m`` token ids, ``first`` None), those are fed
     first at ``start - m ..`` in one causal pass and ``first`` is the argmax of its last
     row. ``rope``: cos and signed sin for positions ``start - m .. start + n - 1`` (``[m +
-    n, D]`` each, contiguous). Returns ``[first, t1, .., tn]``."""
+    n, D]`` each, contiguous). Returns ``[first, t1, .., tn]``; with ``min_confidence`` > 0
+    (and ``feed``) it ends after the first of them, before ``tn``, whose softmax top-1
+    probability is below it (``--draft-stop confidence:T`` / ``dv`` in the call), fed up to
+    the token before it."""
     tokens = torch.empty(n + 1, dtype=torch.int64)
     if feed is None:
         tokens[0] = first
     fed = None if feed is None else feed.to(torch.int64).contiguous()
     ids, cos, sin, _alive = _chain_args(head_ids, rope)
     _, _, n_kv_heads, max_len, head_dim = k_cache.shape
-    library().qd_greedy_chain(
+    count = library().qd_greedy_chain(
         embed.data_ptr(), embed.shape[1], stack.n, stack.norms, stack.eps, stack.linears, n_heads, n_kv_heads,
         head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len, start,
         final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab,
         None if fed is None else fed.data_ptr(), 0 if fed is None else fed.numel(), tokens.data_ptr(), n,
-        torch.get_num_threads())
-    return tokens.tolist()
+        min_confidence, torch.get_num_threads())
+    return tokens[:count].tolist()
 
 
 def _chain_args(head_ids: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor] | None) -> tuple:
@@ -356,7 +362,7 @@ def eagle_chain(feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, 
                 embed_scale: float, fc: LinearSpec, stack: BlockStack, n_heads: int,
                 rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 start: int, final_norm: tuple[torch.Tensor, float], head: LinearSpec, head_ids: torch.Tensor | None,
-                vocab: int, feature_in: LinearSpec | None = None) -> list[int]:
+                vocab: int, feature_in: LinearSpec | None = None, min_confidence: float = 0.0) -> list[int]:
     """An EAGLE drafter's feed and greedy chain of ``n`` tokens in one call
     (``qd_eagle_chain``). The feed: ``feed_tokens`` ``[m]``, each with ``feed_features``
     ``[m, H]`` (the target's feature of the token before it), through ``fc`` (over the
@@ -366,20 +372,22 @@ def eagle_chain(feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, 
     from the output of one level fed the token before it at slot ``start + i``. ``rope``:
     cos and signed sin for the ``m + n - 1`` positions fed. ``feature_in``: a narrow
     drafter's map from the target's width, applied to ``feed_features`` first (as
-    ``EagleHead.from_target`` does: unit RMS, then the linear); None: they are mapped."""
+    ``EagleHead.from_target`` does: unit RMS, then the linear); None: they are mapped.
+    ``min_confidence`` > 0: the chain ends after the first token, before the ``n``-th, whose
+    softmax top-1 probability (over the head's tokens) is below it."""
     tokens = torch.empty(n, dtype=torch.int64)
     feed = feed_tokens.to(torch.int64).contiguous()
     features = feed_features.float().contiguous()
     feature = torch.empty(embed.shape[1], dtype=torch.float32)
     ids, cos, sin, _alive = _chain_args(head_ids, rope)
     _, _, n_kv_heads, max_len, head_dim = k_cache.shape
-    library().qd_eagle_chain(
+    count = library().qd_eagle_chain(
         embed.data_ptr(), embed_scale, embed.shape[1], ctypes.addressof(fc), stack.norms, stack.eps, stack.linears,
         n_heads, n_kv_heads, head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len,
         start, final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab, feature.data_ptr(),
         feed.data_ptr(), features.data_ptr(), None if feature_in is None else ctypes.addressof(feature_in),
-        feed.numel(), tokens.data_ptr(), n, torch.get_num_threads())
-    return tokens.tolist()
+        feed.numel(), tokens.data_ptr(), n, min_confidence, torch.get_num_threads())
+    return tokens[:count].tolist()
 
 
 def fused_layers(x: torch.Tensor) -> bool:

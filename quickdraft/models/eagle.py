@@ -200,15 +200,18 @@ class EagleHead(nn.Module):
             return target.head(hidden)
         return self.vocab_head(self.final_norm(target)(hidden))
 
-    def best_token(self, hidden: torch.Tensor, target: Transformer) -> int:
-        """The drafter's argmax token for one output ``[1, H]``: the first maximum over the
-        draft vocabulary (no full-vocabulary scores filled in)."""
-        index = int(self.sub_logits(hidden, target)[0].argmax())
-        return index if self.vocab_ids is None else int(self.vocab_ids[index])
+    def best_token(self, hidden: torch.Tensor, target: Transformer) -> tuple[int, float]:
+        """The drafter's argmax token for one output ``[1, H]`` (the first maximum over the
+        draft vocabulary, no full-vocabulary scores filled in) and its softmax probability
+        there (what a ``--draft-stop`` confidence floor weighs)."""
+        scores = self.sub_logits(hidden, target)[0]
+        index = int(scores.argmax())
+        confidence = float(scores.float().softmax(-1)[index])
+        return (index if self.vocab_ids is None else int(self.vocab_ids[index])), confidence
 
     def greedy_chain(self, feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, start: int,
-                     cache: KVCache, target: Transformer, slot: int | None = None, raw: bool = False
-                     ) -> list[int] | None:
+                     cache: KVCache, target: Transformer, slot: int | None = None, raw: bool = False,
+                     min_confidence: float = 0.0) -> list[int] | None:
         """Feed, then ``n`` greedy draft tokens, in one C call (``cpu_kernels.eagle_chain``).
 
         The feed: ``feed_tokens`` ``[m]`` (m >= 1), each with the target's feature of the
@@ -218,7 +221,8 @@ class EagleHead(nn.Module):
         :meth:`best_token` of its last output, and of each level fed the token before at
         positions ``start``, ``start + 1``, ... and slots ``slot``, ``slot + 1``, ...
         (default: the positions): what :meth:`extend` and :meth:`best_token` compute, up to
-        float rounding. None, with nothing written, where it cannot run (float32 CPU
+        float rounding; ``min_confidence`` > 0 ends the chain after the first token whose
+        top-1 probability over the draft vocabulary is below it. None, with nothing written, where it cannot run (float32 CPU
         inference with a reduced head, our kernels running every linear, a Llama target,
         room in the cache): the caller feeds and steps in Python."""
         weight, slot, m = self.token_embedding(target).weight, start if slot is None else slot, feed_tokens.numel()
@@ -238,7 +242,8 @@ class EagleHead(nn.Module):
         return cpu_kernels.eagle_chain(feed_tokens, feed_features, n, weight, float(self.embed_scale), fc, stack,
                                        self.layer.attn.n_heads, (cos[0, 0], sin[0, 0]), cache.k, cache.v, slot,
                                        (norm.weight, norm.eps), head, self.vocab_ids,
-                                       target.config.vocab_size, feature_in if raw and self.own_width else None)
+                                       target.config.vocab_size, feature_in if raw and self.own_width else None,
+                                       min_confidence)
 
     def _chain_specs(self) -> tuple | None:
         """(fc, the block as a one-layer stack, the reduced head, feature_in or None) for

@@ -542,22 +542,25 @@ class Transformer(nn.Module):
         return stack
 
     def greedy_chain(self, first: int | torch.Tensor | None, n: int, start: int, cache: KVCache,
-                     vocab: int, feed: torch.Tensor | None = None) -> list[int] | None:
+                     vocab: int, feed: torch.Tensor | None = None, min_confidence: float = 0.0
+                     ) -> list[int] | None:
         """``[first, t1, .., tn]``: ``first`` and ``n`` greedy tokens after it, fed at
         position and cache slot ``start`` on, in one C call (``cpu_kernels.greedy_chain``):
         what ``n`` one-token forwards (row 0) and ``argmax`` over the first ``vocab``
         logits give, bit for bit, without the Python between them. ``first`` may be the
         logits it is the argmax of (read only if the chain runs). With ``feed`` (token ids
         at positions ``start - len(feed) ..``, ``first`` None) the call feeds them first, as
-        a forward over them would, and ``first`` is the argmax of its last logits. None
-        where it cannot run (not a Llama model whose blocks and head all run on our
-        kernels, or the cache is too short): the caller steps in Python."""
+        a forward over them would, and ``first`` is the argmax of its last logits.
+        ``min_confidence`` (with ``feed``): the chain ends after the first token whose
+        softmax top-1 probability is below it (``cpu_kernels.greedy_chain``). None where it
+        cannot run (not a Llama model whose blocks and head all run on our kernels, or the
+        cache is too short): the caller steps in Python."""
         weight = self.embed.weight
         m = 0 if feed is None else feed.numel()
         if (self.pos_embed is not None or self._inv_freq is None or not isinstance(self.norm, RMSNorm)
                 or not cpu_kernels.fused_layers(weight) or not weight.is_contiguous()
                 or not isinstance(cache.k, torch.Tensor) or start + n > cache.max_len or start < m
-                or (feed is None) == (first is None)):
+                or (feed is None) == (first is None) or (min_confidence > 0 and feed is None)):
             return None
         head = self.lm_head if self.head_ids is None else self.sub_head
         spec = head.kernel_spec() if hasattr(head, "kernel_spec") else None
@@ -568,7 +571,7 @@ class Transformer(nn.Module):
         first = int(first.argmax()) if isinstance(first, torch.Tensor) else first
         return cpu_kernels.greedy_chain(first, n, weight, stack, self.layers[0].attn.n_heads, (cos[0, 0], sin[0, 0]),
                                         cache.k, cache.v, start, (self.norm.weight, self.norm.eps), spec,
-                                        self.head_ids, vocab, feed)
+                                        self.head_ids, vocab, feed, min_confidence)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: the exit head shared by every layer (over the restricted

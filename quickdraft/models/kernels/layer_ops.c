@@ -499,6 +499,35 @@ static int64_t argmax_logits(const float *logits, int64_t n, const int64_t *ids,
     return best < 0 ? 0 : best;
 }
 
+/* The softmax's largest probability over the logits argmax_logits reads (ids below vocab):
+ * 1 / sum_j exp(l_j - max). What a --draft-stop confidence floor compares (the drafter's
+ * Python loop: q = softmax(logits), q.max()), within float rounding: it sets how long a
+ * chain is, never which tokens it holds. */
+static float top_probability(const float *logits, int64_t n, const int64_t *ids, int64_t vocab) {
+    float top = -INFINITY, sum = 0.0f;
+    if (ids == NULL) {
+        const int64_t len = n < vocab ? n : vocab;
+        for (int64_t j = 0; j < len; j++)
+            top = logits[j] > top ? logits[j] : top;
+        __m256 acc = _mm256_setzero_ps();
+        const __m256 shift = _mm256_set1_ps(top);
+        int64_t j = 0;
+        for (; j + 8 <= len; j += 8)
+            acc = _mm256_add_ps(acc, exp8(_mm256_sub_ps(_mm256_loadu_ps(logits + j), shift)));
+        sum = lanes_sum(acc);
+        for (; j < len; j++)
+            sum += expf(logits[j] - top);
+    } else {
+        for (int64_t j = 0; j < n; j++)
+            if (ids[j] < vocab && logits[j] > top)
+                top = logits[j];
+        for (int64_t j = 0; j < n; j++)
+            if (ids[j] < vocab)
+                sum += expf(logits[j] - top);
+    }
+    return sum > 0.0f ? 1.0f / sum : 0.0f;
+}
+
 /* A greedy draft chain of a Llama model over one row, in one call. First, if m > 0, the
  * feed: tokens feed[0 .. m-1] (what the model's cache lacks) at positions and cache slots
  * start - m .. start - 1 in one causal m-row pass (qd_blocks, as the model's forward over
@@ -509,14 +538,20 @@ static int64_t argmax_logits(const float *logits, int64_t n, const int64_t *ids,
  * at a time (the same kernels in the same order), without returning to Python between the
  * steps (~130 us a step of the embedded draft, ~0.2 ms for the feed's forward). cos /
  * ssin: the RoPE tables from position start - m on, [m + n, d]; head_ids (NULL: none) the
- * vocabulary of a restricted head (head->out ids); vocab: only ids below it are drafted. */
-void qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, const float *const *norms, float eps,
+ * vocabulary of a restricted head (head->out ids); vocab: only ids below it are drafted.
+ * min_confidence > 0 (--draft-stop confidence:T, dv): the chain ends at the first token
+ * tokens[i], i < n, whose top_probability is below it (that token still drafted, nothing
+ * fed after it), as the Python loop's keep_going does. Returns how many tokens it wrote
+ * (n + 1 unless it ended early; the cache then holds the first count - 1 after the feed). */
+int64_t qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, const float *const *norms, float eps,
                      const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos, const float *ssin,
                      float *k_cache, float *v_cache, int64_t layer_stride, int64_t max_len, int64_t start,
                      const float *final_norm, float final_eps, const QdLinear *head, const int64_t *head_ids,
-                     int64_t vocab, const int64_t *feed, int64_t m, int64_t *tokens, int64_t n, int threads) {
+                     int64_t vocab, const int64_t *feed, int64_t m, int64_t *tokens, int64_t n, float min_confidence,
+                     int threads) {
     float *x = malloc((size_t)hidden * sizeof(float)), *h = malloc((size_t)hidden * sizeof(float));
     float *logits = malloc((size_t)head->out * sizeof(float));
+    int64_t count = n + 1;
     if (m > 0) {
         float *fx = malloc((size_t)(m * hidden) * sizeof(float));
         /* Row j sees slots <= start - m + j (additive, as the model's causal mask); one row
@@ -536,6 +571,12 @@ void qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, const
         free(mask);
     }
     for (int64_t i = 0; i < n; i++) {
+        /* (With m = 0 the caller drew tokens[0]: its logits are not here to weigh.) */
+        if (min_confidence > 0.0f && (m > 0 || i > 0) &&
+            top_probability(logits, head->out, head_ids, vocab) < min_confidence) {
+            count = i + 1;
+            break;
+        }
         memcpy(x, embed + tokens[i] * hidden, (size_t)hidden * sizeof(float));
         qd_blocks(x, 1, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos ? cos + (m + i) * d : NULL,
                   ssin ? ssin + (m + i) * d : NULL, k_cache, v_cache, layer_stride, max_len, NULL, start + i,
@@ -547,6 +588,7 @@ void qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, const
     free(x);
     free(h);
     free(logits);
+    return count;
 }
 
 /* models/eagle.py's UNIT_RMS_EPS: the epsilon of every unit-RMS feature fc reads. */
@@ -579,14 +621,16 @@ static void eagle_input(const float *embed, float embed_scale, int64_t hidden, i
  * narrower than its target), feed_features are the target's own states [m, target_width],
  * mapped here as EagleHead.from_target maps them (unit RMS, then feature_in). What the drafter's Python
  * extend and levels compute, up to float rounding (a drafter's rounding never changes what
- * the target accepts); it saves ~0.35 ms of Python and PyTorch calls a level. */
-void qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, const QdLinear *fc,
+ * the target accepts); it saves ~0.35 ms of Python and PyTorch calls a level. min_confidence
+ * > 0: the chain ends at the first token before the last whose top_probability is below it,
+ * as qd_greedy_chain's does. Returns how many tokens it wrote. */
+int64_t qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, const QdLinear *fc,
                     const float *const *norms, float eps, const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d,
                     const float *cos, const float *ssin, float *k_cache, float *v_cache, int64_t layer_stride,
                     int64_t max_len, int64_t start, const float *final_norm, float final_eps, const QdLinear *head,
                     const int64_t *head_ids, int64_t vocab, float *feature, const int64_t *feed_tokens,
                     const float *feed_features, const QdLinear *feature_in, int64_t m, int64_t *tokens, int64_t n,
-                    int threads) {
+                    float min_confidence, int threads) {
     float *in = malloc((size_t)(2 * hidden) * sizeof(float)), *x = malloc((size_t)hidden * sizeof(float));
     float *h = malloc((size_t)hidden * sizeof(float)), *logits = malloc((size_t)head->out * sizeof(float));
     if (m > 0) {
@@ -621,6 +665,10 @@ void qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, const
         tokens[i] = argmax_logits(logits, head->out, head_ids, vocab);
         if (i + 1 == n)
             break;
+        if (min_confidence > 0.0f && top_probability(logits, head->out, head_ids, vocab) < min_confidence) {
+            n = i + 1;
+            break;
+        }
         eagle_input(embed, embed_scale, hidden, tokens[i], feature, in);
         linear(fc, in, 1, x, threads);
         qd_blocks(x, 1, hidden, 1, norms, eps, linears, hq, hkv, d, cos ? cos + (m + i) * d : NULL,
@@ -631,4 +679,5 @@ void qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, const
     free(x);
     free(h);
     free(logits);
+    return n;
 }
