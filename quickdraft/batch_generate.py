@@ -81,7 +81,7 @@ def make_batch_engine(
     from .policy.batch_policy import BatchPolicy
 
     stop = parse_draft_stop(options.draft_stop)
-    if getattr(stop, "stops_mid_chain", False):
+    if stop.stops_mid_chain:
         # A batched drafter drafts every row's chain in one pass: a row cannot stop midway.
         raise ValueError(f"--draft-stop {options.draft_stop} ends a chain token by token, which batched rows do "
                          "not; use --draft-stop heuristic (each row's chain follows its acceptance) or fixed")

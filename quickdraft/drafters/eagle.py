@@ -220,7 +220,7 @@ class EagleDrafter:
 
     def _floor(self) -> float:
         """The confidence below which this round's chain ends (0: none)."""
-        return (getattr(self.stop_policy, "min_confidence", None) or 0.0) if self.stop_policy else 0.0
+        return getattr(self.stop_policy, "min_confidence", None) or 0.0
 
     def _greedy_chain(self) -> bool:
         """A chain of argmax tokens: each level one node, fed causally after the last."""
@@ -238,10 +238,9 @@ class EagleDrafter:
         for d in range(depth):
             token, confidence = self.head.best_token(h, self.target)
             tokens.append(token)
-            if d + 1 < depth and confidence < floor:
+            if d + 1 == depth or confidence < floor:
                 break
-            if d + 1 < depth:
-                h = self.head.extend(torch.tensor(tokens[-1:]), h, self.target, self.cache, n + d, base + d)
+            h = self.head.extend(torch.tensor(tokens[-1:]), h, self.target, self.cache, n + d, base + d)
         return self._chain_proposal(tokens)
 
     def _chain_proposal(self, tokens: list[int]) -> Proposal:

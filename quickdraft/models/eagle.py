@@ -216,15 +216,16 @@ class EagleHead(nn.Module):
 
         The feed: ``feed_tokens`` ``[m]`` (m >= 1), each with the target's feature of the
         token before it through :meth:`from_target` (``feed_features`` ``[m, feature_size]``;
-        ``raw``: the target's own states ``[m, H]``, mapped in the same call), at positions ``start - m .. start - 1`` and cache slots ``slot - m ..``
-        (:meth:`extend`'s causal pass). Then
-        :meth:`best_token` of its last output, and of each level fed the token before at
-        positions ``start``, ``start + 1``, ... and slots ``slot``, ``slot + 1``, ...
-        (default: the positions): what :meth:`extend` and :meth:`best_token` compute, up to
-        float rounding; ``min_confidence`` > 0 ends the chain after the first token whose
-        top-1 probability over the draft vocabulary is below it. None, with nothing written, where it cannot run (float32 CPU
-        inference with a reduced head, our kernels running every linear, a Llama target,
-        room in the cache): the caller feeds and steps in Python."""
+        ``raw``: the target's own states ``[m, H]``, mapped in the same call), at positions
+        ``start - m .. start - 1`` and cache slots ``slot - m ..`` (:meth:`extend`'s causal
+        pass). Then :meth:`best_token` of its last output, and of each level fed the token
+        before at positions ``start``, ``start + 1``, ... and slots ``slot``, ``slot + 1``,
+        ... (default: the positions): what :meth:`extend` and :meth:`best_token` compute, up
+        to float rounding; ``min_confidence`` > 0 ends the chain after the first token whose
+        top-1 probability over the draft vocabulary is below it. None, with nothing written,
+        where it cannot run (float32 CPU inference with a reduced head, our kernels running
+        every linear, a Llama target, room in the cache): the caller feeds and steps in
+        Python."""
         weight, slot, m = self.token_embedding(target).weight, start if slot is None else slot, feed_tokens.numel()
         norm = self.final_norm(target)
         if (self.vocab_head is None or target.pos_embed is not None or target._inv_freq is None
@@ -255,7 +256,8 @@ class EagleHead(nn.Module):
         if known is not None and all(a is b for a, b in zip(known[0], linears)):
             return known[1]
         block = self.layer.kernel_specs()
-        fc, head, feature_in = (getattr(m, "kernel_spec", lambda: None)() for m in (self.fc, self.vocab_head, mapping))
+        fc, head, feature_in = (getattr(m, "kernel_spec", lambda: None)()
+                                for m in (self.fc, self.vocab_head, mapping))
         norms = (self.layer.attn_norm, self.layer.mlp_norm)
         specs = None
         if block is not None and fc is not None and head is not None and norms[0].eps == norms[1].eps:

@@ -39,7 +39,7 @@ def make_engine(
         why_not = f"the batched engine runs {', '.join(BATCH_METHODS)}, not {method}"
     elif target.backend != "native" or (draft is not None and draft.backend != "native"):
         why_not = "the batched engine needs the native runtime"
-    elif getattr(parse_draft_stop(options.draft_stop), "stops_mid_chain", False):
+    elif parse_draft_stop(options.draft_stop).stops_mid_chain:
         why_not = f"batched rows cannot end a chain token by token (--draft-stop {options.draft_stop}); heuristic can"
     if choice == "batch" and why_not:
         raise CliError(f"--engine batch: {why_not}; use --engine solo or auto")
