@@ -36,3 +36,20 @@ def test_the_batched_engine_of_a_head_method_drafts_a_chain_per_row():
     engine = make_batch_engine(gen.target, "eagle", None, max_batch_size=2, options=gen.plan.options)
     assert isinstance(engine.drafter, PerRowDrafter) and engine.num_speculative_tokens == 6
     assert engine.drafter.rows[0].head is engine.drafter.rows[1].head  # heads loaded once, shared
+
+
+def test_batched_rows_of_a_fused_eagle_drafter_read_every_layer_it_fuses(plain, tmp_path):
+    """An EAGLE-3-style drafter (three of the target's layers, fused) in batched rows: each
+    row's verify pass hands over all three states, and every row's output is plain decoding's."""
+    from test_eagle import fused_copy
+
+    from quickdraft.drafters import DraftOptions
+
+    gen = SpeculativeGenerator.from_pretrained(method="ar")
+    path = fused_copy(gen.target.model, (2, 5, 8), tmp_path / "fused")
+    gen = SpeculativeGenerator.from_pretrained(method="eagle", options=DraftOptions(heads=path))
+    outs = gen.generate(PROMPTS, max_new_tokens=40, batch_size=2, num_speculative_tokens=4)
+    assert [o.token_ids for o in outs] == plain
+    assert sum(o.stats.accepted_tokens for o in outs) > 0
+    engine = make_batch_engine(gen.target, "eagle", None, max_batch_size=2, options=gen.plan.options)
+    assert engine.reads == (2, 5, 8)

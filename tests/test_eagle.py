@@ -28,29 +28,35 @@ from quickdraft.models.transformer import Transformer
 TARGET = tiny_lm(0, 3.0)
 
 
-def random_head(target: Transformer, vocab_ids=None, seed: int = 0, std: float = 0.3, layer=None) -> EagleHead:
+def random_head(target: Transformer, vocab_ids=None, seed: int = 0, std: float = 0.3, layer=None,
+                feature_layers=None) -> EagleHead:
     torch.manual_seed(seed)
-    head = EagleHead(target, vocab_ids, layer)
+    head = EagleHead(target, vocab_ids, layer, feature_layers)
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0, std)
     return head.eval()
 
 
-@pytest.mark.parametrize("layer", [None, {"hidden_size": 16, "n_heads": 2, "n_kv_heads": 1, "intermediate_size": 40}],
-                         ids=["target-width", "narrow"])
-def test_unrolled_training_steps_compute_what_drafting_computes(layer):
+NARROW = {"hidden_size": 16, "n_heads": 2, "n_kv_heads": 1, "intermediate_size": 40}
+
+
+@pytest.mark.parametrize("layer, feature_layers", [(None, None), (NARROW, None), (NARROW, (1, 2))],
+                         ids=["target-width", "narrow", "narrow-fused"])
+def test_unrolled_training_steps_compute_what_drafting_computes(layer, feature_layers):
     """Step k at slot p of the training-time test == feeding slots 0..p-k with the target's
-    features (mapped to the layer's width by ``from_target`` for a narrow drafter), then a
-    chain of k nodes each fed its parent's output, through the drafter's KV cache and tree
-    mask (grouped-query attention and a reduced vocabulary included)."""
+    features (mapped to the layer's width by ``from_target`` for a narrow drafter, several
+    layers' states side by side for a fused one), then a chain of k nodes each fed its
+    parent's output, through the drafter's KV cache and tree mask (grouped-query attention
+    and a reduced vocabulary included)."""
     torch.manual_seed(0)
     cfg = ModelConfig(family="llama", model_type="llama", vocab_size=50, hidden_size=32, n_layers=2, n_heads=4,
                       n_kv_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=64)
     target = Transformer(cfg).eval()
-    head = random_head(target, torch.arange(0, 50, 2), std=0.2, layer=layer)
+    head = random_head(target, torch.arange(0, 50, 2), std=0.2, layer=layer, feature_layers=feature_layers)
     length, steps = 9, 4
-    tokens, features = torch.randint(0, 50, (1, length)), torch.randn(1, length, 32)
+    tokens = torch.randint(0, 50, (1, length))
+    features = torch.randn(1, length, 32 * len(feature_layers or (2,)))
     with torch.no_grad():
         unrolled = head.unrolled(tokens, features, target, steps)
         mapped = head.from_target(features[0])
@@ -351,13 +357,31 @@ def test_a_greedy_chain_proposes_what_the_tree_loop_proposes(monkeypatch):
     assert [t for step in runs[0][0] for t in step] == plain
 
 
-@pytest.mark.parametrize("heads", [None, "qd-stdlib-target-eagle-wide"], ids=["shipped-256-wide", "448-wide"])
-def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch, heads):
+def fused_copy(target, layers: tuple[int, ...], out) -> str:
+    """The shipped drafter reading ``layers`` of ``target`` (its final state among them):
+    its map for the final state as it is, random columns for the others (so the fused
+    states change what it drafts), saved to ``out``."""
+    from quickdraft.train.heads import widened_map
+
+    start = load_eagle(HEADS_DIR / "qd-stdlib-target-eagle", target)
+    head = EagleHead(target, start.vocab_ids, start.layer_shape, layers)
+    state = start.state_dict()
+    torch.manual_seed(0)
+    weight = widened_map(start, layers)
+    state["feature_in.weight"] = weight + (weight == 0) * torch.randn_like(weight) * weight.std()
+    head.load_state_dict(state)
+    save_eagle(head, target, "qd-stdlib-target", out)
+    return str(out)
+
+
+@pytest.mark.parametrize("heads", [None, "qd-stdlib-target-eagle-wide", "fused"],
+                         ids=["shipped-256-wide", "448-wide", "fused-3-layers"])
+def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch, tmp_path, heads):
     """``qd_eagle_chain`` feeds the accepted tokens and runs the chain's levels in C: the
     same tokens as the Python feed and levels (float rounding aside, which the argmax does
     not see here), the same drafter cache, and greedy output stays plain decoding's; for
-    the shipped drafter at the draft model's width (its own embedding and norm) and for
-    the one of the target's width."""
+    the shipped drafter at the draft model's width (its own embedding and norm), for the
+    one of the target's width, and for one fusing three of the target's layers (EAGLE-3)."""
     from quickdraft.decoding.engine import decode
     from quickdraft.decoding.stats import GenerationStats
     from quickdraft.decoding.stopping import StopConditions
@@ -368,8 +392,9 @@ def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch, 
     if cpu_kernels.library() is None:
         pytest.skip("needs the compiled CPU kernels")
     pair = load_pair(None, need_draft=False)
-    head = load_eagle_head(pair.target, heads and str(HEADS_DIR / heads))
-    assert head.own_width == (heads is None)
+    path = fused_copy(pair.target.model, (2, 5, 8), tmp_path / "fused") if heads == "fused" else heads
+    head = load_eagle_head(pair.target, path and str(HEADS_DIR / path))
+    assert head.own_width == (heads != "qd-stdlib-target-eagle-wide") and head.fused == (heads == "fused")
     chained = EagleHead.greedy_chain
     runs = []
     for in_c in (True, False):

@@ -138,6 +138,27 @@ def test_train_heads_from_a_draft(tmp_path, capsys):
     assert err.count("\n") == 1 and "one-layer draft model" in err
     assert train("again", "--init", str(tmp_path / "narrow"), "--draft-vocab", "8") == 2
     assert "rows are its own" in capsys.readouterr().err
+    # EAGLE-3's fusion: --init with more target layers starts as it was (the new layers'
+    # share of the map at zero), then learns from them; saved, it reads them and stays lossless.
+    assert train("fused", "--init", str(tmp_path / "narrow"), "--feature-layers", "1,2") == 0
+    fused = json.loads((tmp_path / "fused" / "train_report.json").read_text())
+    assert fused["feature_layers"] == [1, 2] and fused["init_heldout_agreement"] == report["heldout_agreement"]
+    assert load_eagle(tmp_path / "fused", target).feature_layers == (1, 2)
+    eagle = SpeculativeGenerator.from_pretrained(str(tmp_path / "target"), method="eagle",
+                                                 options=DraftOptions(heads=str(tmp_path / "fused")))
+    assert eagle.drafter.reads_hidden == (1, 2)
+    for prompt in ["def f3(x):\n", "def f6(x):\n    return x"]:
+        assert eagle.generate(prompt, max_new_tokens=24, num_speculative_tokens=3).token_ids == \
+            plain.generate(prompt, max_new_tokens=24).token_ids
+    capsys.readouterr()
+    for extra, says in [(("--init", str(tmp_path / "fused"), "--feature-layers", "1"), "keep them"),
+                        (("--from-draft", str(tmp_path / "draft"), "--feature-layers", "1,3"), "from 1 to"),
+                        (("--feature-layers", "2,1"), "increasing"),
+                        (("--feature-layers", "1,x"), "separated by commas"),
+                        (("--feature-layers", "1,2"), "narrower than the target")]:
+        assert train("bad", *extra) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--feature-layers" in err and says in err and "Traceback" not in err
     assert train("again", "--init", str(tmp_path / "narrow"), "--blind-share", "1") == 2
     assert "--blind-share 1.0: a share of the windows" in capsys.readouterr().err
 

@@ -384,3 +384,28 @@ def test_step_costs_time_the_draft_burst_as_the_drafter_runs_it(monkeypatch):
     monkeypatch.setattr(NativeLM, "greedy_chain", lambda *args, **kwargs: None)  # no one-call path: extends
     StepCostSampler(target, draft, context, verify_sizes=(1, 2, 5)).sample(1)
     assert calls["greedy_chain"] == 2
+
+
+def test_states_between_layers_keep_the_blocks_in_c_calls_bit_for_bit(monkeypatch):
+    """A pass asked for a middle layer's state (an EAGLE-3 drafter's fused layers) runs the
+    blocks as one C call per stretch between the states asked for, not layer by layer in
+    Python: the same states and logits, bit for bit, as the per-block path."""
+    model = tiny_model()
+    tokens = torch.randint(0, 96, (1, 12))
+
+    def run() -> list[torch.Tensor]:
+        with torch.inference_mode():
+            cache = model.new_cache(1, 32)
+            prefill = model(tokens[:, :8], 0, cache, output_hidden_states=(1, 2))
+            verify = model(tokens[:, 8:12], 8, cache, output_hidden_states=(1, 2))
+        return [prefill.logits, prefill.hidden_states[1], prefill.hidden_states[2], verify.logits,
+                verify.hidden_states[1], verify.hidden_states[2]]
+
+    stacks, calls = count_calls(monkeypatch, "blocks"), count_calls(monkeypatch, "block")
+    stacked = run()
+    assert stacks["blocks"] == 2 * 2 and calls["block"] == 0  # two passes, two stretches each
+    monkeypatch.setattr(type(model), "block_stack", lambda self, start, stop: None)
+    per_block = run()
+    assert calls["block"] == 2 * model.config.n_layers
+    for got, want in zip(stacked, per_block):
+        assert torch.equal(got, want)

@@ -79,13 +79,13 @@ class EagleDrafter:
         # the default depth (no cost model knows a tree's cost yet).
         self.k_by_cost_model = k_by_cost_model
         self.own_k = (DEFAULT_DEPTH, "eagle's default depth")
-        self.reads_hidden = (target.config.n_layers,)
+        self.reads_hidden = head.feature_layers  # the final state, or the layers it fuses
         self.name = f"eagle({shape.name.removeprefix('tree(').removesuffix(')')})"
         if self.stop_policy is not None:
             self.name += f"({self.stop_policy.name})"
         self.params, self.generator = SamplingParams(), torch.Generator()
         self.cache = None
-        self.features: torch.Tensor | None = None  # the target's final states by position (its width)
+        self.features: torch.Tensor | None = None  # the target's states it reads, by position
         self.known = 0  # positions whose target feature has been observed
         self.fed = 0  # positions whose tokens the drafter's cache holds (with target features)
         self.offset = 0  # the position in slot 0: the prompt tokens before it are not read
@@ -102,7 +102,8 @@ class EagleDrafter:
         if self.cache is None or self.cache.max_len < max_len:
             self.cache = self.head.new_cache(max_len)
             weight = self.target.embed.weight
-            self.features = torch.zeros(max_len, weight.shape[1], dtype=weight.dtype, device=weight.device)
+            width = weight.shape[1] * len(self.reads_hidden)
+            self.features = torch.zeros(max_len, width, dtype=weight.dtype, device=weight.device)
         self.known = self.fed = self.offset = 0
         self.prompt = prompt
 
@@ -110,9 +111,10 @@ class EagleDrafter:
     def observe(self, slot: int, start: int, states: dict[int, torch.Tensor]) -> None:
         # Kept at the target's width: a narrow drafter maps them where it feeds them, in
         # the chain's C call (the map as PyTorch calls here cost ~0.1-0.3 ms a round).
-        final = states[self.reads_hidden[0]]
-        self.features[start : start + final.shape[0]] = final
-        self.known = start + final.shape[0]
+        m, width = states[self.reads_hidden[0]].shape
+        for i, layer in enumerate(self.reads_hidden):  # side by side, as training's TargetStates
+            self.features[start : start + m, i * width : (i + 1) * width] = states[layer]
+        self.known = start + m
         if self.fed == 0 and self.known >= self.prompt.numel():
             self._feed_prompt()
 

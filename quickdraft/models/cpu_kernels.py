@@ -124,7 +124,8 @@ def library() -> ctypes.CDLL | None:
     lib.qd_greedy_chain.restype = _c_int64
     lib.qd_eagle_chain.argtypes = [_ptr, _c_float, _c_int64, _ptr, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                    _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr,
-                                   _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _ptr, _c_int64, _c_float, _c_int]
+                                   _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _c_float,
+                                   _c_int]
     lib.qd_eagle_chain.restype = _c_int64
     for fn in (lib.qd_block, lib.qd_blocks, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_q8c_matmul, lib.qd_bf16dp_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
         fn.restype = None
@@ -362,7 +363,8 @@ def eagle_chain(feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, 
                 embed_scale: float, fc: LinearSpec, stack: BlockStack, n_heads: int,
                 rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 start: int, final_norm: tuple[torch.Tensor, float], head: LinearSpec, head_ids: torch.Tensor | None,
-                vocab: int, feature_in: LinearSpec | None = None, min_confidence: float = 0.0) -> list[int]:
+                vocab: int, feature_in: LinearSpec | None = None, min_confidence: float = 0.0,
+                feature_chunks: int = 1) -> list[int]:
     """An EAGLE drafter's feed and greedy chain of ``n`` tokens in one call
     (``qd_eagle_chain``). The feed: ``feed_tokens`` ``[m]``, each with ``feed_features``
     ``[m, H]`` (the target's feature of the token before it), through ``fc`` (over the
@@ -371,8 +373,9 @@ def eagle_chain(feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, 
     over the final-normed feature, the first from the feed's last output, each later one
     from the output of one level fed the token before it at slot ``start + i``. ``rope``:
     cos and signed sin for the ``m + n - 1`` positions fed. ``feature_in``: a narrow
-    drafter's map from the target's width, applied to ``feed_features`` first (as
-    ``EagleHead.from_target`` does: unit RMS, then the linear); None: they are mapped.
+    drafter's map from the target's states, applied to ``feed_features`` first (as
+    ``EagleHead.from_target`` does: each of the ``feature_chunks`` states side by side in a
+    row at unit RMS, then the linear); None: they are mapped.
     ``min_confidence`` > 0: the chain ends after the first token, before the ``n``-th, whose
     softmax top-1 probability (over the head's tokens) is below it."""
     tokens = torch.empty(n, dtype=torch.int64)
@@ -386,7 +389,7 @@ def eagle_chain(feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, 
         n_heads, n_kv_heads, head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len,
         start, final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab, feature.data_ptr(),
         feed.data_ptr(), features.data_ptr(), None if feature_in is None else ctypes.addressof(feature_in),
-        feed.numel(), tokens.data_ptr(), n, min_confidence, torch.get_num_threads())
+        feature_chunks, feed.numel(), tokens.data_ptr(), n, min_confidence, torch.get_num_threads())
     return tokens[:count].tolist()
 
 

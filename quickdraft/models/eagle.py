@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,6 +60,23 @@ class EagleConfig:
     target_fingerprint: str = ""
     kind: str = EAGLE_KIND
     layer: dict[str, int] | None = None  # LAYER_FIELDS where the layer is not the target's shape
+    #: The target's states it reads (``Transformer.forward``'s numbering), fused through
+    #: ``feature_in`` (EAGLE-3); None: the final state alone.
+    feature_layers: list[int] | None = None
+
+
+def check_feature_layers(layers: Sequence[int] | None, n_layers: int, own_width: bool) -> tuple[int, ...]:
+    """The target states a drafter reads, checked: ``layers`` (None: the final one,
+    ``n_layers``), each a layer's output ``1 .. n_layers``, increasing; several only for a
+    drafter narrower than the target, whose ``feature_in`` fuses them (EAGLE-3)."""
+    chosen = (n_layers,) if not layers else tuple(int(i) for i in layers)
+    if any(not 1 <= i <= n_layers for i in chosen) or list(chosen) != sorted(set(chosen)):
+        raise ValueError(f"feature layers {','.join(map(str, chosen))}: increasing layer numbers from 1 to "
+                         f"the target's {n_layers} (its final state), e.g. 2,5,{n_layers}")
+    if len(chosen) > 1 and not own_width:
+        raise ValueError("fusing several target layers needs a drafter narrower than the target (--from-draft), "
+                         "which maps them to its width")
+    return chosen
 
 
 class EagleHead(nn.Module):
@@ -66,7 +84,7 @@ class EagleHead(nn.Module):
     LM head rows) or of its own ``layer`` shape (with its own embedding, norm and rows)."""
 
     def __init__(self, target: Transformer, vocab_ids: torch.Tensor | None = None,
-                 layer: dict[str, int] | None = None) -> None:
+                 layer: dict[str, int] | None = None, feature_layers: Sequence[int] | None = None) -> None:
         super().__init__()
         tc = target.config
         unknown = set(layer or ()) - set(LAYER_FIELDS)
@@ -78,12 +96,13 @@ class EagleHead(nn.Module):
             raise ValueError(f"an EAGLE layer {width} wide needs {width // tc.head_dim} heads of the target's "
                              f"{tc.head_dim} (the target's rotary tables), not {self.layer_config.n_heads}")
         self.own_width = width != tc.hidden_size
+        self.feature_layers = check_feature_layers(feature_layers, tc.n_layers, self.own_width)
         self.fc = nn.Linear(2 * width, width, bias=False)
         with torch.no_grad():  # the feature passes through at first: the layer learns what changes
             self.fc.weight[:, width:].copy_(torch.eye(width))
         if self.own_width:
             self.embed = nn.Embedding(tc.vocab_size, width)
-            self.feature_in = nn.Linear(tc.hidden_size, width, bias=False)
+            self.feature_in = nn.Linear(len(self.feature_layers) * tc.hidden_size, width, bias=False)
             self.norm = make_norm(self.layer_config)
             if vocab_ids is None:  # its rows are its own: all of them stored
                 vocab_ids = torch.arange(tc.vocab_size)
@@ -106,6 +125,11 @@ class EagleHead(nn.Module):
         return {name: getattr(cfg, name) for name in LAYER_FIELDS} if self.own_width else None
 
     @property
+    def fused(self) -> bool:
+        """Whether it reads more of the target than its final state (EAGLE-3's fusion)."""
+        return len(self.feature_layers) > 1
+
+    @property
     def feature_size(self) -> int:
         """The width of what ``fc`` reads beside a token: :meth:`from_target`'s output."""
         return self.layer_config.hidden_size
@@ -124,19 +148,22 @@ class EagleHead(nn.Module):
         return self.norm if self.own_width else target.norm
 
     def from_target(self, features: torch.Tensor) -> torch.Tensor:
-        """The target's final states ``[..., H]`` as this drafter reads them beside a token:
-        themselves at the target's width, else mapped to the layer's width (``feature_in``,
-        at unit RMS first, as ``fc`` sees both)."""
+        """The target's states ``[..., L * H]`` (its :attr:`feature_layers`, side by side) as
+        this drafter reads them beside a token: the final state itself at the target's
+        width, else mapped to the layer's width (``feature_in``, each state at unit RMS
+        first, as ``fc`` sees both)."""
         if not self.own_width:
             return features
         if (torch.is_grad_enabled() or features.device.type != "cpu" or features.dtype != torch.float32
                 or cpu_kernels.library() is None):
-            return self.feature_in(unit_rms(features))
+            chunks = len(self.feature_layers)
+            return self.feature_in(unit_rms(features.unflatten(-1, (chunks, -1))).flatten(-2))
         # Decoding maps each round's accepted states: one C call where unit_rms's five
         # PyTorch ops took ~115 us a round right after a verify pass (~10 us warm), ~1.5%
         # of an embedded round. It rounds within an ulp of unit_rms (what training used):
         # a drafter's rounding changes what it proposes, never what the target accepts.
-        return self.feature_in(cpu_kernels.rms_norm(features, None, UNIT_RMS_EPS))
+        states = features.reshape(-1, features.shape[-1] // len(self.feature_layers))
+        return self.feature_in(cpu_kernels.rms_norm(states, None, UNIT_RMS_EPS).view(features.shape))
 
     def copy_vocab_rows(self, target: Transformer) -> None:
         """Fill the reduced head with the target's LM head rows (an unpacked target); a
@@ -216,7 +243,7 @@ class EagleHead(nn.Module):
 
         The feed: ``feed_tokens`` ``[m]`` (m >= 1), each with the target's feature of the
         token before it through :meth:`from_target` (``feed_features`` ``[m, feature_size]``;
-        ``raw``: the target's own states ``[m, H]``, mapped in the same call), at positions
+        ``raw``: the target's own states ``[m, L * H]``, mapped in the same call), at positions
         ``start - m .. start - 1`` and cache slots ``slot - m ..`` (:meth:`extend`'s causal
         pass). Then :meth:`best_token` of its last output, and of each level fed the token
         before at positions ``start``, ``start + 1``, ... and slots ``slot``, ``slot + 1``,
@@ -244,7 +271,7 @@ class EagleHead(nn.Module):
                                        self.layer.attn.n_heads, (cos[0, 0], sin[0, 0]), cache.k, cache.v, slot,
                                        (norm.weight, norm.eps), head, self.vocab_ids,
                                        target.config.vocab_size, feature_in if raw and self.own_width else None,
-                                       min_confidence)
+                                       min_confidence, len(self.feature_layers))
 
     def _chain_specs(self) -> tuple | None:
         """(fc, the block as a one-layer stack, the reduced head, feature_in or None) for
@@ -378,7 +405,8 @@ def is_eagle_dir(path: str | Path) -> bool:
 def save_eagle(head: EagleHead, target: Transformer, target_name: str, out: str | Path) -> None:
     """Write ``config.json`` + ``model.safetensors`` (fp32) to ``out``."""
     cfg = EagleConfig(target.config.hidden_size, target.config.vocab_size, head.draft_vocab, target_name,
-                      target_fingerprint(target), layer=head.layer_shape)
+                      target_fingerprint(target), layer=head.layer_shape,
+                      feature_layers=list(head.feature_layers) if head.fused else None)
     FILES.save(out, cfg, head.state_dict())
 
 
@@ -399,7 +427,7 @@ def load_eagle(path: str | Path, target: Transformer, draft_vocab: int | None = 
     ids = read_draft_vocab(path, draft_vocab)
     tensors = FILES.read_weights(path)
     try:
-        head = EagleHead(target, tensors.get("vocab_ids"), cfg.layer)
+        head = EagleHead(target, tensors.get("vocab_ids"), cfg.layer, cfg.feature_layers)
         head.load_state_dict(tensors)
     except (RuntimeError, ValueError) as exc:
         raise CheckpointError(f"cannot read EAGLE drafter {path}: {str(exc).splitlines()[0]}") from None

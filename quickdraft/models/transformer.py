@@ -642,17 +642,20 @@ class Transformer(nn.Module):
         states: dict[int, torch.Tensor] = {}
         if start in output_hidden_states:
             states[start] = x
-        stack = None
+        # The blocks in as few C calls as the states asked for allow (one, or one per
+        # stretch between them: EAGLE-3's fused layers): what the loop below does, bit for bit.
+        cuts = sorted({start, stop, *(i for i in output_hidden_states if start < i < stop)})
+        stacks = None
         if (ragged is None and x.shape[0] == 1 and not any(start <= i < stop for i in (*skip_attn, *skip_mlp))
-                and not any(start < i < stop for i in output_hidden_states) and cpu_kernels.fused_layers(x)
-                and isinstance(cache.k, torch.Tensor)):
-            stack = self.block_stack(start, stop)
-        if stack is not None:  # every block in one C call: what the loop below does, bit for bit
-            x = cpu_kernels.blocks(x, stack, self.layers[start].attn.n_heads, rope, cache.k, cache.v, start,
-                                   slots if isinstance(slots, int) else slots[0], kv_len,
-                                   None if mask is None else mask[0, 0])
-            if stop in output_hidden_states:
-                states[stop] = x
+                and cpu_kernels.fused_layers(x) and isinstance(cache.k, torch.Tensor)):
+            stacks = [self.block_stack(a, b) for a, b in zip(cuts, cuts[1:])]
+        if stacks is not None and all(stack is not None for stack in stacks):
+            for a, b, stack in zip(cuts, cuts[1:], stacks):
+                x = cpu_kernels.blocks(x, stack, self.layers[a].attn.n_heads, rope, cache.k, cache.v, a,
+                                       slots if isinstance(slots, int) else slots[0], kv_len,
+                                       None if mask is None else mask[0, 0])
+                if b in output_hidden_states:
+                    states[b] = x
         else:
             with attention_kernels(x.device):
                 for i in range(start, stop):

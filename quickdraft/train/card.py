@@ -736,7 +736,11 @@ def write_eagle_card(out: Path, r: dict) -> None:
              if r["draft_vocab"] else "the target's own LM head (shared, not stored here)")
     layer = r.get("layer")
     if layer:
-        what = (f"fc([its own token embedding; the target's final hidden state of the previous token, mapped to "
+        fused = r.get("feature_layers") or []
+        states = (f"the target's hidden states after layers {', '.join(map(str, fused))} of the previous token, "
+                  "each at unit RMS, fused (EAGLE-3) and" if len(fused) > 1
+                  else "the target's final hidden state of the previous token,")
+        what = (f"fc([its own token embedding; {states} mapped to "
                 f"{layer['hidden_size']} wide]) + one decoder layer {layer['hidden_size']} wide ({layer['n_heads']} "
                 f"heads, MLP {layer['intermediate_size']}), read by its own final norm and LM head rows over the "
                 f"{r['draft_vocab']:,} most frequent tokens of the training text ({r['draft_vocab_covers']:.1%} of it; "

@@ -31,7 +31,14 @@ import torch.nn.functional as F
 from ..drafters.medusa import MedusaDrafter
 from ..machine import machine_info
 from ..models.draft_vocab import default_vocab_size, write_draft_vocab
-from ..models.eagle import LAYER_FIELDS, EagleHead, is_eagle_dir, load_eagle, save_eagle
+from ..models.eagle import (
+    LAYER_FIELDS,
+    EagleHead,
+    check_feature_layers,
+    is_eagle_dir,
+    load_eagle,
+    save_eagle,
+)
 from ..models.errors import CheckpointError
 from ..models.medusa import MedusaHeads, is_medusa_dir, load_medusa, save_medusa
 from ..models.registry import read_meta
@@ -67,12 +74,14 @@ def multi_head_backward(trunk: torch.Tensor, head_losses: Sequence[Callable[[tor
 
 
 class TargetStates:
-    """One pass of the frozen target over windows ``[B, T]``: its logits and final hidden
-    states (before the norm), the KV cache kept between same-shape calls."""
+    """One pass of the frozen target over windows ``[B, T]``: its logits and hidden states
+    ``[B, T, L * H]``: the outputs of ``layers`` side by side (default: the final state,
+    before the norm), the KV cache kept between same-shape calls."""
 
-    def __init__(self, target) -> None:
+    def __init__(self, target, layers: Sequence[int] = ()) -> None:
         self.target, self.cache = target, None
         self.device = next(target.parameters()).device
+        self.layers = tuple(layers) if tuple(layers) not in ((), (target.config.n_layers,)) else ()
 
     def window(self, stream: np.ndarray, start: int, length: int) -> torch.Tensor:
         """``stream[start : start + length]`` as a ``[1, T]`` batch on the target's device."""
@@ -84,8 +93,10 @@ class TargetStates:
         if self.cache is None or self.cache.k.shape[1] != bsz or self.cache.max_len < length:
             self.cache = self.target.new_cache(bsz, length)
         positions = torch.arange(length, device=tokens.device)[None].expand(bsz, -1)
-        out = self.target(tokens, positions, self.cache)
-        return out.logits, out.hidden
+        out = self.target(tokens, positions, self.cache, output_hidden_states=self.layers)
+        if not self.layers:
+            return out.logits, out.hidden
+        return out.logits, torch.cat([out.hidden_states[i] for i in self.layers], dim=-1)
 
 
 def head_loss(heads: MedusaHeads, target, i: int, t_logits: torch.Tensor, labels: torch.Tensor,
@@ -154,6 +165,33 @@ def eagle_probe(target, heldout: np.ndarray, depth: int) -> Callable[[EagleHead]
     return lambda head: acceptance_probe(lm, lambda: EagleDrafter(lm, snapshot(head), shape), prompts, k=depth)
 
 
+def feature_layers_arg(value: str | None, start: EagleHead | None) -> list[int] | None:
+    """``--feature-layers`` as layer numbers (None: the ``--init`` drafter's, else the final
+    state); with ``--init``, they must keep every layer it reads."""
+    if value is None:
+        return None if start is None else list(start.feature_layers)
+    try:
+        layers = [int(part) for part in value.split(",")]
+    except ValueError:
+        raise TrainInputError(f"--feature-layers {value}: layer numbers separated by commas, e.g. 2,5,8") from None
+    if start is not None and not set(start.feature_layers) <= set(layers):
+        raise TrainInputError(f"--feature-layers {value}: the --init drafter reads layers "
+                              f"{','.join(map(str, start.feature_layers))}; keep them (it can only add layers)")
+    return layers
+
+
+def widened_map(start: EagleHead, layers: tuple[int, ...]) -> torch.Tensor:
+    """``start``'s feature map for reading ``layers`` (a superset of its own): its columns for
+    the layers it read, zeros for the new ones, so the drafter starts as it was."""
+    old = start.feature_in.weight.detach()
+    size = old.shape[1] // len(start.feature_layers)
+    weight = old.new_zeros(old.shape[0], size * len(layers))
+    for i, layer in enumerate(start.feature_layers):
+        j = layers.index(layer)
+        weight[:, j * size : (j + 1) * size] = old[:, i * size : (i + 1) * size]
+    return weight
+
+
 def read_init(path: Path, target, load) -> tuple[torch.nn.Module, dict[str, str]]:
     """Heads trained before for ``target`` (``--init``) and what the run records of them;
     a one-line TrainInputError when ``path`` holds none for it."""
@@ -167,8 +205,8 @@ def read_init(path: Path, target, load) -> tuple[torch.nn.Module, dict[str, str]
 
 def _student(args, target, tokens, log):
     """The kind's student, its loss, save, load and held-out check, and its settings."""
-    states = TargetStates(target)
     if args.kind == "medusa":
+        states = TargetStates(target)
         start, init = read_init(args.init, target, load_medusa) if args.init is not None else (None, None)
         heads = MedusaHeads(args.num_heads if start is None else start.num_heads, target.config.hidden_size)
         if start is not None:
@@ -191,6 +229,12 @@ def _student(args, target, tokens, log):
         layer = {name: getattr(draft.config, name) for name in LAYER_FIELDS}
         init = {"path": str(args.from_draft), "draft": True,
                 "sha256": hashlib.sha256((draft_dir / "model.safetensors").read_bytes()).hexdigest()}
+    layers = feature_layers_arg(args.feature_layers, start)
+    try:
+        check_feature_layers(layers, target.config.n_layers,
+                             layer is not None and layer["hidden_size"] != target.config.hidden_size)
+    except ValueError as exc:
+        raise TrainInputError(f"--feature-layers {args.feature_layers}: {exc}") from None
     if start is None:
         size = default_vocab_size(target.config.vocab_size) if args.draft_vocab is None else args.draft_vocab
         ids, covers = frequent_tokens(tokens.train, target.config.vocab_size, size)
@@ -207,7 +251,7 @@ def _student(args, target, tokens, log):
     if ids is not None:
         log(f"[train heads] draft vocabulary: {ids.numel():,} tokens ({covers:.1%} of the training text)")
     try:
-        head = EagleHead(target, ids, layer)
+        head = EagleHead(target, ids, layer, layers)
         if draft is not None:
             head.from_draft(draft, target)
             log(f"[train heads] a layer of the draft's shape ({draft.config.hidden_size} wide), starting as "
@@ -218,11 +262,17 @@ def _student(args, target, tokens, log):
     if start is not None:  # its own layers; a target-width head's rows (frozen) come from the target above
         state = head.state_dict()
         state.update((k, v) for k, v in start.state_dict().items() if head.own_width or not k.startswith("vocab_"))
+        if head.feature_layers != start.feature_layers:
+            state["feature_in.weight"] = widened_map(start, head.feature_layers)
+            log(f"[train heads] reading target layers {','.join(map(str, head.feature_layers))} (from "
+                f"{','.join(map(str, start.feature_layers))}): the new layers' share of the map starts at zero")
         head.load_state_dict(state)
+    states = TargetStates(target, head.feature_layers)
     return (head, make_eagle_loss(states, args.ttt_steps, args.reg_weight, args.kl_weight, args.blind_share), save_eagle,
             load_eagle,
             lambda h: eagle_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens, args.ttt_steps),
-            {"ttt_steps": args.ttt_steps, "layer": head.layer_shape, "draft_vocab": 0 if ids is None else ids.numel(),
+            {"ttt_steps": args.ttt_steps, "layer": head.layer_shape, "feature_layers": list(head.feature_layers),
+             "draft_vocab": 0 if ids is None else ids.numel(),
              "draft_vocab_covers": covers, "reg_weight": args.reg_weight, "kl_weight": args.kl_weight, "blind_share": args.blind_share,
              "init": init})
 

@@ -618,8 +618,9 @@ static void eagle_input(const float *embed, float embed_scale, int64_t hidden, i
  * each token but the last, one level: x = fc([embed[token] * embed_scale ; feature /
  * rms(feature)]), the block at cache slot start + i, and x becomes the next feature. cos /
  * ssin: [m + n - 1, d] (the feed's positions, then the levels'). With feature_in (a drafter
- * narrower than its target), feed_features are the target's own states [m, target_width],
- * mapped here as EagleHead.from_target maps them (unit RMS, then feature_in). What the drafter's Python
+ * narrower than its target), feed_features are the target's own states [m, feature_in->in]
+ * (feature_chunks states of one layer each, side by side), mapped here as
+ * EagleHead.from_target maps them (each state at unit RMS, then feature_in). What the drafter's Python
  * extend and levels compute, up to float rounding (a drafter's rounding never changes what
  * the target accepts); it saves ~0.35 ms of Python and PyTorch calls a level. min_confidence
  * > 0: the chain ends at the first token before the last whose top_probability is below it,
@@ -629,8 +630,8 @@ int64_t qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, co
                     const float *cos, const float *ssin, float *k_cache, float *v_cache, int64_t layer_stride,
                     int64_t max_len, int64_t start, const float *final_norm, float final_eps, const QdLinear *head,
                     const int64_t *head_ids, int64_t vocab, float *feature, const int64_t *feed_tokens,
-                    const float *feed_features, const QdLinear *feature_in, int64_t m, int64_t *tokens, int64_t n,
-                    float min_confidence, int threads) {
+                    const float *feed_features, const QdLinear *feature_in, int64_t feature_chunks, int64_t m,
+                    int64_t *tokens, int64_t n, float min_confidence, int threads) {
     float *in = malloc((size_t)(2 * hidden) * sizeof(float)), *x = malloc((size_t)hidden * sizeof(float));
     float *h = malloc((size_t)hidden * sizeof(float)), *logits = malloc((size_t)head->out * sizeof(float));
     if (m > 0) {
@@ -640,7 +641,7 @@ int64_t qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, co
         if (feature_in != NULL) {
             float *unit = malloc((size_t)(m * feature_in->in) * sizeof(float));
             mapped = malloc((size_t)(m * hidden) * sizeof(float));
-            qd_rms_norm(feed_features, m, feature_in->in, NULL, QD_UNIT_RMS_EPS, unit);
+            qd_rms_norm(feed_features, m * feature_chunks, feature_in->in / feature_chunks, NULL, QD_UNIT_RMS_EPS, unit);
             linear(feature_in, unit, m, mapped, threads);
             free(unit);
             feed_features = mapped;
