@@ -644,10 +644,10 @@ class Transformer(nn.Module):
             states[start] = x
         # The blocks in as few C calls as the states asked for allow (one, or one per
         # stretch between them: EAGLE-3's fused layers): what the loop below does, bit for bit.
-        cuts = sorted({start, stop, *(i for i in output_hidden_states if start < i < stop)})
         stacks = None
         if (ragged is None and x.shape[0] == 1 and not any(start <= i < stop for i in (*skip_attn, *skip_mlp))
                 and cpu_kernels.fused_layers(x) and isinstance(cache.k, torch.Tensor)):
+            cuts = sorted({start, stop, *(i for i in output_hidden_states if start < i < stop)})
             stacks = [self.block_stack(a, b) for a, b in zip(cuts, cuts[1:])]
         if stacks is not None and all(stack is not None for stack in stacks):
             for a, b, stack in zip(cuts, cuts[1:], stacks):

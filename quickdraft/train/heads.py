@@ -81,7 +81,8 @@ class TargetStates:
     def __init__(self, target, layers: Sequence[int] = ()) -> None:
         self.target, self.cache = target, None
         self.device = next(target.parameters()).device
-        self.layers = tuple(layers) if tuple(layers) not in ((), (target.config.n_layers,)) else ()
+        # The final state alone is the pass's own output: no states to ask for.
+        self.layers = () if tuple(layers) == (target.config.n_layers,) else tuple(layers)
 
     def window(self, stream: np.ndarray, start: int, length: int) -> torch.Tensor:
         """``stream[start : start + length]`` as a ``[1, T]`` batch on the target's device."""
