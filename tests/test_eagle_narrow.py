@@ -155,7 +155,8 @@ def test_train_heads_from_a_draft(tmp_path, capsys):
                         (("--from-draft", str(tmp_path / "draft"), "--feature-layers", "1,3"), "from 1 to"),
                         (("--feature-layers", "2,1"), "increasing"),
                         (("--feature-layers", "1,x"), "separated by commas"),
-                        (("--feature-layers", "1,2"), "narrower than the target")]:
+                        (("--feature-layers", "1,2"), "narrower than the target"),
+                        (("--kind", "medusa", "--feature-layers", "1,2"), "is for --kind eagle")]:
         assert train("bad", *extra) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--feature-layers" in err and says in err and "Traceback" not in err

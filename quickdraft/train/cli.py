@@ -302,6 +302,11 @@ def run_train_exit_head(args) -> int:
 
 
 def run_train_heads(args) -> int:
+    # Options only an EAGLE drafter has: another kind would drop them without a word.
+    eagle_only = [flag for flag, given in (("--from-draft", args.from_draft is not None),
+                                           ("--feature-layers", args.feature_layers is not None)) if given]
+    if eagle_only and args.kind != "eagle":
+        raise TrainInputError(f"{eagle_only[0]} is for --kind eagle (drop it for --kind {args.kind})")
     if args.kind == "prophet":
         if args.init is not None:
             raise TrainInputError("--init is for --kind medusa or eagle; train a prophet from scratch "
