@@ -40,10 +40,11 @@ def test_native_gguf_matches_transformers(tmp_path, qtype):
     assert set(TYPES) == set(gguf.SUPPORTED_TYPES)
     path = tmp_path / f"tiny-{qtype}.gguf"
     write_tiny_gguf(path, qtype, tied=qtype in ("F16", "Q4_K"))
-    # Q8_0 runs on our int8 kernels by default, which quantize activations to 8 bits as
-    # llama.cpp does (checked against its own reference in test_quant_linear): the exact
-    # parity with transformers is that of the file's weights, dequantized.
-    placement = resolve_placement(quantize="none") if qtype == "Q8_0" else None
+    # Q8_0, Q4_0 and Q4_1 run on our int8 / int4 kernels by default, which quantize
+    # activations to 8 bits as llama.cpp does (checked against their own references in
+    # test_quant_linear): the exact parity with transformers is that of the file's weights,
+    # dequantized.
+    placement = resolve_placement(quantize="none") if qtype in ("Q8_0", "Q4_0", "Q4_1") else None
     ours = load_model(path, placement=placement)
     theirs = HFCausalLM(gguf.load_hf_model(path, torch.float32), path)
     assert isinstance(ours, NativeLM)

@@ -226,24 +226,57 @@ def drafter_q8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> 
     return y
 
 
-def q4_matmul(x: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """``x @ W.T`` with ``W = (q - 8) * scale + zero`` group by group, ``q`` as
-    :func:`pack_q4` lays it out (``[N, K / 2]`` uint8); ``scale``, ``zero``: ``[N, K / 32]``."""
+def q4_matmul(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
+              out_features: int) -> torch.Tensor:
+    """``x @ W.T`` for the int4 weight :func:`pack_q4` laid out (``tiles``, ``scale``,
+    ``offset``), ``x`` quantized to 8 bits per group of 32 on the way (``kernels/q4a8.h``:
+    the rule, exact integer sums per group, each row rounded alike whatever the row count)."""
     lib = library()
     assert lib is not None, "q4_matmul needs the compiled kernels (cpu_kernels.library())"
     x = x.contiguous()
-    y = torch.empty(x.shape[0], packed.shape[0], dtype=torch.float32)
-    lib.qd_q4_matmul(x.data_ptr(), x.shape[0], x.shape[1], packed.data_ptr(), scale.data_ptr(), zero.data_ptr(),
-                     packed.shape[0], y.data_ptr(), torch.get_num_threads())
+    y = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+    lib.qd_q4_matmul(x.data_ptr(), x.shape[0], x.shape[1], tiles.data_ptr(), scale.data_ptr(), offset.data_ptr(),
+                     out_features, y.data_ptr(), torch.get_num_threads())
     return y
 
 
-def pack_q4(q: torch.Tensor) -> torch.Tensor:
-    """``[N, K]`` integers in 0..15 -> ``[N, K / 2]`` uint8 in GGUF's block layout: in each
-    group of 32, byte ``j`` holds ``q[j]`` (low nibble) and ``q[j + 16]`` (high nibble)."""
+#: Weight rows per int4 tile (``kernels/q4a8.h``).
+Q4_TILE = 16
+
+
+def pack_q4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The int4 weight ``W = (q - 8) * scale + zero`` (``q`` ``[N, K]`` integers in 0..15,
+    ``scale`` and ``zero`` ``[N, K / 32]``) as :func:`q4_matmul` takes it: nibbles in tiles
+    of 16 weight rows (``[T, K / 32, 256]`` uint8, ``T = ceil(N / 16)``, missing rows zero)
+    and per tile and group the 16 rows' ``scale`` and ``offset = zero - 8 * scale``
+    (``[T, K / 32, 16]`` float32). ``kernels/q4a8.h`` documents the byte order."""
     n, k = q.shape
-    groups = q.to(torch.uint8).reshape(n, k // 32, 2, 16)
-    return (groups[:, :, 0] | (groups[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    tiles, groups = -(-n // Q4_TILE), k // 32
+    pad = tiles * Q4_TILE - n
+
+    def tiled(t: torch.Tensor) -> torch.Tensor:  # [N, G] -> [T, G, 16], missing rows 0
+        t = torch.cat([t.float(), t.new_zeros(pad, groups, dtype=torch.float32)])
+        return t.reshape(tiles, Q4_TILE, groups).transpose(1, 2).contiguous()
+
+    # q[16t + i][32g + 8h + 4j + b] -> [t, g, h, i, b, j]: j = 0 low nibble, 1 high.
+    v = torch.cat([q.to(torch.uint8), q.new_zeros(pad, k, dtype=torch.uint8)])
+    v = v.reshape(tiles, Q4_TILE, groups, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    nibbles = (v[..., 0] | (v[..., 1] << 4)).reshape(tiles, groups, 256).contiguous()
+    return nibbles, tiled(scale), tiled(zero.float() - 8 * scale.float())
+
+
+def unpack_q4(tiles: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
+              out_features: int) -> torch.Tensor:
+    """The float32 weight ``q * scale + offset`` ``[N, K]`` that :func:`pack_q4`'s tiles hold
+    (what :func:`q4_matmul` multiplies the quantized activations by)."""
+    t, groups = tiles.shape[:2]
+    v = torch.stack([tiles & 0x0F, tiles >> 4], -1).view(t, groups, 4, Q4_TILE, 4, 2)
+    q = v.permute(0, 3, 1, 2, 5, 4).reshape(t * Q4_TILE, groups, 32)[:out_features].float()
+
+    def rows(p: torch.Tensor) -> torch.Tensor:  # [T, G, 16] -> [N, G, 1]
+        return p.transpose(1, 2).reshape(t * Q4_TILE, groups)[:out_features, :, None]
+
+    return (q * rows(scale) + rows(offset)).reshape(out_features, groups * 32)
 
 
 class LinearSpec(ctypes.Structure):

@@ -1,15 +1,21 @@
 """Quantized linear layers for CPU decoding: int4 in groups, int8 in groups or per channel.
 
 ``Int4Linear`` keeps 4-bit weights in groups of 32 along the input dimension, each group
-with a float32 scale and zero, in the layout of PyTorch's CPU kernel
-``aten._weight_int4pack_mm_for_cpu``, whose convention is ``w = (q - 8) * scale + zero``
-for ``q`` in 0..15. GGUF's 32-value blocks map onto it exactly:
+with a float32 scale and zero, ``w = (q - 8) * scale + zero`` for ``q`` in 0..15 (the
+convention of PyTorch's CPU kernel ``aten._weight_int4pack_mm_for_cpu``). GGUF's 32-value
+blocks map onto it exactly:
 
 * Q4_1 (``w = d * q + m``): ``scale = d``, ``zero = m + 8 d``;
 * Q4_0 (``w = d * (q - 8)``): ``scale = d``, ``zero = 0``.
 
 (``tests/test_quant_linear.py`` checks both against the ``gguf`` package's dequantizer.)
 A float32 checkpoint is quantized the Q4_1 way: each group's minimum and maximum.
+
+On our kernels the nibbles are laid out in tiles of 16 output rows and the inputs are
+quantized to 8 bits per group of 32, as llama.cpp runs Q4_0/Q4_1 (``cpu_kernels.q4_matmul``,
+``kernels/q4a8.h``): a group's product is an exact integer sum, so a verify pass of several
+rows costs far less than multiplying float32 inputs by dequantized weights
+(docs/quantization.md).
 
 ``Int8Linear`` keeps int8 weights with a float32 scale per output channel (quantized
 symmetrically from float32 weights) or per group of 32 inputs (GGUF's Q8_0, taken as it
@@ -104,9 +110,8 @@ class Int4Linear(WeightOnlyLinear):
         super().__init__()
         self.out_features, self.in_features = q.shape
         self.native = native_kernels()
-        if self.native:  # nibbles in GGUF's block layout, [out, groups] scales and zeros
-            self.packed = cpu_kernels.pack_q4(q)
-            self.scale, self.zero = scale.float().contiguous(), zero.float().contiguous()
+        if self.native:  # nibbles in tiles of 16 output rows, with their scales and offsets
+            self.tiles, self.scale, self.offset = cpu_kernels.pack_q4(q, scale, zero)
         else:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
             # The kernel's layout: [groups, out, 2] (scale, zero).
@@ -127,19 +132,22 @@ class Int4Linear(WeightOnlyLinear):
         return cls(q.reshape(out_features, in_features), scale, low + 8 * scale, bias, row_by_row)
 
     def dequantized(self) -> torch.Tensor:
-        """The float32 weight these layers multiply by (the identity matrix through the kernel)."""
+        """The float32 weight these layers multiply by (on our kernels ``q * scale + offset``,
+        times the 8-bit activations; else the identity matrix through PyTorch's kernel)."""
+        if self.native:
+            return cpu_kernels.unpack_q4(self.tiles, self.scale, self.offset, self.out_features)
         return self._mm(torch.eye(self.in_features)).t()
 
     def kernel_spec(self) -> cpu_kernels.LinearSpec | None:
         """This layer for ``cpu_kernels.block`` (None where our kernel does not run it)."""
         if not self.native or self.row_by_row:
             return None
-        return cpu_kernels.linear_spec("q4", self.out_features, self.in_features, self.packed, self.scale,
-                                       self.zero, self.bias)
+        return cpu_kernels.linear_spec("q4", self.out_features, self.in_features, self.tiles, self.scale,
+                                       self.offset, self.bias)
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if self.native:
-            return cpu_kernels.q4_matmul(x, self.packed, self.scale, self.zero)
+            return cpu_kernels.q4_matmul(x, self.tiles, self.scale, self.offset, self.out_features)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_and_zeros)
 
 

@@ -7,9 +7,9 @@
  *   f32: float32 w [N, K]                   (DecodeLinear's float32 weights: row-invariant, unlike oneDNN)
  *   bf16, f16: bfloat16 / float16 w [N, K] (float32 weights that are bfloat16 / float16 values, stored in
  *       half the bytes: each widens to its exact float32 value, then the f32 path's arithmetic, bit for bit)
- *   q4: 4-bit q [N, K / 2], 16 bytes/group, w = (q - 8) * scale + zero   (GGUF Q4_0 / Q4_1)
- *       byte j of a group holds q[j] in its low nibble and q[j + 16] in its high one
- *       (GGUF's own block layout, so a file's blocks are copied, not repacked).
+ *   q4: 4-bit q in tiles of 16 weight rows, w = (q - 8) * scale + zero   (GGUF Q4_0 / Q4_1)
+ *       x quantized to 8 bits per group of 32 too, as llama.cpp runs Q4_1 (q4a8.h: the
+ *       layout, the rule and why)
  *
  * Why not PyTorch's int8/int4 kernels: on AVX2 they run scalar code, 10-30x slower than the
  * float32 product they replace. Decoding reads every weight once per step, so a step is
@@ -17,9 +17,10 @@
  * to read.
  *
  * Exactness: each output element is computed by one thread with the same sequence of
- * operations whatever M is and however the rows are chunked: per group (q4, f32; q8 in
- * q8a8.h), the 32 weights are dequantized into four 8-lane vectors and accumulated into
- * two per-row accumulators with FMA, then the accumulators are summed in a fixed order.
+ * operations whatever M is and however the rows are chunked: per group (f32, bf16, f16;
+ * q8 in q8a8.h, q4 in q4a8.h), the 32 weights are widened into four 8-lane vectors and
+ * accumulated into two per-row accumulators with FMA, then the accumulators are summed in
+ * a fixed order.
  * So a row's result never depends on the other rows of the product (a verify pass of k+1
  * rows rounds each row as a one-row step does), nor on the thread count: what lossless
  * speculative decoding needs.
@@ -27,7 +28,9 @@
 #include "qmatmul.h"
 
 #include <stdlib.h>
+#include <string.h>
 
+#include "q4a8.h"
 #include "q8a8.h"
 
 /* AVX2's byte product: pairs into int16 (|w| <= 128, |x| <= 127: no saturation), then
@@ -121,30 +124,8 @@ static void q8a8_product(const float *x, int64_t M, int64_t K, const int8_t *q, 
 
 static inline float finish(const __m256 a[ACCS]) { return sum8(_mm256_add_ps(a[0], a[1])); }
 
-static inline void q4_group(const uint8_t *q, float scale, float zero, __m256 w[4]) {
-    const __m256 s = _mm256_set1_ps(scale), z = _mm256_set1_ps(zero);
-    const __m256i eight = _mm256_set1_epi32(8);
-    const __m128i mask = _mm_set1_epi8(0x0F);
-    const __m128i b = _mm_loadu_si128((const __m128i *)q);
-    const __m128i lo = _mm_and_si128(b, mask);                    /* q[0..15] */
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask); /* q[16..31] */
-#define Q4_LANES(bytes) \
-    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), eight)), s, z)
-    w[0] = Q4_LANES(lo);
-    w[1] = Q4_LANES(_mm_srli_si128(lo, 8));
-    w[2] = Q4_LANES(hi);
-    w[3] = Q4_LANES(_mm_srli_si128(hi, 8));
-#undef Q4_LANES
-}
-
 static inline void accumulate(const __m256 w[4], const float *x, __m256 acc[ACCS]) {
     for (int j = 0; j < 4; j++) acc[j % ACCS] = _mm256_fmadd_ps(w[j], _mm256_loadu_ps(x + 8 * j), acc[j % ACCS]);
-}
-
-/* How one group of a weight row becomes four vectors of 8 floats. */
-static inline void q4_weights(const Weights *w, int64_t n, int64_t K, int64_t g, __m256 out[4]) {
-    const int64_t i = n * (K / GROUP) + g;
-    q4_group((const uint8_t *)w->q + n * (K / 2) + g * (GROUP / 2), w->scale[i], w->zero[i], out);
 }
 
 static inline void f32_weights(const Weights *w, int64_t n, int64_t K, int64_t g, __m256 out[4]) {
@@ -275,7 +256,7 @@ static inline __attribute__((always_inline)) void f32_columns(const float *x, in
  * 17 or more its 4 x 4 tiles (qmatmul_avx512.c: 0.72-0.94x the time at 4-16 rows, the
  * tiles 0.79-0.90x at 8-25 before the pass; 1-3 rows stay here, as fast or faster). */
 void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads) {
-    const Weights weights = {w, 0, 0};
+    const Weights weights = {w};
     if (M >= 4 && qd_kernel_isa(-1)) { /* AVX-512, same bits */
         if (M <= 16) qd_f32_rows_avx512(x, M, K, w, N, y, threads);
         else qd_f32_matmul_avx512(x, M, K, w, N, y, threads);
@@ -303,7 +284,7 @@ void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t
             avx512_name(x, M, K, w, N, y, threads); \
             return; \
         } \
-        const Weights weights = {w, 0, 0}; \
+        const Weights weights = {w}; \
         _Pragma("omp parallel for schedule(static) num_threads(threads)") \
         for (int64_t n = 0; n < N; n++) column(group, &weights, n, x, M, K, N, y); \
     }
@@ -311,14 +292,69 @@ DEFINE_HALF_MATMUL(qd_bf16_matmul, qd_bf16_matmul_avx512, bf16_weights)
 DEFINE_HALF_MATMUL(qd_f16_matmul, qd_f16_matmul_avx512, f16_weights)
 #undef DEFINE_HALF_MATMUL
 
-/* x [M, K] float32, q [N, K/2] packed nibbles, scale and zero [N, K/32] -> y [M, N]. */
+/* Rows of x a pass over half a tile of int4 weights takes: two integer sums and an
+ * accumulator each, 12 of the 16 registers. */
+#define Q4_ROWS 4
+
+/* Lanes 8h .. 8h + 7 of a tile (weight rows 16t + 8h ..; `tile`, `scale` and `offset`
+ * point at that half of tile t's group 0) against rows 0 .. rows - 1 of the quantized x,
+ * q4a8.h's rule 8 lanes at a time: maddubs + madd give each lane the sum that one VNNI
+ * instruction gives. The first `live` lanes go to y[r * ldy + i]. Constant `rows`. */
+static inline __attribute__((always_inline)) void q4_half(const uint8_t *tile, const float *scale, const float *offset,
+                                                           const Q4a8Input *in, int64_t m, int64_t K, int rows,
+                                                           float *y, int64_t ldy, int live) {
+    const int64_t G = K / GROUP;
+    const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    __m256 acc[Q4_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        __m256i sum0[Q4_ROWS], sum1[Q4_ROWS];
+        for (int r = 0; r < rows; r++) sum0[r] = sum1[r] = _mm256_setzero_si256();
+        for (int h = 0; h < 4; h++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(tile + g * Q4_TILE_BYTES + 64 * h));
+            const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
+            for (int r = 0; r < rows; r++) {
+                int32_t x4[2]; /* x's bytes 8h .. 8h + 7 of the group, as two 4-byte words */
+                memcpy(x4, in->xq + (m + r) * K + g * GROUP + 8 * h, sizeof x4);
+                sum0[r] = _mm256_add_epi32(sum0[r], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4[0])), ones));
+                sum1[r] = _mm256_add_epi32(sum1[r], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4[1])), ones));
+            }
+        }
+        const __m256 s = _mm256_loadu_ps(scale + g * Q4_TILE), c = _mm256_loadu_ps(offset + g * Q4_TILE);
+        for (int r = 0; r < rows; r++) {
+            const __m256 i = _mm256_cvtepi32_ps(_mm256_add_epi32(sum0[r], sum1[r]));
+            acc[r] = _mm256_fmadd_ps(i, _mm256_mul_ps(s, _mm256_set1_ps(in->dx[(m + r) * G + g])), acc[r]);
+            acc[r] = _mm256_fmadd_ps(c, _mm256_set1_ps(in->sx[(m + r) * G + g]), acc[r]);
+        }
+    }
+    const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int r = 0; r < rows; r++) _mm256_maskstore_ps(y + r * ldy, lanes, acc[r]);
+}
+
+/* x [M, K] float32 (quantized to 8 bits per group of 32 on the way), q: int4 tiles, scale
+ * and offset [T][K / 32][16] (q4a8.h, as cpu_kernels.pack_q4 lays them out) -> y [M, N]. */
 void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
-                  const float *zero, int64_t N, float *y, int threads) {
-    if (qd_kernel_isa(-1)) {
-        qd_q4_matmul_avx512(x, M, K, q, scale, zero, N, y, threads);
+                  const float *offset, int64_t N, float *y, int threads) {
+    if (qd_kernel_isa(-1) && qd_vnni_supported()) {
+        qd_q4_matmul_vnni(x, M, K, q, scale, offset, N, y, threads);
         return;
     }
-    const Weights w = {q, scale, zero};
+    const Q4a8Input in = q4a8_input(x, M, K);
+    const int64_t G = K / GROUP, halves = 2 * ((N + Q4_TILE - 1) / Q4_TILE);
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) column(q4_weights, &w, n, x, M, K, N, y);
+    for (int64_t u = 0; u < halves; u++) {
+        const int64_t t = u / 2, h = u % 2, first = Q4_TILE * t + 8 * h;
+        if (first >= N)
+            continue;
+        const int live = N - first < 8 ? (int)(N - first) : 8;
+        const uint8_t *tile = q + t * G * Q4_TILE_BYTES + 32 * h;
+        const float *s = scale + t * G * Q4_TILE + 8 * h, *c = offset + t * G * Q4_TILE + 8 * h;
+        for (int64_t m = 0; m < M; m += Q4_ROWS) {
+#define Q4_CASE(r) \
+    case r: q4_half(tile, s, c, &in, m, K, r, y + m * N + first, N, live); break
+            switch (M - m < Q4_ROWS ? M - m : Q4_ROWS) { Q4_CASE(1); Q4_CASE(2); Q4_CASE(3); Q4_CASE(4); }
+#undef Q4_CASE
+        }
+    }
+    q4a8_free(in);
 }

@@ -9,11 +9,9 @@
 
 #define GROUP 32
 
-/* Where one weight row's groups are (q, and per group scale and zero where the format has
- * them). */
+/* Where a float weight's rows are (float32, bfloat16 or float16 values, [N, K]). */
 typedef struct {
     const void *q;
-    const float *scale, *zero;
 } Weights;
 
 /* The 8 lanes of v added in a fixed order (AVX only, so both files can use it). */
@@ -32,13 +30,10 @@ static inline __attribute__((target("avx512f"))) float sum16(__m512 acc) {
     return sum8(_mm256_add_ps(lo, hi));
 }
 
-/* The AVX-512 products (qmatmul_avx512.c), and whether this CPU runs them: int4; float32
- * of 4-16 rows (a prefetching row pass) and of 17+ (tiles); bfloat16 and float16 (the row
- * pass, tiles from 17); int8 with VNNI. */
+/* The AVX-512 products (qmatmul_avx512.c), and whether this CPU runs them: float32 of 4-16
+ * rows (a prefetching row pass) and of 17+ (tiles); bfloat16 and float16 (the row pass,
+ * tiles from 17); int8 and int4 with VNNI. */
 int qd_avx512_supported(void);
-void qd_q4_matmul_avx512(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
-                         const float *zero, int64_t N, float *y, int threads);
-
 void qd_f32_matmul_avx512(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads);
 void qd_f32_rows_avx512(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads);
 void qd_bf16_matmul_avx512(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y,
@@ -49,6 +44,9 @@ int qd_vnni_supported(void);
 /* A drafter's int8 products, a scale per output row (drafter_q8.c; needs qd_vnni_supported). */
 void qd_q8c_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N, float *y,
                    int threads);
+/* int4 tiles times 8-bit activations (q4a8.h; needs qd_vnni_supported). */
+void qd_q4_matmul_vnni(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
+                       const float *offset, int64_t N, float *y, int threads);
 void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
                        float *y, int threads);
 

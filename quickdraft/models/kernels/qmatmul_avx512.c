@@ -1,29 +1,14 @@
-/* qmatmul.c's int4 products on AVX-512 (AVX512F), its float32 products of 4+ rows, its
- * bfloat16 and float16 ones, and its int8 ones with AVX-512 VNNI (at the end), same
- * results bit for bit.
+/* qmatmul.c's products on AVX-512, same results bit for bit: float32 of 4+ rows,
+ * bfloat16 and float16 ones (AVX512F), and with AVX-512 VNNI int8 and int4 ones (at the
+ * end).
  *
- * What it changes, where the CPU has it (AMD Zen 4, Intel since Skylake-SP):
- *   - a group's 32 weights are two 16-lane vectors instead of four 8-lane ones, and a
- *     group dequantizes through one 16-entry table (vpermps over the 16 possible values of
- *     (q - 8) * scale + zero, each computed with the AVX2 path's FMA) instead of a convert
- *     per weight: int4 products are bound by that work, int8 and float32 ones by memory;
- *   - 32 vector registers: up to 16 rows of x share one dequantized group (AVX2: 6);
- *   - products of up to 10 rows take several weight rows at once (4 for one row of x, 2
- *     for 2-10 rows), so 4-20 accumulator chains are in flight (a 16-lane accumulator
- *     replaces two 8-lane ones, so one row alone would wait on FMA latency).
- * Measured on the 2-core Zen 4 EPYC here, whole decode passes interleaved with the AVX2
- * path (scripts/step_ab.py isa): SmolLM2's int4 passes of 1, 2, 3, 5 and 9 tokens take
- * 0.87x, 0.89x, 0.86x, 0.91x and 0.95x the time. The same scheme for float32 weights
- * (and int8 ones with float32 activations, before q8a8.h) did not pay: one-row products
- * 1.1-1.4x slower (one chain a row; tiles of several weight rows read streamed weights
- * up to 1.9x slower), several-row ones no faster (+-5% at 2-17 rows) until the pass
- * prefetched its weights (f32_pass below: 4-16 rows); 17+ rows take 4 x 4 tiles.
- *
- * Same rounding: the AVX2 kernel keeps two 8-lane accumulators per output, lane chunk j of
- * a group (j = 0..3) going into accumulator j % 2, summed at the end as sum8(acc0 + acc1).
- * Here one 16-lane accumulator holds [acc0 | acc1]: its first FMA of a group takes chunks
- * 0 and 1, its second chunks 2 and 3, so every lane sees the same operations in the same
- * order, and the final sum adds the two halves first.
+ * Float32 weights: a 16-lane accumulator replaces the AVX2 kernel's two 8-lane ones (lane
+ * chunk j of a group going into accumulator j % 2, summed at the end as sum8(acc0 +
+ * acc1)): one 16-lane accumulator holds [acc0 | acc1], its FMA of 16 consecutive weights
+ * takes chunks 0 and 1, so every lane sees the same operations in the same order, and the
+ * final sum adds the two halves first. One-row products stay on AVX2 (bound by memory;
+ * one chain a row would wait on FMA latency); several-row ones gain once the pass
+ * prefetches its weights (f32_pass below: 4-16 rows); 17+ rows take 4 x 4 tiles.
  * tests/test_quant_linear.py compares the two paths bit for bit (each format, row counts
  * across the passes of 16, widths not a multiple of 4).
  */
@@ -36,101 +21,6 @@
 #include "qmatmul.h"
 
 #include <stdlib.h>
-
-/* Rows of x that share one dequantized group of a weight row (one accumulator each). */
-#define ROWS16 16
-/* Rows of x a tile of two int4 weight rows takes (2 x 10 accumulators; 8 was ~5% slower
- * at 9 rows). */
-#define TILE_ROWS 10
-
-/* One int4 group of weight row n as two vectors of 16 floats: weights 0..15 and 16..31. */
-static inline void q4_group16(const Weights *w, int64_t n, int64_t K, int64_t g, __m512 out[2]) {
-    const int64_t i = n * (K / GROUP) + g;
-    const __m512 levels = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    const __m512 table = _mm512_fmadd_ps(levels, _mm512_set1_ps(w->scale[i]), _mm512_set1_ps(w->zero[i]));
-    const __m512i bytes = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128((const __m128i *)((const uint8_t *)w->q + n * (K / 2) + g * (GROUP / 2))));
-    out[0] = _mm512_permutexvar_ps(bytes, table);                       /* low nibbles: q[0..15] */
-    out[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table); /* high: q[16..31] */
-}
-
-typedef void (*Group16Fn)(const Weights *, int64_t, int64_t, int64_t, __m512[2]);
-
-/* Weight rows n .. n + nb - 1 against rows 0 .. rows - 1 of x, into y[r * ldy + b]: nb *
- * rows accumulator chains in flight (see the header). Always inlined with constant nb and
- * rows, so each shape is its own specialization. */
-/* `ahead` (0: none) prefetches weight rows n + ahead .. as this tile reads rows n ..: the
- * scales, zeros and nibbles of 4 rows are 12 streams, more than the hardware prefetcher
- * follows (SmolLM2's int4 products, interleaved, weights streamed: 0.74x / 0.85x / 0.90x
- * / 0.93x the time at 1 / 2 / 3 / 5 rows, ~0.98x from 9; a distance of two tiles was no
- * better). */
-static inline __attribute__((always_inline)) void tile(Group16Fn group, const Weights *w, int64_t n, int nb,
-                                                        const float *x, int64_t K, int rows, float *y,
-                                                        int64_t ldy, int64_t ahead) {
-    __m512 acc[4][ROWS16];
-    for (int b = 0; b < nb; b++)
-        for (int r = 0; r < rows; r++) acc[b][r] = _mm512_setzero_ps();
-    const int64_t groups = K / GROUP;
-    for (int64_t g = 0; g < groups; g++) {
-        if (ahead) { /* weight rows n + ahead ..: their nibbles (a line per 4 groups), scales and zeros (per 16) */
-            for (int b = 0; b < nb; b++) {
-                const int64_t row = n + ahead + b;
-                if (g % 4 == 0)
-                    _mm_prefetch((const char *)w->q + row * (K / 2) + g * (GROUP / 2), _MM_HINT_T0);
-                if (g % 16 == 0) {
-                    _mm_prefetch((const char *)(w->scale + row * groups + g), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(w->zero + row * groups + g), _MM_HINT_T0);
-                }
-            }
-        }
-        __m512 wg[4][2];
-        for (int b = 0; b < nb; b++) group(w, n + b, K, g, wg[b]);
-        for (int r = 0; r < rows; r++) {
-            const __m512 x0 = _mm512_loadu_ps(x + r * K + g * GROUP), x1 = _mm512_loadu_ps(x + r * K + g * GROUP + 16);
-            for (int b = 0; b < nb; b++)
-                acc[b][r] = _mm512_fmadd_ps(wg[b][1], x1, _mm512_fmadd_ps(wg[b][0], x0, acc[b][r]));
-        }
-    }
-    for (int b = 0; b < nb; b++)
-        for (int r = 0; r < rows; r++) y[r * ldy + b] = sum16(acc[b][r]);
-}
-
-/* Columns n .. n + nb - 1 of y [M, N] = x [M, K] @ W.T: those weight rows against all M
- * rows of x, `pass` (<= ROWS16) rows at a time; nb and pass are constants. */
-static inline __attribute__((always_inline)) void columns(Group16Fn group, const Weights *w, int64_t n, int nb,
-                                                           int pass, const float *x, int64_t M, int64_t K,
-                                                           int64_t N, float *y, int64_t ahead) {
-    for (int64_t m = 0; m < M; m += pass, ahead = 0) {
-        const float *xm = x + m * K;
-        float *ym = y + m * N + n;
-#define ROWS(r) \
-    case r: tile(group, w, n, nb, xm, K, r, ym, N, ahead); break
-        switch (M - m < pass ? M - m : pass) { /* every row count its own specialization */
-            ROWS(1); ROWS(2); ROWS(3); ROWS(4); ROWS(5); ROWS(6); ROWS(7); ROWS(8);
-            ROWS(9); ROWS(10); ROWS(11); ROWS(12); ROWS(13); ROWS(14); ROWS(15); ROWS(16);
-        }
-#undef ROWS
-    }
-}
-
-/* The parallel loops name their group function inside the region, where it is a constant
- * the compiler inlines (passed in, it would be an indirect call per group, ~3x slower). */
-void qd_q4_matmul_avx512(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
-                         const float *zero, int64_t N, float *y, int threads) {
-    const Weights w = {q, scale, zero};
-    if (M == 1 && N % 4 == 0) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t n = 0; n < N; n += 4) tile(q4_group16, &w, n, 4, x, K, 1, y + n, N, n + 8 <= N ? 4 : 0);
-        return;
-    }
-    if (M <= TILE_ROWS && N % 2 == 0) {
-#pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t n = 0; n < N; n += 2) columns(q4_group16, &w, n, 2, TILE_ROWS, x, M, K, N, y, n + 4 <= N ? 2 : 0);
-        return;
-    }
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) columns(q4_group16, &w, n, 1, ROWS16, x, M, K, N, y, n + 2 <= N ? 1 : 0);
-}
 
 /* float32 products of 8 rows or more: tiles of 4 rows of x x 4 weight rows, one 16-lane
  * accumulator each ([acc0 | acc1]: 16 consecutive floats are AVX2's chunks 0 and 1 of an
@@ -462,6 +352,102 @@ void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, co
     free(xq);
     free(dx);
     free(dx16);
+}
+
+/* int4 weights times 8-bit activations (q4a8.h: layout, rule and why) with AVX-512 VNNI: a
+ * vector is one tile's 16 weight rows, 4 weights each, and one vpdpbusd adds each lane's
+ * 4 products with 4 bytes of x (broadcast); 8 of them make a group's exact sum, two chains
+ * of 4 in flight. A pass takes two tiles x up to Q4_PAIR_ROWS rows of x (four chains per
+ * row in flight for a one-row step) or one tile x up to Q4_ONE_ROWS rows; the first pass
+ * over a tile prefetches the tiles after it. */
+#include <string.h>
+
+#include "q4a8.h"
+
+#define Q4_PAIR_ROWS 4
+#define Q4_ONE_ROWS 8
+
+/* Tiles t .. t + nb - 1 (`tiles`, `scale`, `offset` at tile t's group 0) against rows
+ * m .. m + rows - 1 of the quantized x, into y[r * ldy + 16 b + i]; the last tile's first
+ * `live` lanes only. Constant nb and rows. */
+static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles, const float *scale,
+                                                            const float *offset, int nb, const Q4a8Input *in,
+                                                            int64_t m, int64_t K, int rows, float *y, int64_t ldy,
+                                                            int live, const uint8_t *ahead) {
+    const int64_t G = K / GROUP;
+    const __m512i mask = _mm512_set1_epi8(0x0F);
+    __m512 acc[2][Q4_ONE_ROWS];
+    for (int b = 0; b < nb; b++)
+        for (int r = 0; r < rows; r++) acc[b][r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        if (ahead)
+            for (int b = 0; b < nb; b++)
+                for (int h = 0; h < 4; h++)
+                    _mm_prefetch((const char *)(ahead + (b * G + g) * Q4_TILE_BYTES + 64 * h), _MM_HINT_T0);
+        __m512i sum0[2][Q4_ONE_ROWS], sum1[2][Q4_ONE_ROWS];
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < rows; r++) sum0[b][r] = sum1[b][r] = _mm512_setzero_si512();
+        for (int h = 0; h < 4; h++) {
+            __m512i lo[2], hi[2];
+            for (int b = 0; b < nb; b++) {
+                const __m512i v = _mm512_loadu_si512(tiles + (b * G + g) * Q4_TILE_BYTES + 64 * h);
+                lo[b] = _mm512_and_si512(v, mask);
+                hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+            }
+            for (int r = 0; r < rows; r++) {
+                int32_t x4[2]; /* x's bytes 8h .. 8h + 7 of the group, as two 4-byte words */
+                memcpy(x4, in->xq + (m + r) * K + g * GROUP + 8 * h, sizeof x4);
+                const __m512i x0 = _mm512_set1_epi32(x4[0]), x1 = _mm512_set1_epi32(x4[1]);
+                for (int b = 0; b < nb; b++) {
+                    sum0[b][r] = _mm512_dpbusd_epi32(sum0[b][r], lo[b], x0);
+                    sum1[b][r] = _mm512_dpbusd_epi32(sum1[b][r], hi[b], x1);
+                }
+            }
+        }
+        for (int b = 0; b < nb; b++) {
+            const __m512 s = _mm512_loadu_ps(scale + (b * G + g) * Q4_TILE);
+            const __m512 c = _mm512_loadu_ps(offset + (b * G + g) * Q4_TILE);
+            for (int r = 0; r < rows; r++) {
+                const __m512 i = _mm512_cvtepi32_ps(_mm512_add_epi32(sum0[b][r], sum1[b][r]));
+                acc[b][r] = _mm512_fmadd_ps(i, _mm512_mul_ps(s, _mm512_set1_ps(in->dx[(m + r) * G + g])), acc[b][r]);
+                acc[b][r] = _mm512_fmadd_ps(c, _mm512_set1_ps(in->sx[(m + r) * G + g]), acc[b][r]);
+            }
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        const __mmask16 lanes = b < nb - 1 || live >= Q4_TILE ? 0xFFFF : (__mmask16)((1u << live) - 1);
+        for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(y + r * ldy + Q4_TILE * b, lanes, acc[b][r]);
+    }
+}
+
+void qd_q4_matmul_vnni(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
+                       const float *offset, int64_t N, float *y, int threads) {
+    const Q4a8Input in = q4a8_input(x, M, K);
+    const int64_t G = K / GROUP, T = (N + Q4_TILE - 1) / Q4_TILE;
+    const int pair = M <= Q4_PAIR_ROWS, pass = pair ? Q4_PAIR_ROWS : Q4_ONE_ROWS, step = pair ? 2 : 1;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t u = 0; u < (T + step - 1) / step; u++) {
+        const int64_t t = u * step;
+        const int nb = t + step <= T ? step : 1;
+        const int live = (int)(N - Q4_TILE * (t + nb - 1) < Q4_TILE ? N - Q4_TILE * (t + nb - 1) : Q4_TILE);
+        const uint8_t *tiles = q + t * G * Q4_TILE_BYTES, *ahead = t + 2 * nb <= T ? tiles + nb * G * Q4_TILE_BYTES : NULL;
+        const float *s = scale + t * G * Q4_TILE, *c = offset + t * G * Q4_TILE;
+        for (int64_t m = 0; m < M; m += pass, ahead = NULL) {
+            float *ym = y + m * N + Q4_TILE * t;
+#define Q4_CASE(NB, R) \
+    case R: q4_tiles(tiles, s, c, NB, &in, m, K, R, ym, N, live, ahead); break
+            const int rows = (int)(M - m < pass ? M - m : pass);
+            if (nb == 2)
+                switch (rows) { Q4_CASE(2, 1); Q4_CASE(2, 2); Q4_CASE(2, 3); Q4_CASE(2, 4); }
+            else
+                switch (rows) {
+                    Q4_CASE(1, 1); Q4_CASE(1, 2); Q4_CASE(1, 3); Q4_CASE(1, 4);
+                    Q4_CASE(1, 5); Q4_CASE(1, 6); Q4_CASE(1, 7); Q4_CASE(1, 8);
+                }
+#undef Q4_CASE
+        }
+    }
+    q4a8_free(in);
 }
 
 int qd_vnni_supported(void) {
