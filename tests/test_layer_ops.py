@@ -267,7 +267,7 @@ def test_block_specs_follow_swapped_layers_and_copies():
     first = block.kernel_specs()
     assert block.kernel_specs() is first
     twin = copy.deepcopy(model)
-    assert twin.layers[0].kernel_specs()[0].q == twin.layers[0].attn.wqkv.q.data_ptr() != first[0].q
+    assert twin.layers[0].kernel_specs()[0].q == twin.layers[0].attn.wqkv.tiles.data_ptr() != first[0].q
     quantize_linears(block, "int4")  # nothing left to swap: still int8
     block.attn.wo = tiny_model("int4").layers[0].attn.wo
     assert block.kernel_specs() is not first and block.kernel_specs()[1].kind == cpu_kernels.LINEAR_KINDS["q4"]

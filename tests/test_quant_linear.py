@@ -108,27 +108,37 @@ def q4_weight(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch
 
 
 def test_int8_products_quantize_activations_as_llama_cpp_does():
-    """Our int8 product multiplies 8-bit activations (per group of 32) by the int8 weights:
-    exact integer sums per group, so it matches the float64 reference to float32 rounding,
-    and multiplying float32 activations instead (the old rule) is far outside that."""
+    """Our int8 product (tiles of 16 weight rows, kernels/q8a8.h) multiplies 8-bit
+    activations (per group of 32) by the int8 weights: exact integer sums per group, so it
+    matches the float64 reference to float32 rounding on both instruction sets, bit for bit
+    alike (|q| = 128 included), widths not a multiple of 16; multiplying float32
+    activations instead (the old rule) is far outside that. The tiles hold q and the scales
+    as given."""
     from quickdraft.models import cpu_kernels
 
     if not native_kernels():
         pytest.skip("needs our compiled kernels")
     torch.manual_seed(5)
-    for n, k in [(96, 64), (75, 1216)]:
-        q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
-        scale = torch.rand(n, k // 32) * 0.01
-        x = torch.randn(9, k) * torch.rand(9, k // 32).repeat_interleave(32, 1) * 4  # groups of unequal range
-        x[0, :32] = 0  # an all-zero group: d = 0
-        expected = q8_reference(x, q, scale)
-        for isa in ("avx2", cpu_kernels.kernel_isa(None)):
-            cpu_kernels.kernel_isa(isa)
-            got = cpu_kernels.q8_matmul(x, q, scale).double()
-            torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    try:
+        for n, k in [(96, 64), (75, 1216), (7, 96), (17, 32)]:
+            q = torch.randint(-128, 128, (n, k), dtype=torch.int8)
+            scale = torch.rand(n, k // 32) * 0.01
+            packed = cpu_kernels.pack_q8(q, scale)
+            assert all(torch.equal(a, b) for a, b in zip(cpu_kernels.unpack_q8(packed[0], packed[1], n), (q, scale)))
+            x = torch.randn(9, k) * torch.rand(9, k // 32).repeat_interleave(32, 1) * 4  # groups of unequal range
+            x[0, :32] = 0  # an all-zero group: d = 0
+            expected = q8_reference(x, q, scale)
+            results = []
+            for isa in ("avx2", cpu_kernels.kernel_isa(None)):
+                cpu_kernels.kernel_isa(isa)
+                results.append(cpu_kernels.q8_matmul(x, *packed, n))
+                torch.testing.assert_close(results[-1].double(), expected, rtol=1e-5,
+                                           atol=1e-5 * expected.abs().max().item())
+            assert torch.equal(results[0], results[-1])
+            float_rule = x.double() @ (q.double().view(n, -1, 32) * scale.double()[..., None]).view(n, k).t()
+            assert (float_rule - expected).abs().max() > 100 * 1e-5 * expected.abs().max()
+    finally:
         cpu_kernels.kernel_isa("avx512")
-        float_rule = x.double() @ (q.double().view(n, -1, 32) * scale.double()[..., None]).view(n, k).t()
-        assert (float_rule - expected).abs().max() > 100 * 1e-5 * expected.abs().max()
 
 
 def test_int4_products_quantize_activations_as_llama_cpp_does():
@@ -334,13 +344,12 @@ def test_quantized_layers_refuse_to_train():
 
 
 def test_avx512_and_avx2_products_agree_bit_for_bit():
-    """qmatmul_avx512.c rounds every int4 and int8 element as qmatmul.c does (one 16-lane
-    accumulator is the AVX2 kernel's two 8-lane ones; int8 on AVX-512 VNNI, two groups a
-    vector, odd group counts too): row counts across both files' passes (AVX2: 6 rows;
-    AVX-512: 16 and tiles of 4 weight rows x 1 row, 2 x 2-10; float32: a prefetching row
-    pass of 4-16 rows, 4 x 4 tiles from 17; bfloat16 and float16 weights: the pass to 16
-    rows, the tiles from 17, and float32's result for the widened weights), widths not a
-    multiple of 4. Also each AVX2 product's several-row passes against its single rows (float32
+    """qmatmul_avx512.c rounds every element as qmatmul.c does: row counts across both
+    files' passes (int8 and int4 tiles: AVX2 halves of 4 rows, VNNI pairs of tiles up to 4
+    rows and single tiles 8 at a time, widths not a multiple of 16; float32 (one 16-lane
+    accumulator is the AVX2 kernel's two 8-lane ones): a prefetching row pass of 4-16 rows,
+    4 x 4 tiles from 17; bfloat16 and float16 weights: the pass to 16 rows, the tiles from
+    17, and float32's result for the widened weights), widths not a multiple of 4. Also each AVX2 product's several-row passes against its single rows (float32
     row pass up to 7 rows, tiles from 8)."""
     from quickdraft.models import cpu_kernels
 
@@ -351,10 +360,10 @@ def test_avx512_and_avx2_products_agree_bit_for_bit():
     torch.manual_seed(3)
     try:
         for n, k in [(96, 64), (75, 96), (50, 1216)]:
-            q8 = torch.randint(-127, 128, (n, k), dtype=torch.int8)
             scale, zero, weight = torch.rand(n, k // 32), torch.randn(n, k // 32), torch.randn(n, k)
             q4 = (*cpu_kernels.pack_q4(torch.randint(0, 16, (n, k)), scale, zero), n)
-            products = {"q4": (cpu_kernels.q4_matmul, q4), "q8": (cpu_kernels.q8_matmul, (q8, scale)),
+            q8 = (*cpu_kernels.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8), scale), n)
+            products = {"q4": (cpu_kernels.q4_matmul, q4), "q8": (cpu_kernels.q8_matmul, q8),
                         "f32": (cpu_kernels.f32_matmul, (weight,)), "bf16": (cpu_kernels.half_matmul, (weight.bfloat16(),)),
                         "f16": (cpu_kernels.half_matmul, (weight.half(),))}
             x = torch.randn(20, k)

@@ -95,7 +95,7 @@ def library() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(_build(compiler)))
     except (OSError, subprocess.CalledProcessError):
         return None
-    lib.qd_q8_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _c_int64, _ptr, ctypes.c_int]
+    lib.qd_q8_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_q4_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_f32_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_bf16_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
@@ -153,18 +153,19 @@ def fingerprint() -> str:
     return f"{_key(_compiler())}-{kernel_isa()}"
 
 
-def q8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``x @ W.T`` with ``W = q * scale`` group by group: ``x`` float32 ``[M, K]``, ``q`` int8
-    ``[N, K]``, ``scale`` float32 ``[N, K / 32]``; all contiguous. ``x`` is quantized on the
-    way, per row and group of 32 (``d = max|x| / 127``, ``x / d`` rounded half to even: see
-    ``kernels/q8a8.h``), as llama.cpp quantizes activations for Q8_0 weights, so each
-    group's product is an exact integer sum. Needs :func:`library`."""
+def q8_matmul(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
+              out_features: int) -> torch.Tensor:
+    """``x @ W.T`` for the int8 weight :func:`pack_q8` laid out (``tiles``, ``scale``,
+    ``shift``): ``x`` float32 ``[M, K]`` quantized on the way, per row and group of 32
+    (``d = max|x| / 127``, ``x / d`` rounded half to even: see ``kernels/q8a8.h``), as
+    llama.cpp quantizes activations for Q8_0 weights, so each group's product is an exact
+    integer sum. Needs :func:`library`."""
     lib = library()
     assert lib is not None, "q8_matmul needs the compiled kernels (cpu_kernels.library())"
     x = x.contiguous()
-    y = torch.empty(x.shape[0], q.shape[0], dtype=torch.float32)
-    lib.qd_q8_matmul(x.data_ptr(), x.shape[0], x.shape[1], q.data_ptr(), scale.data_ptr(), q.shape[0],
-                     y.data_ptr(), torch.get_num_threads())
+    y = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+    lib.qd_q8_matmul(x.data_ptr(), x.shape[0], x.shape[1], tiles.data_ptr(), scale.data_ptr(), shift.data_ptr(),
+                     out_features, y.data_ptr(), torch.get_num_threads())
     return y
 
 
@@ -240,8 +241,47 @@ def q4_matmul(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, offset:
     return y
 
 
-#: Weight rows per int4 tile (``kernels/q4a8.h``).
-Q4_TILE = 16
+#: Weight rows per int8 or int4 tile (``kernels/q8a8.h``).
+Q_TILE = 16
+
+
+def _tiled(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``[N, G]`` per row and group -> ``[T, G, 16]`` per tile, group and lane (missing rows 0)."""
+    n, groups = t.shape
+    tiles = -(-n // Q_TILE)
+    t = torch.cat([t.to(dtype), t.new_zeros(tiles * Q_TILE - n, groups, dtype=dtype)])
+    return t.reshape(tiles, Q_TILE, groups).transpose(1, 2).contiguous()
+
+
+def _per_row(t: torch.Tensor, out_features: int) -> torch.Tensor:
+    """:func:`_tiled` undone: ``[T, G, 16]`` -> ``[N, G]``."""
+    return t.transpose(1, 2).reshape(-1, t.shape[1])[:out_features]
+
+
+def _padded_rows(q: torch.Tensor) -> torch.Tensor:
+    return torch.cat([q, q.new_zeros(-q.shape[0] % Q_TILE, q.shape[1])])
+
+
+def pack_q8(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The int8 weight ``W = q * scale`` (``q`` ``[N, K]`` int8, ``scale`` ``[N, K / 32]``) as
+    :func:`q8_matmul` takes it: ``q`` in tiles of 16 weight rows (``[T, K / 32, 512]`` int8,
+    ``T = ceil(N / 16)``, missing rows zero), per tile and group the 16 rows' ``scale``
+    (``[T, K / 32, 16]`` float32) and ``shift``, 128 times each group's weight sum
+    (``[T, K / 32, 16]`` int32). ``kernels/q8a8.h`` documents the byte order."""
+    n, k = q.shape
+    groups = k // 32
+    v = _padded_rows(q.to(torch.int8))
+    # q[16t + i][32g + 4h + b] -> [t, g, h, i, b]
+    tiles = v.reshape(-1, Q_TILE, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(-1, groups, 512).contiguous()
+    shift = 128 * q.to(torch.int32).reshape(n, groups, 32).sum(-1)
+    return tiles, _tiled(scale), _tiled(shift, torch.int32)
+
+
+def unpack_q8(tiles: torch.Tensor, scale: torch.Tensor, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pack_q8` undone: ``q`` ``[N, K]`` int8 and ``scale`` ``[N, K / 32]``."""
+    t, groups = tiles.shape[:2]
+    q = tiles.view(t, groups, 8, Q_TILE, 4).permute(0, 3, 1, 2, 4).reshape(t * Q_TILE, groups * 32)
+    return q[:out_features], _per_row(scale, out_features)
 
 
 def pack_q4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -250,19 +290,11 @@ def pack_q4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[t
     of 16 weight rows (``[T, K / 32, 256]`` uint8, ``T = ceil(N / 16)``, missing rows zero)
     and per tile and group the 16 rows' ``scale`` and ``offset = zero - 8 * scale``
     (``[T, K / 32, 16]`` float32). ``kernels/q4a8.h`` documents the byte order."""
-    n, k = q.shape
-    tiles, groups = -(-n // Q4_TILE), k // 32
-    pad = tiles * Q4_TILE - n
-
-    def tiled(t: torch.Tensor) -> torch.Tensor:  # [N, G] -> [T, G, 16], missing rows 0
-        t = torch.cat([t.float(), t.new_zeros(pad, groups, dtype=torch.float32)])
-        return t.reshape(tiles, Q4_TILE, groups).transpose(1, 2).contiguous()
-
+    groups = q.shape[1] // 32
     # q[16t + i][32g + 8h + 4j + b] -> [t, g, h, i, b, j]: j = 0 low nibble, 1 high.
-    v = torch.cat([q.to(torch.uint8), q.new_zeros(pad, k, dtype=torch.uint8)])
-    v = v.reshape(tiles, Q4_TILE, groups, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
-    nibbles = (v[..., 0] | (v[..., 1] << 4)).reshape(tiles, groups, 256).contiguous()
-    return nibbles, tiled(scale), tiled(zero.float() - 8 * scale.float())
+    v = _padded_rows(q.to(torch.uint8)).reshape(-1, Q_TILE, groups, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+    nibbles = (v[..., 0] | (v[..., 1] << 4)).reshape(-1, groups, 256).contiguous()
+    return nibbles, _tiled(scale), _tiled(zero.float() - 8 * scale.float())
 
 
 def unpack_q4(tiles: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
@@ -270,13 +302,10 @@ def unpack_q4(tiles: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
     """The float32 weight ``q * scale + offset`` ``[N, K]`` that :func:`pack_q4`'s tiles hold
     (what :func:`q4_matmul` multiplies the quantized activations by)."""
     t, groups = tiles.shape[:2]
-    v = torch.stack([tiles & 0x0F, tiles >> 4], -1).view(t, groups, 4, Q4_TILE, 4, 2)
-    q = v.permute(0, 3, 1, 2, 5, 4).reshape(t * Q4_TILE, groups, 32)[:out_features].float()
-
-    def rows(p: torch.Tensor) -> torch.Tensor:  # [T, G, 16] -> [N, G, 1]
-        return p.transpose(1, 2).reshape(t * Q4_TILE, groups)[:out_features, :, None]
-
-    return (q * rows(scale) + rows(offset)).reshape(out_features, groups * 32)
+    v = torch.stack([tiles & 0x0F, tiles >> 4], -1).view(t, groups, 4, Q_TILE, 4, 2)
+    q = v.permute(0, 3, 1, 2, 5, 4).reshape(t * Q_TILE, groups, 32)[:out_features].float()
+    weight = q * _per_row(scale, out_features)[..., None] + _per_row(offset, out_features)[..., None]
+    return weight.reshape(out_features, groups * 32)
 
 
 class LinearSpec(ctypes.Structure):

@@ -160,10 +160,7 @@ class Int8Linear(WeightOnlyLinear):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
                  row_by_row: bool | None = None) -> None:
         """Quantize ``weight`` symmetrically, one scale per output channel."""
-        w = weight.detach().float()
-        scale = w.abs().amax(1) / 127
-        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
-        q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+        q, scale = per_channel_int8(weight)
         self._setup(q, scale[:, None], bias, row_by_row)
 
     @classmethod
@@ -181,30 +178,43 @@ class Int8Linear(WeightOnlyLinear):
         """``scale``: ``[out, 1]`` (per channel) or ``[out, in / 32]`` (per group)."""
         super().__init__()
         self.out_features, self.in_features = q.shape
-        self.q = q.to(torch.int8).contiguous()
         self.native = native_kernels() and self.in_features % GROUP == 0
-        # Our kernel takes a scale per group (a channel's scale repeated), PyTorch's per channel.
         scale = scale.float()
-        self.scale = (scale.expand(self.out_features, self.in_features // GROUP) if self.native else scale[:, 0]).contiguous()
+        if self.native:  # tiles of 16 output rows; our kernel takes a scale per group (a channel's repeated)
+            groups = scale.expand(self.out_features, self.in_features // GROUP)
+            self.tiles, self.scale, self.shift = cpu_kernels.pack_q8(q.to(torch.int8), groups)
+        else:  # PyTorch's kernel: [out, in] and a scale per channel
+            self.q, self.scale = q.to(torch.int8).contiguous(), scale[:, 0].contiguous()
         self.bias = None if bias is None else bias.detach().float().clone()
         self.row_by_row = not kernel_rows_are_invariant("int8") if row_by_row is None else row_by_row
 
     def dequantized(self) -> torch.Tensor:
         """The float32 weight these layers multiply by."""
         if self.native:
-            return (self.q.float().view(self.out_features, -1, GROUP) * self.scale[..., None]).view_as(self.q)
+            q, scale = cpu_kernels.unpack_q8(self.tiles, self.scale, self.out_features)
+            return (q.float().view(self.out_features, -1, GROUP) * scale[..., None]).view_as(q)
         return self.q.float() * self.scale[:, None]
 
     def kernel_spec(self) -> cpu_kernels.LinearSpec | None:
         """This layer for ``cpu_kernels.block`` (None where our kernel does not run it)."""
         if not self.native or self.row_by_row:
             return None
-        return cpu_kernels.linear_spec("q8", self.out_features, self.in_features, self.q, self.scale, None, self.bias)
+        return cpu_kernels.linear_spec("q8", self.out_features, self.in_features, self.tiles, self.scale, self.shift,
+                                       self.bias)
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if self.native:
-            return cpu_kernels.q8_matmul(x, self.q, self.scale)
+            return cpu_kernels.q8_matmul(x, self.tiles, self.scale, self.shift, self.out_features)
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale)
+
+
+def per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``weight`` quantized symmetrically, one scale per output channel: int8 ``q`` and the
+    float32 scales (``weight ~ q * scale[:, None]``)."""
+    w = weight.detach().float()
+    scale = w.abs().amax(1) / 127
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
 
 
 class DrafterInt8Linear(Int8Linear):
@@ -216,8 +226,15 @@ class DrafterInt8Linear(Int8Linear):
     target accepts."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        super().__init__(weight, bias, row_by_row=False)
-        self.row_scale = self.scale[:, 0].contiguous()  # per channel (self.scale: repeated per group)
+        WeightOnlyLinear.__init__(self)
+        self.out_features, self.in_features = weight.shape
+        self.q, self.row_scale = per_channel_int8(weight)
+        self.native, self.row_by_row = True, False
+        self.bias = None if bias is None else bias.detach().float().clone()
+
+    def dequantized(self) -> torch.Tensor:
+        """The float32 weight these layers multiply by."""
+        return self.q.float() * self.row_scale[:, None]
 
     def kernel_spec(self) -> cpu_kernels.LinearSpec:
         """This layer for ``cpu_kernels.block``."""

@@ -381,8 +381,8 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
  * products of qmatmul.c: the same kernels, in the same order, as the model's per-op path
  * (Block.forward with the fused ops), so the result is the same bit for bit; what it
  * saves is the Python and PyTorch calls between them (~100 us a layer). */
-void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
-                  float *y, int threads);
+void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, const int32_t *shift,
+                  int64_t N, float *y, int threads);
 void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
                   const float *zero, int64_t N, float *y, int threads);
 void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads);
@@ -392,8 +392,8 @@ void qd_q8c_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const 
                    int threads);
 void qd_bf16dp_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads);
 
-/* One linear layer's weights: kind 0 float32 [out, in], 1 int8 groups (+ scale), 2 int4
- * groups (+ scale, zero), 3 bfloat16 [out, in], 4 float16 [out, in], 5 a drafter's int8
+/* One linear layer's weights: kind 0 float32 [out, in], 1 int8 tiles (+ scale, and in
+ * `zero` the int32 shift: q8a8.h), 2 int4 tiles (+ scale, offset: q4a8.h), 3 bfloat16 [out, in], 4 float16 [out, in], 5 a drafter's int8
  * (+ a scale per row: drafter_q8.c), 6 bfloat16 [out, in] times bfloat16-rounded x
  * (bf16_products.c); bias may be NULL. */
 typedef struct {
@@ -406,7 +406,7 @@ static void linear(const QdLinear *l, const float *x, int64_t m, float *y, int t
     if (l->kind == 0)
         qd_f32_matmul(x, m, l->in, (const float *)l->q, l->out, y, threads);
     else if (l->kind == 1)
-        qd_q8_matmul(x, m, l->in, (const int8_t *)l->q, l->scale, l->out, y, threads);
+        qd_q8_matmul(x, m, l->in, (const int8_t *)l->q, l->scale, (const int32_t *)l->zero, l->out, y, threads);
     else if (l->kind == 3)
         qd_bf16_matmul(x, m, l->in, (const uint16_t *)l->q, l->out, y, threads);
     else if (l->kind == 4)

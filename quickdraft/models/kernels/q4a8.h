@@ -14,8 +14,8 @@
  * instruction set: a row of a k+1-row verify pass rounds as a one-row step does (what
  * lossless speculative decoding needs), and AVX2 and VNNI give the same bits.
  *
- * Layout (cpu_kernels.pack_q4 writes it): weight rows in tiles of 16 (N padded with zero
- * rows to a multiple of 16), tile t and group g at byte (t * G + g) * 256, G = K / 32:
+ * Layout (cpu_kernels.pack_q4 writes it): weight rows in tiles of 16 as int8's (q8a8.h; N
+ * padded with zero rows to a multiple of 16), tile t and group g at byte (t * G + g) * 256, G = K / 32:
  * four chunks of 64 bytes, chunk h byte 4 * i + b = q[16t + i][32g + 8h + b] (low nibble)
  * | q[16t + i][32g + 8h + 4 + b] << 4 (high nibble). A chunk's low nibbles are one
  * 16-lane vector of 4 weights per row (lane i: row 16t + i), its high nibbles the next 4,
@@ -35,8 +35,7 @@
 
 #include "q8a8.h"
 
-#define Q4_TILE 16
-#define Q4_TILE_BYTES (Q4_TILE * GROUP / 2)
+#define Q4_TILE_BYTES (Q_TILE * GROUP / 2)
 
 /* The activations' side of a product: x quantized (xq [M, K], dx [M, G]: q8a8.h) and
  * s = d * sum(xq) per row and group (sx [M, G]). */

@@ -1,25 +1,39 @@
-/* int8 weights times 8-bit activations (llama.cpp's Q8_0 x Q8_0 dot product): the rule
- * qmatmul.c (AVX2) and qmatmul_avx512.c (AVX-512 VNNI) both compute, and the activation
- * quantizer they share. y [M, N] = x [M, K] @ W.T for int8 W in groups of 32 with a
- * float32 scale each.
+/* int8 weights times 8-bit activations (llama.cpp's Q8_0 x Q8_0 rule), in tiles of 16
+ * weight rows: the layout and rule qmatmul.c (AVX2) and qmatmul_avx512.c (AVX-512 VNNI)
+ * both compute, and the activation quantizer they (and q4a8.h, drafter_q8.c) share.
+ * y [M, N] = x [M, K] @ W.T for int8 W in groups of 32 along K with a float32 scale each.
  *
  * x is quantized first, per row and group of 32 (q8a8_quantize): d = max|x| / 127,
  * xq = x / d rounded to nearest even, as llama.cpp quantizes activations for Q8_0
  * weights (it stores d in float16; here float32). A group's product is then an exact
- * integer sum, so the products' work per weight is a few integer instructions instead of
- * a conversion and a multiply-add per weight: one-row products become bound by memory,
- * several-row ones need about half the instructions of the float32-activation path.
+ * integer sum I = sum(q * xq), and output (m, n) is computed in one vector lane, group
+ * after group: acc = fma(float(I), scale * d, acc), with no sum across lanes. So each
+ * output's operations depend only on its own row of x and weight row, in a fixed order,
+ * whatever the row count, the pass, the thread count or the instruction set: a row of a
+ * k+1-row verify pass rounds as a one-row step does (what lossless speculative decoding
+ * needs), and AVX2 and VNNI give the same bits.
  *
- * Same rounding whatever the row count, the pass or the instruction set: for output
- * (m, n), group g adds float(isum_g lane i) * (dw_g * dx_g) into lane i of accumulator
- * g % 2 (FMA), and the result is sum8(acc0 + acc1): what lossless verify passes need (a
- * row of a k+1-row pass rounds as a one-row step does). isum_g lane i is the exact sum of
- * the products of bytes 4i .. 4i+3 of the group (AVX2: maddubs then madd; VNNI: one
- * vpdpbusd); the sign trick (|w| times x with w's sign) keeps every operand of the byte
- * products in range: |w| <= 128, |xq| <= 127.
+ * Layout (cpu_kernels.pack_q8 writes it): weight rows in tiles of 16 (N padded with zero
+ * rows), tile t and group g at byte (t * G + g) * 512, G = K / 32: eight chunks of 64
+ * bytes, chunk h byte 4 * i + b = q[16t + i][32g + 4h + b], so a chunk is one 16-lane
+ * vector of 4 weights per row (lane i: row 16t + i) and a group is 8 byte products per
+ * lane with 4 bytes of x broadcast. scale: [T][G][16] floats; shift: [T][G][16] int32,
+ * 128 * the group's weight sum (VNNI multiplies unsigned bytes by signed ones: it takes
+ * xq + 128 and subtracts the offset's share, an exact integer; AVX2 takes |q| times xq
+ * with q's sign instead, |q| <= 128, |xq| <= 127, so its 16-bit pair sums cannot saturate).
+ *
+ * Why tiles: with one weight row after another (the layout before, two groups a vector,
+ * summed across lanes at the end) every group cost a conversion, a multiply and an FMA per
+ * row for 64 weights; here a row's 32 weights of 16 outputs cost 8 integer instructions
+ * and 3 float ones, so several-row products (verify passes) cost much less.
  */
 #ifndef QD_Q8A8_H
 #define QD_Q8A8_H
+
+/* Weight rows a tile of int8 or int4 weights holds (a 512-bit vector of float32 lanes),
+ * and the bytes of one group of 32 weights of a tile. */
+#define Q_TILE 16
+#define Q8_TILE_BYTES (Q_TILE * GROUP)
 
 /* Row r of x [M, K] -> xq [M, K] int8 and dx [M, K / 32], group by group. Scalar-exact
  * operations only (max, divide, round, convert), so every instruction set gets the same

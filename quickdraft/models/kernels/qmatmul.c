@@ -33,84 +33,45 @@
 #include "q4a8.h"
 #include "q8a8.h"
 
-/* AVX2's byte product: pairs into int16 (|w| <= 128, |x| <= 127: no saturation), then
- * pairs of those into int32. */
-static inline __m256i dot4(__m256i aw, __m256i sx) {
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
-}
+/* Rows of x a pass over half a tile takes: two integer sums and an accumulator each. */
+#define Q_ROWS 4
 
-/* Rows of x a pass over an int8 weight row takes: two accumulators each, 12 of the 16
- * registers. */
-#define Q8A8_ROWS 6
-
-/* Group g of weight row wq against `rows` rows of the quantized x, into accumulator a. */
-static inline __attribute__((always_inline)) void q8a8_group(const int8_t *wq, const float *wd, const int8_t *xq,
-                                                              const float *dx, int64_t K, int64_t g, int rows,
-                                                              __m256 acc[][2], int a) {
-    const int64_t groups = K / GROUP;
-    const __m256i w = _mm256_loadu_si256((const __m256i *)(wq + g * GROUP));
-    const __m256i aw = _mm256_sign_epi8(w, w);
-    const __m256 dw = _mm256_set1_ps(wd[g]);
-    for (int r = 0; r < rows; r++) {
-        const __m256i sx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(xq + r * K + g * GROUP)), w);
-        const __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(dx[r * groups + g]));
-        acc[r][a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot4(aw, sx)), d, acc[r][a]);
-    }
-}
-
-/* Weight row n against rows 0 .. rows - 1 of the quantized x, into y[r * ldy]. Always
- * inlined with a constant `rows`; groups go in pairs so each accumulator is a register. */
-static inline __attribute__((always_inline)) void q8a8_pass(const int8_t *wq, const float *wd, const int8_t *xq,
-                                                             const float *dx, int64_t K, int rows, float *y,
-                                                             int64_t ldy, const int8_t *next) {
-    const int64_t groups = K / GROUP;
-    __m256 acc[Q8A8_ROWS][2];
-    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    int64_t g = 0;
-    for (; g + 2 <= groups; g += 2) {
-        if (next) /* the next weight row, a cache line per two groups (see q8a8_product) */
-            _mm_prefetch((const char *)(next + g * GROUP), _MM_HINT_T0);
-        q8a8_group(wq, wd, xq, dx, K, g, rows, acc, 0);
-        q8a8_group(wq, wd, xq, dx, K, g + 1, rows, acc, 1);
-    }
-    if (g < groups) {
-        if (next)
-            _mm_prefetch((const char *)(next + g * GROUP), _MM_HINT_T0);
-        q8a8_group(wq, wd, xq, dx, K, g, rows, acc, 0);
-    }
-    for (int r = 0; r < rows; r++) y[r * ldy] = sum8(_mm256_add_ps(acc[r][0], acc[r][1]));
-}
-
-/* y [M, N] = x @ W.T, x float32 [M, K], W int8 q [N, K] with scale [N, K / 32]. */
-static void q8a8_product(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
-                         float *y, int threads) {
-    int8_t *xq = malloc((size_t)(M * K));
-    float *dx = malloc((size_t)(M * K / GROUP) * sizeof(float));
-    q8a8_quantize(x, M, K, xq, dx);
-    const int64_t groups = K / GROUP;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) {
-        const int8_t *wq = q + n * K;
-        const float *wd = scale + n * groups;
-        /* The first pass prefetches the next weight row, which arrives while the passes
-         * compute (the hardware prefetcher alone left compute and memory reads in turn:
-         * 9-17 rows 0.93-0.95x the time with it, one row 0.92-0.99x). */
-        const int8_t *next = n + 1 < N ? wq + K : NULL;
-        for (int64_t m = 0; m < M; m += Q8A8_ROWS, next = NULL) {
-            const int64_t rows = M - m < Q8A8_ROWS ? M - m : Q8A8_ROWS;
-            const int8_t *xm = xq + m * K;
-            const float *dm = dx + m * groups;
-            float *ym = y + m * N + n;
-#define Q8A8_CASE(c) \
-    case c: q8a8_pass(wq, wd, xm, dm, K, c, ym, N, next); break
-            switch (rows) { /* every row count its own specialization */
-                Q8A8_CASE(1); Q8A8_CASE(2); Q8A8_CASE(3); Q8A8_CASE(4); Q8A8_CASE(5); Q8A8_CASE(6);
+/* Lanes 8h .. 8h + 7 of an int8 tile (weight rows 16t + 8h ..; `tile` and `scale` point at
+ * that half of tile t's group 0) against rows m .. m + rows - 1 of the quantized x,
+ * q8a8.h's rule 8 lanes at a time: |q| times xq with q's sign (maddubs + madd) gives each
+ * lane the sum one VNNI instruction gives. The first `live` lanes go to y[r * ldy + i].
+ * Constant `rows`. */
+static inline __attribute__((always_inline)) void q8_half(const int8_t *tile, const float *scale, const int8_t *xq,
+                                                           const float *dx, int64_t m, int64_t K, int rows, float *y,
+                                                           int64_t ldy, int live) {
+    const int64_t G = K / GROUP;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[Q_ROWS];
+    for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        __m256i sum0[Q_ROWS], sum1[Q_ROWS];
+        for (int r = 0; r < rows; r++) sum0[r] = sum1[r] = _mm256_setzero_si256();
+        for (int h = 0; h < 8; h += 2) {
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(tile + g * Q8_TILE_BYTES + 64 * h));
+            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(tile + g * Q8_TILE_BYTES + 64 * (h + 1)));
+            const __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
+            for (int r = 0; r < rows; r++) {
+                int32_t x4[2]; /* x's bytes 4h .. 4h + 7 of the group, as two 4-byte words */
+                memcpy(x4, xq + (m + r) * K + g * GROUP + 4 * h, sizeof x4);
+                const __m256i s0 = _mm256_sign_epi8(_mm256_set1_epi32(x4[0]), w0);
+                const __m256i s1 = _mm256_sign_epi8(_mm256_set1_epi32(x4[1]), w1);
+                sum0[r] = _mm256_add_epi32(sum0[r], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, s0), ones));
+                sum1[r] = _mm256_add_epi32(sum1[r], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, s1), ones));
             }
-#undef Q8A8_CASE
+        }
+        const __m256 s = _mm256_loadu_ps(scale + g * Q_TILE);
+        for (int r = 0; r < rows; r++) {
+            const __m256 i = _mm256_cvtepi32_ps(_mm256_add_epi32(sum0[r], sum1[r]));
+            acc[r] = _mm256_fmadd_ps(i, _mm256_mul_ps(s, _mm256_set1_ps(dx[(m + r) * G + g])), acc[r]);
         }
     }
-    free(xq);
-    free(dx);
+    const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int r = 0; r < rows; r++) _mm256_maskstore_ps(y + r * ldy, lanes, acc[r]);
 }
 
 /* Rows of x that share one pass over a weight row, with two accumulators each: 12 of the 16
@@ -192,15 +153,35 @@ int qd_kernel_isa(int want) {
 /* The parallel loops name their group function inside the region, where it is a constant
  * the compiler inlines (passed in, it would be an indirect call per group). */
 
-/* x [M, K] float32 (quantized to 8 bits per group of 32 on the way: q8a8.h), q [N, K]
- * int8, scale [N, K/32] float32 -> y [M, N] float32. K % 32 == 0. */
-void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
-                  float *y, int threads) {
+/* x [M, K] float32 (quantized to 8 bits per group of 32 on the way), q: int8 tiles, scale
+ * and shift [T][K / 32][16] (q8a8.h, as cpu_kernels.pack_q8 lays them out) -> y [M, N]. */
+void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, const int32_t *shift,
+                  int64_t N, float *y, int threads) {
     if (qd_kernel_isa(-1) && qd_vnni_supported()) {
-        qd_q8_matmul_vnni(x, M, K, q, scale, N, y, threads);
+        qd_q8_matmul_vnni(x, M, K, q, scale, shift, N, y, threads);
         return;
     }
-    q8a8_product(x, M, K, q, scale, N, y, threads);
+    const int64_t G = K / GROUP, halves = 2 * ((N + Q_TILE - 1) / Q_TILE);
+    int8_t *xq = malloc((size_t)(M * K));
+    float *dx = malloc((size_t)(M * G) * sizeof(float));
+    q8a8_quantize(x, M, K, xq, dx);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t u = 0; u < halves; u++) {
+        const int64_t t = u / 2, h = u % 2, first = Q_TILE * t + 8 * h;
+        if (first >= N)
+            continue;
+        const int live = N - first < 8 ? (int)(N - first) : 8;
+        const int8_t *tile = q + t * G * Q8_TILE_BYTES + 32 * h;
+        const float *s = scale + t * G * Q_TILE + 8 * h;
+        for (int64_t m = 0; m < M; m += Q_ROWS) {
+#define Q8_CASE(r) \
+    case r: q8_half(tile, s, xq, dx, m, K, r, y + m * N + first, N, live); break
+            switch (M - m < Q_ROWS ? M - m : Q_ROWS) { Q8_CASE(1); Q8_CASE(2); Q8_CASE(3); Q8_CASE(4); }
+#undef Q8_CASE
+        }
+    }
+    free(xq);
+    free(dx);
 }
 
 /* Rows [0, rows) of x against weight rows [0, nb) of w (float32), y[r * ldy + b]: each
@@ -292,9 +273,6 @@ DEFINE_HALF_MATMUL(qd_bf16_matmul, qd_bf16_matmul_avx512, bf16_weights)
 DEFINE_HALF_MATMUL(qd_f16_matmul, qd_f16_matmul_avx512, f16_weights)
 #undef DEFINE_HALF_MATMUL
 
-/* Rows of x a pass over half a tile of int4 weights takes: two integer sums and an
- * accumulator each, 12 of the 16 registers. */
-#define Q4_ROWS 4
 
 /* Lanes 8h .. 8h + 7 of a tile (weight rows 16t + 8h ..; `tile`, `scale` and `offset`
  * point at that half of tile t's group 0) against rows 0 .. rows - 1 of the quantized x,
@@ -305,10 +283,10 @@ static inline __attribute__((always_inline)) void q4_half(const uint8_t *tile, c
                                                            float *y, int64_t ldy, int live) {
     const int64_t G = K / GROUP;
     const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-    __m256 acc[Q4_ROWS];
+    __m256 acc[Q_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        __m256i sum0[Q4_ROWS], sum1[Q4_ROWS];
+        __m256i sum0[Q_ROWS], sum1[Q_ROWS];
         for (int r = 0; r < rows; r++) sum0[r] = sum1[r] = _mm256_setzero_si256();
         for (int h = 0; h < 4; h++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(tile + g * Q4_TILE_BYTES + 64 * h));
@@ -320,7 +298,7 @@ static inline __attribute__((always_inline)) void q4_half(const uint8_t *tile, c
                 sum1[r] = _mm256_add_epi32(sum1[r], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4[1])), ones));
             }
         }
-        const __m256 s = _mm256_loadu_ps(scale + g * Q4_TILE), c = _mm256_loadu_ps(offset + g * Q4_TILE);
+        const __m256 s = _mm256_loadu_ps(scale + g * Q_TILE), c = _mm256_loadu_ps(offset + g * Q_TILE);
         for (int r = 0; r < rows; r++) {
             const __m256 i = _mm256_cvtepi32_ps(_mm256_add_epi32(sum0[r], sum1[r]));
             acc[r] = _mm256_fmadd_ps(i, _mm256_mul_ps(s, _mm256_set1_ps(in->dx[(m + r) * G + g])), acc[r]);
@@ -340,19 +318,19 @@ void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const 
         return;
     }
     const Q4a8Input in = q4a8_input(x, M, K);
-    const int64_t G = K / GROUP, halves = 2 * ((N + Q4_TILE - 1) / Q4_TILE);
+    const int64_t G = K / GROUP, halves = 2 * ((N + Q_TILE - 1) / Q_TILE);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t u = 0; u < halves; u++) {
-        const int64_t t = u / 2, h = u % 2, first = Q4_TILE * t + 8 * h;
+        const int64_t t = u / 2, h = u % 2, first = Q_TILE * t + 8 * h;
         if (first >= N)
             continue;
         const int live = N - first < 8 ? (int)(N - first) : 8;
         const uint8_t *tile = q + t * G * Q4_TILE_BYTES + 32 * h;
-        const float *s = scale + t * G * Q4_TILE + 8 * h, *c = offset + t * G * Q4_TILE + 8 * h;
-        for (int64_t m = 0; m < M; m += Q4_ROWS) {
+        const float *s = scale + t * G * Q_TILE + 8 * h, *c = offset + t * G * Q_TILE + 8 * h;
+        for (int64_t m = 0; m < M; m += Q_ROWS) {
 #define Q4_CASE(r) \
     case r: q4_half(tile, s, c, &in, m, K, r, y + m * N + first, N, live); break
-            switch (M - m < Q4_ROWS ? M - m : Q4_ROWS) { Q4_CASE(1); Q4_CASE(2); Q4_CASE(3); Q4_CASE(4); }
+            switch (M - m < Q_ROWS ? M - m : Q_ROWS) { Q4_CASE(1); Q4_CASE(2); Q4_CASE(3); Q4_CASE(4); }
 #undef Q4_CASE
         }
     }

@@ -270,15 +270,13 @@ int qd_avx512_supported(void) {
     return __builtin_cpu_supports("avx512f");
 }
 
-/* int8 weights times 8-bit activations (q8a8.h) with AVX-512 VNNI: two groups a 512-bit
- * vector ([acc0 | acc1] in one accumulator, as the int4 path above does), one vpdpbusd
- * for AVX2's two multiply-adds, so each instruction does two groups' work and a pass
- * holds up to ZMM_ROWS rows. The sign trick by mask (negate x where w < 0; AVX-512 has no
- * 512-bit vpsignb): where w = 0 the product is 0 either way. An odd last group goes into
- * the low half alone (masked), as AVX2 adds it to acc0 alone. Measured against the same
- * scheme on 256-bit vectors (interleaved, the embedded target's products, weights
- * streamed): 0.90x / 0.77x / 0.82x / 0.85x the time at 9 / 13 / 17 / 25 rows, the same at
- * 1-2; 24 rows a pass spilled registers (1.14x at 17 rows). */
+/* int8 and int4 weights times 8-bit activations in tiles of 16 weight rows (q8a8.h,
+ * q4a8.h: layouts, rules and why) with AVX-512 VNNI: a vector is one tile's 16 weight rows,
+ * 4 weights each, and one vpdpbusd adds each lane's 4 products with 4 bytes of x
+ * (broadcast); 8 of them make a group's exact sum, two chains of 4 in flight. A pass takes
+ * two tiles x up to Q_PAIR_ROWS rows of x (four chains per row in flight for a one-row
+ * step) or one tile x up to Q_ONE_ROWS rows; the first pass over tiles prefetches the
+ * tiles after them. */
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
 #else
@@ -287,85 +285,113 @@ int qd_avx512_supported(void) {
 #endif
 #include "q8a8.h"
 
-#define ZMM_ROWS 16
-
-static inline __attribute__((always_inline)) void q8a8_pass16(const int8_t *wq, const float *wd, const int8_t *xq,
-                                                               const float *dx16, int64_t K, int rows, float *y,
-                                                               int64_t ldy, const int8_t *next) {
-    const int64_t groups = K / GROUP, pairs = (groups + 1) / 2;
-    const __m512i zero = _mm512_setzero_si512();
-    __m512 acc[ZMM_ROWS];
-    for (int r = 0; r < rows; r++) acc[r] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < pairs; p++) {
-        const int64_t g = 2 * p;
-        const int two = g + 1 < groups;
-        const __mmask64 bytes = two ? ~0ULL : 0xFFFFFFFFULL;
-        if (next)
-            _mm_prefetch((const char *)(next + g * GROUP), _MM_HINT_T0);
-        const __m512i w = _mm512_maskz_loadu_epi8(bytes, wq + g * GROUP);
-        const __m512i aw = _mm512_abs_epi8(w);
-        const __mmask64 neg = _mm512_movepi8_mask(w);
-        const __m512 dw = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_set1_ps(wd[g])),
-                                                              _mm256_castps_pd(_mm256_set1_ps(two ? wd[g + 1] : 0.0f)), 1));
-        const __mmask16 lanes = two ? 0xFFFF : 0x00FF;
-        for (int r = 0; r < rows; r++) {
-            const __m512i xv = _mm512_maskz_loadu_epi8(bytes, xq + r * K + g * GROUP);
-            const __m512i sx = _mm512_mask_sub_epi8(xv, neg, zero, xv);
-            const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, aw, sx));
-            const __m512 d = _mm512_mul_ps(dw, _mm512_loadu_ps(dx16 + (r * pairs + p) * 16));
-            acc[r] = _mm512_mask3_fmadd_ps(f, d, acc[r], lanes);
-        }
-    }
-    for (int r = 0; r < rows; r++) y[r * ldy] = sum16(acc[r]);
-}
-
-void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N,
-                        float *y, int threads) {
-    const int64_t groups = K / GROUP, pairs = (groups + 1) / 2;
-    int8_t *xq = malloc((size_t)(M * K));
-    float *dx = malloc((size_t)(M * groups) * sizeof(float)), *dx16 = malloc((size_t)(M * pairs * 16) * sizeof(float));
-    q8a8_quantize(x, M, K, xq, dx);
-    for (int64_t r = 0; r < M; r++) /* each pair of group scales as [dx_g x 8 | dx_g+1 x 8] */
-        for (int64_t g = 0; g < 2 * pairs; g++)
-            _mm256_storeu_ps(dx16 + (r * pairs + g / 2) * 16 + (g % 2) * 8,
-                             _mm256_set1_ps(g < groups ? dx[r * groups + g] : 0.0f));
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++) {
-        const int8_t *wq = q + n * K;
-        const float *wd = scale + n * groups;
-        const int8_t *next = n + 1 < N ? wq + K : NULL;
-        for (int64_t m = 0; m < M; m += ZMM_ROWS, next = NULL) {
-            const int64_t rows = M - m < ZMM_ROWS ? M - m : ZMM_ROWS;
-            const int8_t *xm = xq + m * K;
-            const float *dm = dx16 + m * pairs * 16;
-            float *ym = y + m * N + n;
-#define ZMM_CASE(c) \
-    case c: q8a8_pass16(wq, wd, xm, dm, K, c, ym, N, next); break
-            switch (rows) {
-                ZMM_CASE(1); ZMM_CASE(2); ZMM_CASE(3); ZMM_CASE(4); ZMM_CASE(5); ZMM_CASE(6); ZMM_CASE(7); ZMM_CASE(8);
-                ZMM_CASE(9); ZMM_CASE(10); ZMM_CASE(11); ZMM_CASE(12); ZMM_CASE(13); ZMM_CASE(14); ZMM_CASE(15);
-                ZMM_CASE(16);
-            }
-#undef ZMM_CASE
-        }
-    }
-    free(xq);
-    free(dx);
-    free(dx16);
-}
-
-/* int4 weights times 8-bit activations (q4a8.h: layout, rule and why) with AVX-512 VNNI: a
- * vector is one tile's 16 weight rows, 4 weights each, and one vpdpbusd adds each lane's
- * 4 products with 4 bytes of x (broadcast); 8 of them make a group's exact sum, two chains
- * of 4 in flight. A pass takes two tiles x up to Q4_PAIR_ROWS rows of x (four chains per
- * row in flight for a one-row step) or one tile x up to Q4_ONE_ROWS rows; the first pass
- * over a tile prefetches the tiles after it. */
 #include <string.h>
 
 #include "q4a8.h"
 
-#define Q4_PAIR_ROWS 4
-#define Q4_ONE_ROWS 8
+#define Q_PAIR_ROWS 4
+#define Q_ONE_ROWS 8
+
+/* Unit u of a product's tiles, `step` (1 or 2) tiles a unit: its first tile t, how many
+ * tiles it has (nb) and how many lanes of its last one are rows of W (live). */
+static inline int64_t tile_span(int64_t u, int step, int64_t T, int64_t N, int *nb, int *live) {
+    const int64_t t = u * step;
+    *nb = t + step <= T ? step : 1;
+    const int64_t rest = N - Q_TILE * (t + *nb - 1);
+    *live = (int)(rest < Q_TILE ? rest : Q_TILE);
+    return t;
+}
+
+/* Rows m .. M - 1 of x `pass` at a time against nb (1 or 2) tiles: TILES(NB, R) runs one
+ * pass of R rows (constants). */
+#define ROW_PASSES(TILES) \
+    for (int64_t m = 0; m < M; m += pass, ahead = NULL) { \
+        const int rows = (int)(M - m < pass ? M - m : pass); \
+        if (nb == 2) \
+            switch (rows) { TILES(2, 1); TILES(2, 2); TILES(2, 3); TILES(2, 4); } \
+        else \
+            switch (rows) { \
+                TILES(1, 1); TILES(1, 2); TILES(1, 3); TILES(1, 4); \
+                TILES(1, 5); TILES(1, 6); TILES(1, 7); TILES(1, 8); \
+            } \
+    }
+
+/* Tiles t .. t + nb - 1 of int8 weights (`tiles`, `scale`, `shift` at tile t's group 0)
+ * against rows m .. m + rows - 1 of x (xu: xq + 128 as unsigned bytes), into
+ * y[r * ldy + 16 b + i]; the last tile's first `live` lanes only. Constant nb, rows. */
+static inline __attribute__((always_inline)) void q8_tiles(const int8_t *tiles, const float *scale,
+                                                            const int32_t *shift, int nb, const uint8_t *xu,
+                                                            const float *dx, int64_t m, int64_t K, int rows, float *y,
+                                                            int64_t ldy, int live, const int8_t *ahead) {
+    const int64_t G = K / GROUP;
+    __m512 acc[2][Q_ONE_ROWS];
+    for (int b = 0; b < nb; b++)
+        for (int r = 0; r < rows; r++) acc[b][r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < G; g++) {
+        if (ahead)
+            for (int b = 0; b < nb; b++)
+                for (int h = 0; h < 8; h++)
+                    _mm_prefetch((const char *)(ahead + (b * G + g) * Q8_TILE_BYTES + 64 * h), _MM_HINT_T0);
+        __m512i sum0[2][Q_ONE_ROWS], sum1[2][Q_ONE_ROWS];
+        for (int b = 0; b < nb; b++)
+            for (int r = 0; r < rows; r++) sum0[b][r] = sum1[b][r] = _mm512_setzero_si512();
+        for (int h = 0; h < 8; h += 2) {
+            __m512i w0[2], w1[2];
+            for (int b = 0; b < nb; b++) {
+                w0[b] = _mm512_loadu_si512(tiles + (b * G + g) * Q8_TILE_BYTES + 64 * h);
+                w1[b] = _mm512_loadu_si512(tiles + (b * G + g) * Q8_TILE_BYTES + 64 * (h + 1));
+            }
+            for (int r = 0; r < rows; r++) {
+                int32_t x4[2]; /* x's bytes 4h .. 4h + 7 of the group, as two 4-byte words */
+                memcpy(x4, xu + (m + r) * K + g * GROUP + 4 * h, sizeof x4);
+                const __m512i x0 = _mm512_set1_epi32(x4[0]), x1 = _mm512_set1_epi32(x4[1]);
+                for (int b = 0; b < nb; b++) {
+                    sum0[b][r] = _mm512_dpbusd_epi32(sum0[b][r], x0, w0[b]);
+                    sum1[b][r] = _mm512_dpbusd_epi32(sum1[b][r], x1, w1[b]);
+                }
+            }
+        }
+        for (int b = 0; b < nb; b++) {
+            const __m512 s = _mm512_loadu_ps(scale + (b * G + g) * Q_TILE);
+            const __m512i off = _mm512_loadu_si512(shift + (b * G + g) * Q_TILE);
+            for (int r = 0; r < rows; r++) {
+                const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(sum0[b][r], sum1[b][r]), off);
+                acc[b][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, _mm512_set1_ps(dx[(m + r) * G + g])),
+                                            acc[b][r]);
+            }
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        const __mmask16 lanes = b < nb - 1 || live >= Q_TILE ? 0xFFFF : (__mmask16)((1u << live) - 1);
+        for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(y + r * ldy + Q_TILE * b, lanes, acc[b][r]);
+    }
+}
+
+void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale,
+                       const int32_t *shift, int64_t N, float *y, int threads) {
+    const int64_t G = K / GROUP, T = (N + Q_TILE - 1) / Q_TILE;
+    int8_t *xq = malloc((size_t)(M * K));
+    float *dx = malloc((size_t)(M * G) * sizeof(float));
+    q8a8_quantize(x, M, K, xq, dx);
+    uint8_t *xu = (uint8_t *)xq; /* xq + 128 as unsigned bytes, in place: the sign bit flipped */
+    for (int64_t i = 0; i < M * K; i++) xu[i] ^= 0x80;
+    const int pair = M <= Q_PAIR_ROWS, pass = pair ? Q_PAIR_ROWS : Q_ONE_ROWS, step = pair ? 2 : 1;
+#define Q8_TILES(NB, R) \
+    case R: q8_tiles(tiles, s, sh, NB, xu, dx, m, K, R, y + m * N + Q_TILE * t, N, live, ahead); break
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t u = 0; u < (T + step - 1) / step; u++) {
+        int nb, live;
+        const int64_t t = tile_span(u, step, T, N, &nb, &live);
+        const int8_t *tiles = q + t * G * Q8_TILE_BYTES;
+        const int8_t *ahead = t + 2 * nb <= T ? tiles + nb * G * Q8_TILE_BYTES : NULL;
+        const float *s = scale + t * G * Q_TILE;
+        const int32_t *sh = shift + t * G * Q_TILE;
+        ROW_PASSES(Q8_TILES)
+    }
+#undef Q8_TILES
+    free(xq);
+    free(dx);
+}
 
 /* Tiles t .. t + nb - 1 (`tiles`, `scale`, `offset` at tile t's group 0) against rows
  * m .. m + rows - 1 of the quantized x, into y[r * ldy + 16 b + i]; the last tile's first
@@ -376,7 +402,7 @@ static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles,
                                                             int live, const uint8_t *ahead) {
     const int64_t G = K / GROUP;
     const __m512i mask = _mm512_set1_epi8(0x0F);
-    __m512 acc[2][Q4_ONE_ROWS];
+    __m512 acc[2][Q_ONE_ROWS];
     for (int b = 0; b < nb; b++)
         for (int r = 0; r < rows; r++) acc[b][r] = _mm512_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
@@ -384,7 +410,7 @@ static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles,
             for (int b = 0; b < nb; b++)
                 for (int h = 0; h < 4; h++)
                     _mm_prefetch((const char *)(ahead + (b * G + g) * Q4_TILE_BYTES + 64 * h), _MM_HINT_T0);
-        __m512i sum0[2][Q4_ONE_ROWS], sum1[2][Q4_ONE_ROWS];
+        __m512i sum0[2][Q_ONE_ROWS], sum1[2][Q_ONE_ROWS];
         for (int b = 0; b < nb; b++)
             for (int r = 0; r < rows; r++) sum0[b][r] = sum1[b][r] = _mm512_setzero_si512();
         for (int h = 0; h < 4; h++) {
@@ -405,8 +431,8 @@ static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles,
             }
         }
         for (int b = 0; b < nb; b++) {
-            const __m512 s = _mm512_loadu_ps(scale + (b * G + g) * Q4_TILE);
-            const __m512 c = _mm512_loadu_ps(offset + (b * G + g) * Q4_TILE);
+            const __m512 s = _mm512_loadu_ps(scale + (b * G + g) * Q_TILE);
+            const __m512 c = _mm512_loadu_ps(offset + (b * G + g) * Q_TILE);
             for (int r = 0; r < rows; r++) {
                 const __m512 i = _mm512_cvtepi32_ps(_mm512_add_epi32(sum0[b][r], sum1[b][r]));
                 acc[b][r] = _mm512_fmadd_ps(i, _mm512_mul_ps(s, _mm512_set1_ps(in->dx[(m + r) * G + g])), acc[b][r]);
@@ -415,38 +441,28 @@ static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles,
         }
     }
     for (int b = 0; b < nb; b++) {
-        const __mmask16 lanes = b < nb - 1 || live >= Q4_TILE ? 0xFFFF : (__mmask16)((1u << live) - 1);
-        for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(y + r * ldy + Q4_TILE * b, lanes, acc[b][r]);
+        const __mmask16 lanes = b < nb - 1 || live >= Q_TILE ? 0xFFFF : (__mmask16)((1u << live) - 1);
+        for (int r = 0; r < rows; r++) _mm512_mask_storeu_ps(y + r * ldy + Q_TILE * b, lanes, acc[b][r]);
     }
 }
 
 void qd_q4_matmul_vnni(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
                        const float *offset, int64_t N, float *y, int threads) {
     const Q4a8Input in = q4a8_input(x, M, K);
-    const int64_t G = K / GROUP, T = (N + Q4_TILE - 1) / Q4_TILE;
-    const int pair = M <= Q4_PAIR_ROWS, pass = pair ? Q4_PAIR_ROWS : Q4_ONE_ROWS, step = pair ? 2 : 1;
+    const int64_t G = K / GROUP, T = (N + Q_TILE - 1) / Q_TILE;
+    const int pair = M <= Q_PAIR_ROWS, pass = pair ? Q_PAIR_ROWS : Q_ONE_ROWS, step = pair ? 2 : 1;
+#define Q4_TILES(NB, R) \
+    case R: q4_tiles(tiles, s, c, NB, &in, m, K, R, y + m * N + Q_TILE * t, N, live, ahead); break
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t u = 0; u < (T + step - 1) / step; u++) {
-        const int64_t t = u * step;
-        const int nb = t + step <= T ? step : 1;
-        const int live = (int)(N - Q4_TILE * (t + nb - 1) < Q4_TILE ? N - Q4_TILE * (t + nb - 1) : Q4_TILE);
-        const uint8_t *tiles = q + t * G * Q4_TILE_BYTES, *ahead = t + 2 * nb <= T ? tiles + nb * G * Q4_TILE_BYTES : NULL;
-        const float *s = scale + t * G * Q4_TILE, *c = offset + t * G * Q4_TILE;
-        for (int64_t m = 0; m < M; m += pass, ahead = NULL) {
-            float *ym = y + m * N + Q4_TILE * t;
-#define Q4_CASE(NB, R) \
-    case R: q4_tiles(tiles, s, c, NB, &in, m, K, R, ym, N, live, ahead); break
-            const int rows = (int)(M - m < pass ? M - m : pass);
-            if (nb == 2)
-                switch (rows) { Q4_CASE(2, 1); Q4_CASE(2, 2); Q4_CASE(2, 3); Q4_CASE(2, 4); }
-            else
-                switch (rows) {
-                    Q4_CASE(1, 1); Q4_CASE(1, 2); Q4_CASE(1, 3); Q4_CASE(1, 4);
-                    Q4_CASE(1, 5); Q4_CASE(1, 6); Q4_CASE(1, 7); Q4_CASE(1, 8);
-                }
-#undef Q4_CASE
-        }
+        int nb, live;
+        const int64_t t = tile_span(u, step, T, N, &nb, &live);
+        const uint8_t *tiles = q + t * G * Q4_TILE_BYTES;
+        const uint8_t *ahead = t + 2 * nb <= T ? tiles + nb * G * Q4_TILE_BYTES : NULL;
+        const float *s = scale + t * G * Q_TILE, *c = offset + t * G * Q_TILE;
+        ROW_PASSES(Q4_TILES)
     }
+#undef Q4_TILES
     q4a8_free(in);
 }
 

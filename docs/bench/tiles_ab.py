@@ -1,16 +1,18 @@
-"""SmolLM2's int4 passes, pass by pass in one process: the int4 layout and kernels of commit
-REV (GGUF's own blocks, float32 activations: before session 32) vs this tree's (tiles of 16
-weight rows, 8-bit activations), alternating:
+"""A quantized model's passes, pass by pass in one process: the int8 / int4 layouts and
+kernels of commit REV (one weight row after another; int4 with float32 activations: before
+session 32) vs this tree's (tiles of 16 weight rows, 8-bit activations), alternating:
 
-    python docs/bench/q4_tiles_ab.py --rev acbd82d [--widths 1,2,3,5,9] [--context 128]
+    python docs/bench/tiles_ab.py --rev acbd82d [--model smollm2-135m] [--widths 1,2,3,5,9]
 
 Prints the median wall time of a pass of each width (tokens) after a context, each way, and
-their ratio (tree / REV). The two ways round differently (8-bit activations): only their
-speed is compared here; tests/test_quant_linear.py checks the new rule.
+their ratio (tree / REV). The two ways round differently (int4: 8-bit activations; int8: the
+order of the float sums): only their speed is compared here; tests/test_quant_linear.py
+checks the new rules.
 """
 
 import argparse
 import copy
+import ctypes
 import statistics
 import sys
 import time
@@ -25,10 +27,10 @@ from step_ab import kernels_at, use_library  # noqa: E402
 
 from quickdraft.models import cpu_kernels  # noqa: E402
 from quickdraft.models.lm import load_model  # noqa: E402
-from quickdraft.models.quant_linear import Int4Linear  # noqa: E402
+from quickdraft.models.quant_linear import DrafterInt8Linear, Int4Linear, Int8Linear  # noqa: E402
 
 
-def gguf_layout(layer: Int4Linear) -> Int4Linear:
+def int4_rows(layer: Int4Linear) -> Int4Linear:
     """A twin of ``layer`` in the layout older kernels read: nibbles in GGUF's block order
     (byte j of a group: q[j] low, q[j + 16] high), [out, groups] scales and zeros."""
     n, groups = layer.out_features, layer.in_features // 32
@@ -43,6 +45,27 @@ def gguf_layout(layer: Int4Linear) -> Int4Linear:
     return twin
 
 
+def int8_rows(layer: Int8Linear, old_lib) -> Int8Linear:
+    """A twin of ``layer`` for older kernels: int8 [out, in] and [out, groups] scales, its
+    product called with the older signature (no shift)."""
+    q, scale = cpu_kernels.unpack_q8(layer.tiles, layer.scale, layer.out_features)
+    twin = copy.copy(layer)
+    twin.tiles, twin.scale, twin.shift = q.contiguous(), scale.contiguous(), None
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    address = ctypes.cast(old_lib.qd_q8_matmul, ctypes.c_void_p).value
+    product = ctypes.CFUNCTYPE(None, p, i64, i64, p, p, i64, p, ctypes.c_int)(address)
+
+    def mm(x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], layer.out_features)
+        product(x.data_ptr(), x.shape[0], x.shape[1], twin.tiles.data_ptr(), twin.scale.data_ptr(),
+                layer.out_features, y.data_ptr(), torch.get_num_threads())
+        return y
+
+    twin._mm = mm
+    return twin
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rev", required=True, help="a commit before the int4 tiles (e.g. acbd82d)")
@@ -54,10 +77,11 @@ def main() -> None:
     ours, theirs = cpu_kernels.library(), kernels_at(args.rev)
     lm = load_model(args.model)
     places = [(parent, name, child) for parent in lm.model.modules() for name, child in parent.named_children()
-              if isinstance(child, Int4Linear)]
+              if isinstance(child, (Int4Linear, Int8Linear)) and not isinstance(child, DrafterInt8Linear)
+              and child.native]
     if not places:
-        raise SystemExit(f"{args.model} has no int4 layers here (needs our kernels and a Q4 file)")
-    old = [gguf_layout(child) for _, _, child in places]
+        raise SystemExit(f"{args.model} has no int8 / int4 layers on our kernels here")
+    old = [int4_rows(c) if isinstance(c, Int4Linear) else int8_rows(c, theirs) for _, _, c in places]
 
     def use(modules, lib):
         use_library(lib)
