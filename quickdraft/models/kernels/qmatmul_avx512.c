@@ -1,13 +1,13 @@
 /* qmatmul.c's products on AVX-512, same results bit for bit: float32 of 4+ rows,
  * bfloat16 and float16 ones (AVX512F), and with AVX-512 VNNI int8 and int4 ones (at the
- * end).
+ * end; a CPU with AVX512F but no VNNI, Skylake-SP, runs those on AVX2).
  *
  * Float32 weights: a 16-lane accumulator replaces the AVX2 kernel's two 8-lane ones (lane
  * chunk j of a group going into accumulator j % 2, summed at the end as sum8(acc0 +
  * acc1)): one 16-lane accumulator holds [acc0 | acc1], its FMA of 16 consecutive weights
  * takes chunks 0 and 1, so every lane sees the same operations in the same order, and the
- * final sum adds the two halves first. One-row products stay on AVX2 (bound by memory;
- * one chain a row would wait on FMA latency); several-row ones gain once the pass
+ * final sum adds the two halves first. Products of 1-3 rows stay on AVX2 (bound by
+ * memory; one chain a row would wait on FMA latency); several-row ones gain once the pass
  * prefetches its weights (f32_pass below: 4-16 rows); 17+ rows take 4 x 4 tiles.
  * tests/test_quant_linear.py compares the two paths bit for bit (each format, row counts
  * across the passes of 16, widths not a multiple of 4).
