@@ -259,7 +259,8 @@ def _per_row(t: torch.Tensor, out_features: int) -> torch.Tensor:
 
 
 def _padded_rows(q: torch.Tensor) -> torch.Tensor:
-    return torch.cat([q, q.new_zeros(-q.shape[0] % Q_TILE, q.shape[1])])
+    pad = -q.shape[0] % Q_TILE
+    return torch.cat([q, q.new_zeros(pad, q.shape[1])]) if pad else q
 
 
 def pack_q8(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -273,7 +274,9 @@ def pack_q8(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.T
     v = _padded_rows(q.to(torch.int8))
     # q[16t + i][32g + 4h + b] -> [t, g, h, i, b]
     tiles = v.reshape(-1, Q_TILE, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(-1, groups, 512).contiguous()
-    shift = 128 * q.to(torch.int32).reshape(n, groups, 32).sum(-1)
+    # 128 * each group's sum, a block of rows at a time (an int32 copy of a 49152-row head
+    # would be 113 MB at load)
+    shift = torch.cat([128 * rows.to(torch.int32).reshape(-1, groups, 32).sum(-1) for rows in q.split(4096)])
     return tiles, _tiled(scale), _tiled(shift, torch.int32)
 
 
