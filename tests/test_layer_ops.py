@@ -256,6 +256,39 @@ def test_a_whole_block_in_one_call_is_the_per_op_path_bit_for_bit(quantize, monk
         assert torch.equal(got, want) and torch.equal(got, alone)
 
 
+@pytest.mark.parametrize("quantize", ["none", "int4", "int8"])
+def test_a_ragged_pass_in_one_call_is_the_per_op_row_loop_bit_for_bit(quantize, monkeypatch):
+    """The batched engine's ragged passes (rows packed one after another, each attending in
+    its own cache row, over its own slots, with its own causal mask) run all blocks in one
+    C call too (cpu_kernels.blocks_ragged): logits and caches equal the per-op path's row
+    loop bit for bit, prefills and mixed-width steps in any row order, hidden states kept."""
+    from quickdraft.models.ragged import Feed, ragged_forward, ragged_forward_keeping
+
+    model = tiny_model(quantize)
+    torch.manual_seed(1)
+    prompts = [torch.randint(0, 96, (n,)) for n in (9, 4, 12, 1)]
+    widths = [1, 5, 3, 2]
+
+    def run() -> list[torch.Tensor]:
+        cache = model.new_cache(len(prompts), 40)
+        prefill = ragged_forward(model, cache, [Feed(s, 0, ids, 2) for s, ids in enumerate(prompts)])
+        step = ragged_forward(model, cache, [Feed(s, prompts[s].numel(), torch.arange(3, 3 + widths[s]), widths[s])
+                                             for s in (2, 0, 3, 1)])
+        alone = ragged_forward(model, cache, [Feed(1, prompts[1].numel() + widths[1], torch.tensor([7]), 1)])
+        kept, states = ragged_forward_keeping(model, cache, [Feed(0, 10, torch.tensor([5, 6]), 2),
+                                                             Feed(3, 3, torch.tensor([8]), 1)], (1, 2))
+        return [*prefill, *step, *alone, *kept, *(t for row in states for t in row.values()), cache.k, cache.v]
+
+    calls = count_calls(monkeypatch, "blocks_ragged")
+    stacked = run()
+    assert calls["blocks_ragged"] == 3 + 2  # the last pass: one call per stretch between the kept states
+    monkeypatch.setattr(type(model), "block_stack", lambda self, start, stop: None)
+    per_op = run()
+    assert calls["blocks_ragged"] == 5
+    for got, want in zip(stacked, per_op, strict=True):
+        assert torch.equal(got, want)
+
+
 def test_block_specs_follow_swapped_layers_and_copies():
     """The specs point into the layers' tensors: a swapped layer gets new ones, and a
     copied model its own (never pointers into the original's weights)."""

@@ -30,7 +30,9 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -118,6 +120,9 @@ def library() -> ctypes.CDLL | None:
     lib.qd_blocks.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64,
                               _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _c_int64, _ptr,
                               _c_int64, _ptr, _c_int]
+    lib.qd_blocks_ragged.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64,
+                                     _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr,
+                                     ctypes.c_int]
     lib.qd_greedy_chain.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                     _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr,
                                     _ptr, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _c_float, _c_int]
@@ -127,7 +132,7 @@ def library() -> ctypes.CDLL | None:
                                    _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _c_float,
                                    _c_int]
     lib.qd_eagle_chain.restype = _c_int64
-    for fn in (lib.qd_block, lib.qd_blocks, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_q8c_matmul, lib.qd_bf16dp_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
+    for fn in (lib.qd_block, lib.qd_blocks, lib.qd_blocks_ragged, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_q8c_matmul, lib.qd_bf16dp_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
         fn.restype = None
     return lib
 
@@ -381,6 +386,39 @@ def blocks(x: torch.Tensor, stack: BlockStack, n_heads: int, rope: tuple[torch.T
     library().qd_blocks(
         x.data_ptr(), x.shape[-2], x.shape[-1], stack.n, stack.norms, stack.eps, stack.linears,
         *args[:7], layer_stride, *args[7:], y.data_ptr(), torch.get_num_threads(),
+    )
+    return y
+
+
+class RowSpec(ctypes.Structure):
+    """One row of a pass as ``qd_blocks_ragged`` reads it (``layer_ops.c``'s ``QdRows``)."""
+
+    _fields_ = [("offset", _c_int64), ("tokens", _c_int64), ("cache", _c_int64), ("slots", _ptr),
+                ("start", _c_int64), ("kv_len", _c_int64), ("mask", _ptr), ("mask_stride", _c_int64)]
+
+
+def blocks_ragged(x: torch.Tensor, stack: BlockStack, n_heads: int, rope: tuple[torch.Tensor, torch.Tensor] | None,
+                  k_cache: torch.Tensor, v_cache: torch.Tensor, first_layer: int,
+                  rows: Sequence[tuple[Any, torch.Tensor | None]]) -> torch.Tensor:
+    """:func:`blocks` over a ragged pass (``x``: ``[1, T, hidden]``, the rows' tokens packed
+    one after another; ``rows``: each ``RaggedRow`` with its additive causal mask or None,
+    as ``Transformer.ragged_inputs`` gives them): each row attends in its own cache row over
+    its own slots, as ``Attention._fused``'s row loop does, bit for bit, in one call."""
+    x = x.contiguous()
+    y = torch.empty_like(x)
+    _, _, n_kv_heads, max_len, head_dim = k_cache.shape
+    tables = () if rope is None else tuple(t.contiguous() for t in rope)
+    cos, sin = (t.data_ptr() for t in tables) if tables else (None, None)
+    masks = [None if mask is None else mask.contiguous() for _, mask in rows]
+    specs = (RowSpec * len(rows))(*(
+        RowSpec(row.offset, row.tokens, row.cache_row * k_cache.stride(1), None, row.start, row.start + row.tokens,
+                None if mask is None else mask.data_ptr(), 0 if mask is None else mask.shape[-1])
+        for (row, _), mask in zip(rows, masks)))
+    layer = first_layer * k_cache.stride(0) * k_cache.element_size()
+    library().qd_blocks_ragged(
+        x.data_ptr(), x.shape[-2], x.shape[-1], stack.n, stack.norms, stack.eps, stack.linears, n_heads, n_kv_heads,
+        head_dim, cos, sin, k_cache.data_ptr() + layer, v_cache.data_ptr() + layer, k_cache.stride(0), max_len,
+        specs, len(rows), y.data_ptr(), torch.get_num_threads(),
     )
     return y
 

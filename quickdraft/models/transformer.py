@@ -644,16 +644,22 @@ class Transformer(nn.Module):
             states[start] = x
         # The blocks in as few C calls as the states asked for allow (one, or one per
         # stretch between them: EAGLE-3's fused layers): what the loop below does, bit for bit.
+        # A ragged pass (the batched engine's) too, its rows attending each on its own.
         stacks = None
-        if (ragged is None and x.shape[0] == 1 and not any(start <= i < stop for i in (*skip_attn, *skip_mlp))
+        if (not isinstance(row_masks, PaddedRows) and x.shape[0] == 1
+                and not any(start <= i < stop for i in (*skip_attn, *skip_mlp))
                 and cpu_kernels.fused_layers(x) and isinstance(cache.k, torch.Tensor)):
             cuts = sorted({start, stop, *(i for i in output_hidden_states if start < i < stop)})
             stacks = [self.block_stack(a, b) for a, b in zip(cuts, cuts[1:])]
         if stacks is not None and all(stack is not None for stack in stacks):
             for a, b, stack in zip(cuts, cuts[1:], stacks):
-                x = cpu_kernels.blocks(x, stack, self.layers[a].attn.n_heads, rope, cache.k, cache.v, a,
-                                       slots if isinstance(slots, int) else slots[0], kv_len,
-                                       None if mask is None else mask[0, 0])
+                if ragged is None:
+                    x = cpu_kernels.blocks(x, stack, self.layers[a].attn.n_heads, rope, cache.k, cache.v, a,
+                                           slots if isinstance(slots, int) else slots[0], kv_len,
+                                           None if mask is None else mask[0, 0])
+                else:
+                    x = cpu_kernels.blocks_ragged(x, stack, self.layers[a].attn.n_heads, rope, cache.k, cache.v, a,
+                                                  row_masks)
                 if b in output_hidden_states:
                     states[b] = x
         else:

@@ -423,21 +423,44 @@ static void linear(const QdLinear *l, const float *x, int64_t m, float *y, int t
                 y[r * l->out + n] = y[r * l->out + n] + l->bias[n];
 }
 
-/* x [t, hidden] -> y [t, hidden] (y = x + attn(norm(x)); y = y + mlp(norm(y))). The
- * attention arguments are qd_attend's. */
-void qd_block(const float *x, int64_t t, int64_t hidden, const float *attn_norm, const float *mlp_norm, float eps,
-              const QdLinear *wqkv, const QdLinear *wo, const QdLinear *w_in, const QdLinear *w_out,
-              int64_t hq, int64_t hkv, int64_t d, const float *cos, const float *ssin,
-              float *k_cache, float *v_cache, int64_t max_len, const int64_t *slots, int64_t start,
-              int64_t kv_len, const float *mask, int64_t mask_stride, float *y, int threads) {
+/* The rows of a pass, each attending on its own: the row's tokens at offset .. offset +
+ * tokens - 1 of the pass, its keys and values in the cache row `cache` floats into a
+ * layer's cache, at `slots` (NULL: start, start + 1, ...), its queries attending over the
+ * first kv_len slots with an additive mask of mask_stride floats a query (NULL: none). One
+ * row is a plain pass; several are a ragged pass of the batched engine, which packs its
+ * rows' tokens one after another (Transformer.forward(ragged=...)). */
+typedef struct {
+    int64_t offset, tokens, cache;
+    const int64_t *slots;
+    int64_t start, kv_len;
+    const float *mask;
+    int64_t mask_stride;
+} QdRows;
+
+/* x [t, hidden] -> y [t, hidden] (y = x + attn(norm(x)); y = y + mlp(norm(y))), each row's
+ * attention a qd_attend call on its tokens; tokens no row holds (a packed pass's padding)
+ * attend to nothing (0), as the per-op path's zeroed output leaves them. */
+static void block_rows(const float *x, int64_t t, int64_t hidden, const float *attn_norm, const float *mlp_norm,
+                       float eps, const QdLinear *wqkv, const QdLinear *wo, const QdLinear *w_in,
+                       const QdLinear *w_out, int64_t hq, int64_t hkv, int64_t d, const float *cos,
+                       const float *ssin, float *k_cache, float *v_cache, int64_t max_len, const QdRows *rows,
+                       int64_t n_rows, float *y, int threads) {
     int64_t widest = wqkv->out > w_in->out ? wqkv->out : w_in->out;
     if (hidden > widest)
         widest = hidden;
     float *a = malloc((size_t)(t * widest) * sizeof(float)), *b = malloc((size_t)(t * widest) * sizeof(float));
     qd_rms_norm(x, t, hidden, attn_norm, eps, a);
     linear(wqkv, a, t, b, threads);
-    qd_attend(b, t, hq, hkv, d, cos, ssin, k_cache, v_cache, max_len, slots, start, kv_len, mask, mask_stride, a,
-              threads);
+    if (n_rows != 1 || rows[0].offset != 0 || rows[0].tokens != t)
+        memset(a, 0, (size_t)(t * hq * d) * sizeof(float));
+    const int64_t width = (hq + 2 * hkv) * d;
+    for (int64_t r = 0; r < n_rows; r++) {
+        const QdRows *row = rows + r;
+        qd_attend(b + row->offset * width, row->tokens, hq, hkv, d, cos ? cos + row->offset * d : NULL,
+                  ssin ? ssin + row->offset * d : NULL, k_cache + row->cache, v_cache + row->cache, max_len,
+                  row->slots, row->start, row->kv_len, row->mask, row->mask_stride, a + row->offset * hq * d,
+                  threads);
+    }
     linear(wo, a, t, b, threads);
     for (int64_t i = 0; i < t * hidden; i++)
         y[i] = x[i] + b[i];
@@ -449,6 +472,18 @@ void qd_block(const float *x, int64_t t, int64_t hidden, const float *attn_norm,
         y[i] = y[i] + b[i];
     free(a);
     free(b);
+}
+
+/* x [t, hidden] -> y [t, hidden] for one row: block_rows with the attention arguments of
+ * qd_attend. */
+void qd_block(const float *x, int64_t t, int64_t hidden, const float *attn_norm, const float *mlp_norm, float eps,
+              const QdLinear *wqkv, const QdLinear *wo, const QdLinear *w_in, const QdLinear *w_out,
+              int64_t hq, int64_t hkv, int64_t d, const float *cos, const float *ssin,
+              float *k_cache, float *v_cache, int64_t max_len, const int64_t *slots, int64_t start,
+              int64_t kv_len, const float *mask, int64_t mask_stride, float *y, int threads) {
+    const QdRows one = {0, t, 0, slots, start, kv_len, mask, mask_stride};
+    block_rows(x, t, hidden, attn_norm, mlp_norm, eps, wqkv, wo, w_in, w_out, hq, hkv, d, cos, ssin, k_cache, v_cache,
+               max_len, &one, 1, y, threads);
 }
 
 /* Blocks 0 .. n-1 of a Llama stack over one row, in one call: qd_block layer after layer,
@@ -467,6 +502,21 @@ void qd_blocks(const float *x, int64_t t, int64_t hidden, int64_t n, const float
         qd_block(y, t, hidden, norms[2 * l], norms[2 * l + 1], eps, lin, lin + 1, lin + 2, lin + 3, hq, hkv, d, cos,
                  ssin, k_cache + l * layer_stride, v_cache + l * layer_stride, max_len, slots, start, kv_len, mask,
                  mask_stride, y, threads);
+    }
+}
+
+/* qd_blocks over the rows of a ragged pass (QdRows: each row's tokens, cache row, slots and
+ * mask), the batched engine's: the same operations as the per-op path's row loop
+ * (Attention._fused), bit for bit, in one call. */
+void qd_blocks_ragged(const float *x, int64_t t, int64_t hidden, int64_t n, const float *const *norms, float eps,
+                      const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos,
+                      const float *ssin, float *k_cache, float *v_cache, int64_t layer_stride, int64_t max_len,
+                      const QdRows *rows, int64_t n_rows, float *y, int threads) {
+    memmove(y, x, (size_t)(t * hidden) * sizeof(float));
+    for (int64_t l = 0; l < n; l++) {
+        const QdLinear *lin = linears + 4 * l;
+        block_rows(y, t, hidden, norms[2 * l], norms[2 * l + 1], eps, lin, lin + 1, lin + 2, lin + 3, hq, hkv, d, cos,
+                   ssin, k_cache + l * layer_stride, v_cache + l * layer_stride, max_len, rows, n_rows, y, threads);
     }
 }
 
