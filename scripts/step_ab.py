@@ -5,7 +5,8 @@ host's speed drifts between processes):
     python scripts/step_ab.py stack [MODEL]   # one C call for all blocks vs one per block
     python scripts/step_ab.py isa [MODEL]     # AVX-512 vs AVX2 int4 products
     python scripts/step_ab.py build [MODEL] --rev REV  # the kernels as of commit REV vs this tree's
-                                                       # (float32 weights both ways)
+                                                       # (float32 weights both ways; int8 / int4
+                                                       # layers before session 32: docs/bench/tiles_ab.py)
     python scripts/step_ab.py weights [MODEL]  # bf16/fp16-valued weights stored as float32 vs 16-bit
     python scripts/step_ab.py products [MODEL]  # bf16 weights times float32 inputs vs bf16 products
                                                 # (--dtype bfloat16 on an AVX512_BF16 CPU)
