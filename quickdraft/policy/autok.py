@@ -47,16 +47,21 @@ def _context(prompt: torch.Tensor, length: int, vocab: int) -> torch.Tensor:
     return prompt.repeat(reps)[:length].clamp_(0, vocab - 1)
 
 
+#: Untimed plain steps before each timed one (see StepCostSampler.sample).
+PLAIN_WARMUP = 3
+
+
 class StepCostSampler:
     """Times the model calls a speculative step is made of, in rounds that can be spread
     over a whole benchmark (so drift in machine speed hits them as it hits the methods).
 
     One round times, at a context of ``context_length`` tokens: ``target.extend`` over n
     tokens for every verify size (logits of all of them, as the engine asks; n = 1 is a
-    plain decode step), and right after a target pass a burst of consecutive draft steps
-    as the drafter runs them inside a speculative step (``_draft_burst``: one-token
-    ``extend`` calls, or a greedy chain in one call; the first draft call after a target
-    pass is slower: the target evicted the draft's weights from the CPU caches). ``costs()`` gives the medians, ``spread()`` how noisy
+    plain decode step, timed after another one), and before each verify pass a burst of
+    consecutive draft steps as the drafter runs them inside a speculative step
+    (``_draft_burst``: one-token ``extend`` calls, or a greedy chain in one call; the first
+    draft call after a target pass is slower: the target evicted the draft's weights from
+    the CPU caches, and the target's pass after the burst is slower too). ``costs()`` gives the medians, ``spread()`` how noisy
     they are (:func:`.timing.spread_of`).
     """
 
@@ -97,22 +102,31 @@ class StepCostSampler:
             self.target.crop(self.length)
         # Round by round, every width in each (as the class says): the host's speed drifts
         # over seconds, and a width timed in a block of its own could catch a fast or slow
-        # spell the others missed, skewing the ratios the cost model chooses k from.
+        # spell the others missed, skewing the ratios the cost model chooses k from. Each
+        # pass is timed after what precedes it in decoding: a plain step after plain steps,
+        # a verify pass after a draft burst. (A one-token pass right after other calls costs
+        # more: SmolLM2's 4.9 ms after a 9-token pass, 5.2 ms after draft steps, 3.2 ms from
+        # the fourth plain step in a row on; timed after the wider passes, plain decoding
+        # had looked ~30% dearer to the cost model than it is, and speculation better.)
         for _ in range(rounds):
             for n in self.sizes:
+                if n == 1:
+                    for _ in range(PLAIN_WARMUP):
+                        self.target.extend(self.tail[:1])
+                        self.target.crop(self.length)
+                elif self.draft is not None:
+                    with row_dependent_rounding():  # the kernels DraftModelDrafter drafts with
+                        burst = self._draft_burst(perf)
+                    self.draft.crop(self.length)
+                    if record and n == self.sizes[-1]:
+                        for j, elapsed in enumerate(burst, 1):
+                            self.burst_times[j].append(elapsed)
                 started = perf()
                 self.target.extend(self.tail[:n])
                 elapsed = perf() - started
                 self.target.crop(self.length)
                 if record:
                     self.times[n].append(elapsed)
-                if self.draft is not None and n == self.sizes[-1]:
-                    with row_dependent_rounding():  # the kernels DraftModelDrafter drafts with
-                        burst = self._draft_burst(perf)
-                    if record:
-                        for j, elapsed in enumerate(burst, 1):
-                            self.burst_times[j].append(elapsed)
-                    self.draft.crop(self.length)
 
     def _draft_burst(self, perf) -> list[float]:
         """Seconds from the start of a burst to the end of each of its draft steps, drafted
@@ -278,7 +292,7 @@ CALIBRATION_PROMPTS = (
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
     "The quick brown fox jumps over the lazy dog. Speculative decoding lets a small model",
 )
-CACHE_VERSION = 2  # 2: entries named and keyed by policy.cache
+CACHE_VERSION = 3  # 2: entries named and keyed by policy.cache; 3: plain steps timed after plain steps
 #: Use the draft only when its best k is predicted to be faster than plain decoding.
 MIN_GAIN = 1.0
 
