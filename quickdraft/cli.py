@@ -387,7 +387,7 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--multi-draft-rule", choices=["mss", "spectr"], default="mss",
                         help="sampled verification: multi-step speculative sampling (default) or SpecTr K-SEQ")
     parser.add_argument("--ngram-max", type=positive_int, default=3, help="n-gram: longest tail to look up (default 3)")
-    parser.add_argument("--ngram-min", type=positive_int, default=1, help="n-gram: shortest tail to look up (default 1)")
+    parser.add_argument("--ngram-min", type=positive_int, default=2, help="n-gram: shortest tail to look up (default 2)")
     parser.add_argument("--draft-stop", default="fixed", metavar="POLICY",
                         help="when a chain stops drafting (draft, layer-skip, hybrid, early-exit; eagle: all but "
                         "cost): fixed (k tokens, default); "

@@ -19,7 +19,7 @@ class NgramDrafter:
     number of rows (slots) alike.
     """
 
-    def __init__(self, ngram_max: int = 3, ngram_min: int = 1) -> None:
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 2) -> None:
         if not 1 <= ngram_min <= ngram_max:
             raise ValueError(f"n-gram sizes need 1 <= ngram_min <= ngram_max, got {ngram_min} and {ngram_max}")
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
