@@ -94,9 +94,9 @@ class DraftOptions:
     tree_children: str = "sample"  # sample (i.i.d. from q when sampling) or top (top-k, one-hot q)
     num_drafts: int = 3
     ngram_max: int = 3
-    # A one-token tail matches too often by chance: measured (session 32) 2 beat 1 on every
-    # category of both shipped targets (embedded 1.47/1.18/1.49x -> 1.54/1.28/1.56x;
-    # SmolLM2 chat 0.86 -> 0.97x, code 1.45 -> 1.51x; k = 4).
+    # A one-token tail matches too often by chance: measured (session 32, docs/bench/
+    # ngram_min_ab.py) 2 beat 1 on every category of both shipped targets (embedded
+    # 1.47/1.18/1.49x -> 1.54/1.28/1.56x; SmolLM2 chat 0.86 -> 0.97x, code 1.45 -> 1.51x; k = 4).
     ngram_min: int = 2
     draft_stop: str = "fixed"  # when a chain stops drafting (drafters/draft_stop.py)
     skip_profile: str | None = None  # layer-skip: a JSON skip profile (default: the shipped one)
