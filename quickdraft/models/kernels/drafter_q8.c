@@ -85,10 +85,11 @@ static inline __attribute__((always_inline)) void q8c_columns(const int8_t *w, i
 void qd_q8c_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N, float *y,
                    int threads) {
     const int64_t groups = K / GROUP, pairs = (groups + 1) / 2;
-    int8_t *xq = malloc((size_t)(M * K));
-    float *dx = malloc((size_t)(M * groups) * sizeof(float)), *dx16 = malloc((size_t)(M * pairs * 16) * sizeof(float));
-    q8a8_quantize(x, M, K, xq, dx);
-    uint8_t *xu = (uint8_t *)xq; /* in place: xq + 128 as unsigned bytes (xq is in -127..127) */
+    const QInput in = q_input(x, M, K, 0);
+    const int8_t *xq = in.xq;
+    const float *dx = in.dx;
+    float *dx16 = malloc((size_t)(M * pairs * 16) * sizeof(float));
+    uint8_t *xu = (uint8_t *)in.xq; /* in place: xq + 128 as unsigned bytes (xq is in -127..127) */
     for (int64_t i = 0; i < M * K; i++)
         xu[i] = (uint8_t)(xq[i] + 128);
     for (int64_t r = 0; r < M; r++)
@@ -105,8 +106,7 @@ void qd_q8c_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const 
         default: q8c_columns(w, 4, scale + n, K, xu, dx16, M, y + n, N); break;
         }
     }
-    free(xq);
-    free(dx);
+    q_input_free(in);
     free(dx16);
 }
 

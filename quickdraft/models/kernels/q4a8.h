@@ -31,36 +31,8 @@
 #ifndef QD_Q4A8_H
 #define QD_Q4A8_H
 
-#include <stdlib.h>
-
 #include "q8a8.h"
 
 #define Q4_TILE_BYTES (Q_TILE * GROUP / 2)
-
-/* The activations' side of a product: x quantized (xq [M, K], dx [M, G]: q8a8.h) and
- * s = d * sum(xq) per row and group (sx [M, G]). */
-typedef struct {
-    int8_t *xq;
-    float *dx, *sx;
-} Q4a8Input;
-
-static Q4a8Input q4a8_input(const float *x, int64_t M, int64_t K) {
-    const int64_t groups = K / GROUP;
-    Q4a8Input in = {malloc((size_t)(M * K)), malloc((size_t)(M * groups) * sizeof(float)),
-                    malloc((size_t)(M * groups) * sizeof(float))};
-    q8a8_quantize(x, M, K, in.xq, in.dx);
-    for (int64_t i = 0; i < M * groups; i++) {
-        int32_t sum = 0;
-        for (int j = 0; j < GROUP; j++) sum += in.xq[i * GROUP + j];
-        in.sx[i] = in.dx[i] * (float)sum;
-    }
-    return in;
-}
-
-static void q4a8_free(Q4a8Input in) {
-    free(in.xq);
-    free(in.dx);
-    free(in.sx);
-}
 
 #endif

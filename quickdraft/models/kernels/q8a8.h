@@ -30,6 +30,8 @@
 #ifndef QD_Q8A8_H
 #define QD_Q8A8_H
 
+#include <stdlib.h>
+
 /* Weight rows a tile of int8 or int4 weights holds (a 512-bit vector of float32 lanes),
  * and the bytes of one group of 32 weights of a tile. */
 #define Q_TILE 16
@@ -60,6 +62,32 @@ static void q8a8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, floa
                                                       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(xq + i * GROUP), b);
     }
+}
+
+/* The activations' side of an int8 or int4 product: x quantized (xq [M, K], dx [M, G])
+ * and, for int4 (q4a8.h), s = d * sum(xq) per row and group (sx [M, G]; NULL without). */
+typedef struct {
+    int8_t *xq;
+    float *dx, *sx;
+} QInput;
+
+static QInput q_input(const float *x, int64_t M, int64_t K, int sums) {
+    const int64_t groups = K / GROUP;
+    QInput in = {malloc((size_t)(M * K)), malloc((size_t)(M * groups) * sizeof(float)),
+                 sums ? malloc((size_t)(M * groups) * sizeof(float)) : NULL};
+    q8a8_quantize(x, M, K, in.xq, in.dx);
+    for (int64_t i = 0; sums && i < M * groups; i++) {
+        int32_t sum = 0;
+        for (int j = 0; j < GROUP; j++) sum += in.xq[i * GROUP + j];
+        in.sx[i] = in.dx[i] * (float)sum;
+    }
+    return in;
+}
+
+static void q_input_free(QInput in) {
+    free(in.xq);
+    free(in.dx);
+    free(in.sx);
 }
 
 #endif

@@ -162,9 +162,7 @@ void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const f
         return;
     }
     const int64_t G = K / GROUP, halves = 2 * ((N + Q_TILE - 1) / Q_TILE);
-    int8_t *xq = malloc((size_t)(M * K));
-    float *dx = malloc((size_t)(M * G) * sizeof(float));
-    q8a8_quantize(x, M, K, xq, dx);
+    const QInput in = q_input(x, M, K, 0);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t u = 0; u < halves; u++) {
         const int64_t t = u / 2, h = u % 2, first = Q_TILE * t + 8 * h;
@@ -175,13 +173,12 @@ void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const f
         const float *s = scale + t * G * Q_TILE + 8 * h;
         for (int64_t m = 0; m < M; m += Q_ROWS) {
 #define Q8_CASE(r) \
-    case r: q8_half(tile, s, xq, dx, m, K, r, y + m * N + first, N, live); break
+    case r: q8_half(tile, s, in.xq, in.dx, m, K, r, y + m * N + first, N, live); break
             switch (M - m < Q_ROWS ? M - m : Q_ROWS) { Q8_CASE(1); Q8_CASE(2); Q8_CASE(3); Q8_CASE(4); }
 #undef Q8_CASE
         }
     }
-    free(xq);
-    free(dx);
+    q_input_free(in);
 }
 
 /* Rows [0, rows) of x against weight rows [0, nb) of w (float32), y[r * ldy + b]: each
@@ -279,7 +276,7 @@ DEFINE_HALF_MATMUL(qd_f16_matmul, qd_f16_matmul_avx512, f16_weights)
  * q4a8.h's rule 8 lanes at a time: maddubs + madd give each lane the sum that one VNNI
  * instruction gives. The first `live` lanes go to y[r * ldy + i]. Constant `rows`. */
 static inline __attribute__((always_inline)) void q4_half(const uint8_t *tile, const float *scale, const float *offset,
-                                                           const Q4a8Input *in, int64_t m, int64_t K, int rows,
+                                                           const QInput *in, int64_t m, int64_t K, int rows,
                                                            float *y, int64_t ldy, int live) {
     const int64_t G = K / GROUP;
     const __m256i mask = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
@@ -317,7 +314,7 @@ void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const 
         qd_q4_matmul_vnni(x, M, K, q, scale, offset, N, y, threads);
         return;
     }
-    const Q4a8Input in = q4a8_input(x, M, K);
+    const QInput in = q_input(x, M, K, 1);
     const int64_t G = K / GROUP, halves = 2 * ((N + Q_TILE - 1) / Q_TILE);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t u = 0; u < halves; u++) {
@@ -334,5 +331,5 @@ void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const 
 #undef Q4_CASE
         }
     }
-    q4a8_free(in);
+    q_input_free(in);
 }

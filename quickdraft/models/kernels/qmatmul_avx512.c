@@ -370,10 +370,9 @@ static inline __attribute__((always_inline)) void q8_tiles(const int8_t *tiles, 
 void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale,
                        const int32_t *shift, int64_t N, float *y, int threads) {
     const int64_t G = K / GROUP, T = (N + Q_TILE - 1) / Q_TILE;
-    int8_t *xq = malloc((size_t)(M * K));
-    float *dx = malloc((size_t)(M * G) * sizeof(float));
-    q8a8_quantize(x, M, K, xq, dx);
-    uint8_t *xu = (uint8_t *)xq; /* xq + 128 as unsigned bytes, in place: the sign bit flipped */
+    const QInput in = q_input(x, M, K, 0);
+    const float *dx = in.dx;
+    uint8_t *xu = (uint8_t *)in.xq; /* xq + 128 as unsigned bytes, in place: the sign bit flipped */
     for (int64_t i = 0; i < M * K; i++) xu[i] ^= 0x80;
     const int pair = M <= Q_PAIR_ROWS, pass = pair ? Q_PAIR_ROWS : Q_ONE_ROWS, step = pair ? 2 : 1;
 #define Q8_TILES(NB, R) \
@@ -389,15 +388,14 @@ void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, co
         ROW_PASSES(Q8_TILES)
     }
 #undef Q8_TILES
-    free(xq);
-    free(dx);
+    q_input_free(in);
 }
 
 /* Tiles t .. t + nb - 1 (`tiles`, `scale`, `offset` at tile t's group 0) against rows
  * m .. m + rows - 1 of the quantized x, into y[r * ldy + 16 b + i]; the last tile's first
  * `live` lanes only. Constant nb and rows. */
 static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles, const float *scale,
-                                                            const float *offset, int nb, const Q4a8Input *in,
+                                                            const float *offset, int nb, const QInput *in,
                                                             int64_t m, int64_t K, int rows, float *y, int64_t ldy,
                                                             int live, const uint8_t *ahead) {
     const int64_t G = K / GROUP;
@@ -448,7 +446,7 @@ static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles,
 
 void qd_q4_matmul_vnni(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
                        const float *offset, int64_t N, float *y, int threads) {
-    const Q4a8Input in = q4a8_input(x, M, K);
+    const QInput in = q_input(x, M, K, 1);
     const int64_t G = K / GROUP, T = (N + Q_TILE - 1) / Q_TILE;
     const int pair = M <= Q_PAIR_ROWS, pass = pair ? Q_PAIR_ROWS : Q_ONE_ROWS, step = pair ? 2 : 1;
 #define Q4_TILES(NB, R) \
@@ -463,7 +461,7 @@ void qd_q4_matmul_vnni(const float *x, int64_t M, int64_t K, const uint8_t *q, c
         ROW_PASSES(Q4_TILES)
     }
 #undef Q4_TILES
-    q4a8_free(in);
+    q_input_free(in);
 }
 
 int qd_vnni_supported(void) {
