@@ -5,8 +5,9 @@ host's speed drifts between processes):
     python scripts/step_ab.py stack [MODEL]   # one C call for all blocks vs one per block
     python scripts/step_ab.py isa [MODEL]     # AVX-512 vs AVX2 int4 products
     python scripts/step_ab.py build [MODEL] --rev REV  # the kernels as of commit REV vs this tree's
-                                                       # (float32 weights both ways; int8 / int4
-                                                       # layers before session 32: docs/bench/tiles_ab.py)
+                                                       # (float32 weights both ways, or --quantize's
+                                                       # from session 32 on; int8 / int4 layers
+                                                       # before it: docs/bench/tiles_ab.py)
     python scripts/step_ab.py weights [MODEL]  # bf16/fp16-valued weights stored as float32 vs 16-bit
     python scripts/step_ab.py products [MODEL]  # bf16 weights times float32 inputs vs bf16 products
                                                 # (--dtype bfloat16 on an AVX512_BF16 CPU)
@@ -36,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's 
 from quickdraft.models import cpu_kernels, transformer  # noqa: E402
 from quickdraft.models.decode_linear import DecodeLinear  # noqa: E402
 from quickdraft.models.lm import load_model  # noqa: E402
+from quickdraft.models.placement import resolve_placement  # noqa: E402
 
 BLOCK_SPECS = transformer.Block.kernel_specs
 BLOCK_STACK = transformer.Transformer.block_stack
@@ -65,13 +67,16 @@ WAYS: dict[str, list[tuple[str, Callable[[], None]]]] = {
 def kernels_at(rev: str):
     """The kernels compiled from commit ``rev``'s sources (set up as :func:`cpu_kernels.library` does)."""
     root = Path(tempfile.mkdtemp(prefix="kernels-"))
+    sources = []
     for source in (*cpu_kernels.SOURCES, *cpu_kernels.HEADERS):
-        text = subprocess.run(["git", "show", f"{rev}:quickdraft/models/kernels/{source.name}"], check=True,
-                              capture_output=True, cwd=Path(__file__).resolve().parents[1]).stdout
-        (root / source.name).write_bytes(text)
+        shown = subprocess.run(["git", "show", f"{rev}:quickdraft/models/kernels/{source.name}"],
+                               capture_output=True, cwd=Path(__file__).resolve().parents[1])
+        if shown.returncode == 0:  # a file added since is not part of that build
+            (root / source.name).write_bytes(shown.stdout)
+            sources += [root / source.name] if source in cpu_kernels.SOURCES else []
     built = root / "kernels.so"
-    subprocess.run([cpu_kernels._compiler(), *cpu_kernels.FLAGS, *(str(root / s.name) for s in cpu_kernels.SOURCES),
-                    "-o", str(built), "-lm"], check=True)
+    subprocess.run([cpu_kernels._compiler(), *cpu_kernels.FLAGS, *map(str, sources), "-o", str(built), "-lm"],
+                   check=True)
     build, cdll = cpu_kernels._build, cpu_kernels.ctypes.CDLL
     cpu_kernels._build = lambda compiler: built
     cpu_kernels.ctypes.CDLL = lambda path: Older(cdll(path))
@@ -147,16 +152,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=240)
     parser.add_argument("--rev", default="HEAD", help="build: the commit whose kernels run first")
     parser.add_argument("--context", type=int, default=128, help="tokens in the cache before each pass")
+    parser.add_argument("--quantize", default=None, choices=["int8", "int4"],
+                        help="the model's block linears in this format (build: both builds must read it)")
     args = parser.parse_args()
     if args.compare == "build":
         ours, theirs = cpu_kernels.library(), kernels_at(args.rev)
         WAYS["build"] = [(args.rev, lambda: use_library(theirs)), ("tree", lambda: use_library(ours))]
-    lm = load_model(args.model)
+    lm = load_model(args.model, placement=resolve_placement("cpu", None, args.quantize))
     if args.compare == "weights":
         WAYS["weights"] = weight_ways(lm.model)
     elif args.compare == "products":
         WAYS["products"] = products_ways(lm.model)
-    elif args.compare == "build":  # float32 weights both ways: an older build may not take 16-bit ones
+    elif args.compare == "build" and not args.quantize:  # float32 weights both ways: an older build may not take 16-bit ones
         dict(weight_ways(lm.model))["float32"]()
     ways = WAYS[args.compare]
     gen = torch.Generator().manual_seed(0)

@@ -152,6 +152,39 @@ def test_attend_rounds_each_query_alike_whatever_shares_the_pass(d):
     assert torch.equal(out, torch.zeros_like(out))
 
 
+@pytest.mark.skipif(cpu_kernels.library() is not None and cpu_kernels.kernel_isa() != "avx512",
+                    reason="needs AVX-512 (the AVX2 path is the reference)")
+@pytest.mark.parametrize("d", [64, 128, 48])  # 64-float slices; two of them; a 48-float one
+def test_attention_on_avx512_rounds_as_on_avx2(d):
+    """Blocks of queries sum their values on AVX-512 (kernels/attend_avx512.c), sharing each
+    value between the block's queries: the same result as AVX2's per-query sums bit for bit,
+    with keys a tree mask hides, weights that underflow to 0 (skipped by both) and a query
+    that sees no key (zeros)."""
+    gen = torch.Generator().manual_seed(d)
+    hq, hkv, context, t, max_len = 6, 2, 203, 9, 220
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen) * 8  # scores spread wide enough to underflow
+    base_k, base_v = torch.randn(hkv, max_len, d, generator=gen) * 8, torch.randn(hkv, max_len, d, generator=gen)
+    visible = torch.rand(t, context + t, generator=gen) > 0.3
+    visible[3] = False
+    mask = additive_mask(visible, torch.float32)
+    results = {}
+    try:
+        for isa in ("avx2", "avx512"):
+            cpu_kernels.kernel_isa(isa)
+            k, v, out = base_k.clone(), base_v.clone(), torch.empty(t, hq * d)
+            attend(qkv, None, k, v, context, context + t, mask, out, hq)
+            results[isa] = out
+    finally:
+        cpu_kernels.kernel_isa("avx512")
+    assert torch.equal(results["avx2"], results["avx512"])
+    assert torch.equal(results["avx2"][3], torch.zeros(hq * d))
+    keys = k[:, : context + t].repeat_interleave(hq // hkv, 0)  # [hq, slots, d]
+    scores = torch.einsum("thd,hsd->ths", qkv[:, : hq * d].view(t, hq, d), keys) / d**0.5
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    gap = scores.amax(-1, keepdim=True) - scores
+    assert (visible[:, None] & (gap > 110)).any()  # some weights underflow (e^-110 < 2^-149)
+
+
 def count_calls(monkeypatch, name: str) -> dict[str, int]:
     """Count the calls of ``cpu_kernels.<name>`` (the real function still runs)."""
     calls, real = {name: 0}, getattr(cpu_kernels, name)

@@ -37,7 +37,8 @@ from typing import Any
 import torch
 
 SOURCES = tuple(Path(__file__).with_name("kernels") / name
-                for name in ("qmatmul.c", "qmatmul_avx512.c", "drafter_q8.c", "bf16_products.c", "layer_ops.c"))
+                for name in ("qmatmul.c", "qmatmul_avx512.c", "drafter_q8.c", "bf16_products.c", "layer_ops.c",
+                              "attend_avx512.c"))
 # Every header, named in the build's digest: one left out (q4a8.h was) let an edit of it
 # run the stale library.
 HEADERS = tuple(sorted(Path(__file__).with_name("kernels").glob("*.h")))

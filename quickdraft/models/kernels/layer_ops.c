@@ -32,6 +32,20 @@ static inline float lanes_sum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* lanes_sum of a, b, c and e at once, bit for bit: the same additions (the halves, then
+ * lanes 0 + 2 and 1 + 3, then those two; float addition commutes), four vectors a
+ * shuffle. One at a time, each sum was a chain as long as the dot product it ends. */
+static inline __m128 lanes_sum4(__m256 a, __m256 b, __m256 c, __m256 e) {
+    const __m256 ab = _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+    const __m256 ce = _mm256_add_ps(_mm256_permute2f128_ps(c, e, 0x20), _mm256_permute2f128_ps(c, e, 0x31));
+    /* ab: a's 4 half sums, then b's; ce: c's, then e's */
+    const __m256 pairs = _mm256_add_ps(_mm256_shuffle_ps(ab, ce, _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm256_shuffle_ps(ab, ce, _MM_SHUFFLE(3, 2, 3, 2)));
+    /* pairs: a's lanes 0 + 2, 1 + 3, c's 0 + 2, 1 + 3, then the same of b and e */
+    const __m256 sums = _mm256_hadd_ps(pairs, pairs); /* a, c, a, c, then b, e, b, e */
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(sums), _mm256_extractf128_ps(sums, 1));
+}
+
 /* The first n floats of p as a vector, zeros after (n < 8). */
 static inline __m256 load_part(const float *p, int64_t n) {
     float buf[8] = {0};
@@ -250,6 +264,10 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
         _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], scaled));
 }
 
+int qd_kernel_isa(int want);
+void qd_weighted_values_avx512(const float *w, int64_t kv_len, int nq, const float *values, int64_t d,
+                               const float *inv, float *out, int64_t out_stride);
+
 /* Queries an attend_block task takes (of one head). */
 #define QUERY_BLOCK 4
 
@@ -262,8 +280,16 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
  * embedded target, interleaved against attend_one in one process): 0.54-0.62x the time
  * for 9 queries over 1,100 keys, ~0.75x for one; the embedded target's whole pass of 9
  * tokens after 1,100 0.79x, after 128 0.95x, one token unchanged (its keys stream from
- * memory either way). (A reduction of 8 keys' lanes at once, and a weighted sum sharing
- * each value between the block's queries, were no faster.) */
+ * memory either way). Since then (session 33) keys go 8 at a time, 8 independent
+ * chains for each query however few share the block, their sums reduced together
+ * (lanes_sum4); and on AVX-512 a block of 2+ queries sums values in 16 lanes, each value
+ * read once for the block (attend_avx512.c; one query stays on AVX2: 512-bit operations
+ * made the one-token step slower). All bit for bit as before. The embedded target with
+ * int8 weights after 1,000 tokens (scripts/step_ab.py build --quantize int8 --context
+ * 1000): a 9-token pass 0.94x the time, a 3-token one 0.94x, one token 0.99x. (Before
+ * the 8-key chains, a reduction of 8 keys' lanes at once and a weighted sum sharing each
+ * value between the block's queries in 8 lanes were no faster; an FMA in the weighted
+ * sum, which rounds differently, would take the 9-token pass to 0.89x.) */
 static inline __attribute__((always_inline)) void attend_block(
     const float *q, int64_t j0, int nq, int64_t h, int64_t hq, int64_t d, const float *keys, const float *values,
     int64_t kv_len, const float *mask, int64_t mask_stride, float scale, float *out) {
@@ -271,9 +297,26 @@ static inline __attribute__((always_inline)) void attend_block(
     const float *qv[QUERY_BLOCK];
     for (int b = 0; b < nq; b++)
         qv[b] = q + ((j0 + b) * hq + h) * d;
-    /* Every query's score of every key, masked or not (a masked one is dropped below). */
+    /* Every query's score of every key, masked or not (a masked one is dropped below):
+     * keys 8 at a time, each query's 8 chains of FMAs side by side, then summed together. */
     float *scores = malloc((size_t)(nq * kv_len) * sizeof(float));
-    for (int64_t s = 0; s < kv_len; s++) {
+    int64_t s = 0;
+    for (; s + 8 <= kv_len; s += 8) {
+        const float *key = keys + s * d;
+        for (int b = 0; b < nq; b++) {
+            __m256 acc[8];
+            for (int k = 0; k < 8; k++)
+                acc[k] = _mm256_setzero_ps();
+            for (int64_t c = 0; c < chunks; c++) {
+                const __m256 qc = _mm256_loadu_ps(qv[b] + 8 * c);
+                for (int k = 0; k < 8; k++)
+                    acc[k] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(key + k * d + 8 * c), acc[k]);
+            }
+            _mm_storeu_ps(scores + b * kv_len + s, lanes_sum4(acc[0], acc[1], acc[2], acc[3]));
+            _mm_storeu_ps(scores + b * kv_len + s + 4, lanes_sum4(acc[4], acc[5], acc[6], acc[7]));
+        }
+    }
+    for (; s < kv_len; s++) {
         const float *key = keys + s * d;
         __m256 acc[QUERY_BLOCK];
         for (int b = 0; b < nq; b++)
@@ -286,23 +329,40 @@ static inline __attribute__((always_inline)) void attend_block(
         for (int b = 0; b < nq; b++)
             scores[b * kv_len + s] = lanes_sum(acc[b]);
     }
-    float *p = malloc((size_t)padded * sizeof(float));
-    int64_t *seen = malloc((size_t)kv_len * sizeof(int64_t));
+    /* Each query's visible scores packed, their softmax numerators and 1 / total. */
+    float *p = malloc((size_t)(nq * padded) * sizeof(float)), inv[QUERY_BLOCK];
+    int64_t *seen = malloc((size_t)(nq * kv_len) * sizeof(int64_t)), n[QUERY_BLOCK];
     for (int b = 0; b < nq; b++) {
-        const float *mrow = mask ? mask + (j0 + b) * mask_stride : NULL, *sc = scores + b * kv_len;
-        float *o = out + ((j0 + b) * hq + h) * d;
         float best;
-        const int64_t n = pack_scores8(sc, mrow, kv_len, scale, p, seen, &best);
-        if (best == -INFINITY) {
-            memset(o, 0, (size_t)d * sizeof(float));
-            continue;
-        }
-        const float inv = softmax_packed(p, n, best);
-        for (int64_t c0 = 0; c0 < chunks; c0 += 8) { /* attend_one's o += w v, 64 output floats in registers */
-            if (chunks - c0 >= 8)
-                weighted_sum(p, seen, n, values + 8 * c0, d, 8, inv, o + 8 * c0);
-            else
-                weighted_sum(p, seen, n, values + 8 * c0, d, chunks - c0, inv, o + 8 * c0);
+        n[b] = pack_scores8(scores + b * kv_len, mask ? mask + (j0 + b) * mask_stride : NULL, kv_len, scale,
+                            p + b * padded, seen + b * kv_len, &best);
+        if (best == -INFINITY)
+            n[b] = 0, inv[b] = 0.0f; /* no visible key: zeros (0 * 0 below) */
+        else
+            inv[b] = softmax_packed(p + b * padded, n[b], best);
+    }
+    float *o = out + (j0 * hq + h) * d;
+    if (nq > 1 && qd_kernel_isa(-1) && d % 16 == 0) {
+        /* The numerators by slot (0 where hidden), the block's queries sharing each value. */
+        float *w = calloc((size_t)(nq * kv_len), sizeof(float));
+        for (int b = 0; b < nq; b++)
+            for (int64_t k = 0; k < n[b]; k++)
+                w[b * kv_len + seen[b * kv_len + k]] = p[b * padded + k];
+        qd_weighted_values_avx512(w, kv_len, nq, values, d, inv, o, hq * d);
+        free(w);
+    } else {
+        for (int b = 0; b < nq; b++, o += hq * d) {
+            if (n[b] == 0) {
+                memset(o, 0, (size_t)d * sizeof(float));
+                continue;
+            }
+            for (int64_t c0 = 0; c0 < chunks; c0 += 8) { /* attend_one's o += w v, 64 output floats in registers */
+                if (chunks - c0 >= 8)
+                    weighted_sum(p + b * padded, seen + b * kv_len, n[b], values + 8 * c0, d, 8, inv[b], o + 8 * c0);
+                else
+                    weighted_sum(p + b * padded, seen + b * kv_len, n[b], values + 8 * c0, d, chunks - c0, inv[b],
+                                 o + 8 * c0);
+            }
         }
     }
     free(seen);
