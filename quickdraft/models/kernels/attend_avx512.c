@@ -16,7 +16,7 @@
 #include <stdint.h>
 
 /* nq queries (<= 4) and cn 16-float slices (<= 4) of the output: constants where inlined. */
-static inline __attribute__((always_inline)) void slice_sum(const float *w, int64_t kv_len, int nq,
+static inline __attribute__((always_inline)) void slice_sum(const float *const *w, int64_t kv_len, int nq,
                                                             const float *values, int64_t d, int cn,
                                                             const float *inv, float *out, int64_t out_stride) {
     __m512 acc[4][4];
@@ -28,7 +28,7 @@ static inline __attribute__((always_inline)) void slice_sum(const float *w, int6
         for (int c = 0; c < cn; c++)
             v[c] = _mm512_loadu_ps(values + s * d + 16 * c);
         for (int b = 0; b < nq; b++) {
-            const float weight = w[b * kv_len + s];
+            const float weight = w[b][s];
             if (weight == 0.0f) /* hidden, or underflowed: contributes nothing, skipped */
                 continue;
             const __m512 wb = _mm512_set1_ps(weight);
@@ -41,11 +41,11 @@ static inline __attribute__((always_inline)) void slice_sum(const float *w, int6
             _mm512_storeu_ps(out + b * out_stride + 16 * c, _mm512_mul_ps(acc[b][c], _mm512_set1_ps(inv[b])));
 }
 
-/* out[b * out_stride + i] = inv[b] * sum over slots s < kv_len with w[b * kv_len + s] != 0
- * of w[b * kv_len + s] * values[s * d + i], for queries b < nq (<= 4) and i < d (d a
- * multiple of 16): the weights are each query's softmax numerators by slot, 0 where the
- * query does not see the slot. */
-void qd_weighted_values_avx512(const float *w, int64_t kv_len, int nq, const float *values, int64_t d,
+/* out[b * out_stride + i] = inv[b] * sum over slots s < kv_len with w[b][s] != 0 of
+ * w[b][s] * values[s * d + i], for queries b < nq (<= 4) and i < d (d a multiple of 16):
+ * the weights are each query's softmax numerators by slot, 0 where the query does not
+ * see the slot. */
+void qd_weighted_values_avx512(const float *const *w, int64_t kv_len, int nq, const float *values, int64_t d,
                                const float *inv, float *out, int64_t out_stride) {
     for (int64_t i = 0; i < d; i += 64) {
         const int cn = d - i >= 64 ? 4 : (int)((d - i) / 16);
