@@ -345,8 +345,9 @@ def test_quantized_layers_refuse_to_train():
 
 def test_avx512_and_avx2_products_agree_bit_for_bit():
     """qmatmul_avx512.c rounds every element as qmatmul.c does: row counts across both
-    files' passes (int8 and int4 tiles: AVX2 halves of 4 rows, VNNI pairs of tiles up to 4
-    rows and single tiles 8 at a time, widths not a multiple of 16; float32 (one 16-lane
+    files' passes (int8 and int4 tiles: AVX2 halves of 4 rows, VNNI pairs of tiles 4 rows
+    at a time up to 4 rows and from 25, single tiles 8 at a time between, widths not a
+    multiple of 16; float32 (one 16-lane
     accumulator is the AVX2 kernel's two 8-lane ones): a prefetching row pass of 4-16 rows,
     4 x 4 tiles from 17; bfloat16 and float16 weights: the pass to 16 rows, the tiles from
     17, and float32's result for the widened weights), widths not a multiple of 4. Also each AVX2 product's several-row passes against its single rows (float32
@@ -366,7 +367,7 @@ def test_avx512_and_avx2_products_agree_bit_for_bit():
             products = {"q4": (cpu_kernels.q4_matmul, q4), "q8": (cpu_kernels.q8_matmul, q8),
                         "f32": (cpu_kernels.f32_matmul, (weight,)), "bf16": (cpu_kernels.half_matmul, (weight.bfloat16(),)),
                         "f16": (cpu_kernels.half_matmul, (weight.half(),))}
-            x = torch.randn(20, k)
+            x = torch.randn(27, k)
             for name, (product, weights) in products.items():
                 cpu_kernels.kernel_isa("avx2")
                 alone = torch.cat([product(x[i : i + 1], *weights) for i in range(len(x))])
@@ -375,7 +376,7 @@ def test_avx512_and_avx2_products_agree_bit_for_bit():
                                                          for i in range(len(x))]))
                 for isa in ("avx2", "avx512"):  # each path's several-row passes, against AVX2's single rows
                     cpu_kernels.kernel_isa(isa)
-                    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 16, 17, 20):
+                    for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 16, 17, 20, 24, 25, 27):
                         assert torch.equal(product(x[:rows], *weights), alone[:rows]), (isa, name, n, k, rows)
     finally:
         cpu_kernels.kernel_isa("avx512")

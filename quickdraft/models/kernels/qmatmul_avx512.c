@@ -275,8 +275,12 @@ int qd_avx512_supported(void) {
  * 4 weights each, and one vpdpbusd adds each lane's 4 products with 4 bytes of x
  * (broadcast); 8 of them make a group's exact sum, two chains of 4 in flight. A pass takes
  * two tiles x up to Q_PAIR_ROWS rows of x (four chains per row in flight for a one-row
- * step) or one tile x up to Q_ONE_ROWS rows; the first pass over tiles prefetches the
- * tiles after them. */
+ * step, each broadcast of x serving 32 outputs) or one tile x up to Q_ONE_ROWS rows; the
+ * first pass over tiles prefetches the tiles after them. One tile and 8 rows at 5-24 rows
+ * (a verify pass: weights streamed from memory, read in one pass where 8 rows fit), two
+ * tiles from 25 (a prefill or a batch: the broadcasts of x dominate). SmolLM2 and the
+ * embedded target, whole passes (scripts/step_ab.py build --quantize, session 33): two
+ * tiles took 1.02-1.09x the time at 5-16 rows, 0.96x at 32, 0.86-0.93x at 64-256. */
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
 #else
@@ -291,6 +295,12 @@ int qd_avx512_supported(void) {
 
 #define Q_PAIR_ROWS 4
 #define Q_ONE_ROWS 8
+#define Q_ONE_MAX_ROWS 24
+
+/* Whether a product of M rows takes two tiles a pass: up to 4 rows, and from 25. */
+static inline int pair_tiles(int64_t M) {
+    return M <= Q_PAIR_ROWS || M > Q_ONE_MAX_ROWS;
+}
 
 /* Unit u of a product's tiles, `step` (1 or 2) tiles a unit: its first tile t, how many
  * tiles it has (nb) and how many lanes of its last one are rows of W (live). */
@@ -374,7 +384,7 @@ void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, co
     const float *dx = in.dx;
     uint8_t *xu = (uint8_t *)in.xq; /* xq + 128 as unsigned bytes, in place: the sign bit flipped */
     for (int64_t i = 0; i < M * K; i++) xu[i] ^= 0x80;
-    const int pair = M <= Q_PAIR_ROWS, pass = pair ? Q_PAIR_ROWS : Q_ONE_ROWS, step = pair ? 2 : 1;
+    const int pair = pair_tiles(M), pass = pair ? Q_PAIR_ROWS : Q_ONE_ROWS, step = pair ? 2 : 1;
 #define Q8_TILES(NB, R) \
     case R: q8_tiles(tiles, s, sh, NB, xu, dx, m, K, R, y + m * N + Q_TILE * t, N, live, ahead); break
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -448,7 +458,7 @@ void qd_q4_matmul_vnni(const float *x, int64_t M, int64_t K, const uint8_t *q, c
                        const float *offset, int64_t N, float *y, int threads) {
     const QInput in = q_input(x, M, K, 1);
     const int64_t G = K / GROUP, T = (N + Q_TILE - 1) / Q_TILE;
-    const int pair = M <= Q_PAIR_ROWS, pass = pair ? Q_PAIR_ROWS : Q_ONE_ROWS, step = pair ? 2 : 1;
+    const int pair = pair_tiles(M), pass = pair ? Q_PAIR_ROWS : Q_ONE_ROWS, step = pair ? 2 : 1;
 #define Q4_TILES(NB, R) \
     case R: q4_tiles(tiles, s, c, NB, &in, m, K, R, y + m * N + Q_TILE * t, N, live, ahead); break
 #pragma omp parallel for schedule(static) num_threads(threads)
