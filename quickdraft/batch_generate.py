@@ -70,14 +70,15 @@ def _batch_method(drafter) -> tuple[str, object, DraftOptions]:
 def make_batch_engine(
     target, method: str = "draft", draft=None, *, max_batch_size: int = 8, max_len: int | None = None,
     num_speculative_tokens: int | None = None, options: DraftOptions = DraftOptions(), drafter=None,
-    policy=None, acceptance=acceptance_for,
+    policy=None, acceptance=acceptance_for, prefill_chunk: int | None = None,
 ) -> BatchEngine:
     """A :class:`BatchEngine` for ``method`` (ar, draft, ngram, hybrid, early-exit, medusa,
     prophet or eagle; ``options`` sets the n-gram sizes, the exit head and layer, the
     heads, and a ``draft_stop`` that sets chain lengths, each row's own): the method's batch
     drafter (or ``drafter``, the hook for new ones) and, when ``num_speculative_tokens`` is
     None, the batch policy measured for this target, drafter and batch size (``policy``
-    replaces it; a head method's rows draft its fixed k, ``drafters/per_row.py``)."""
+    replaces it; a head method's rows draft its fixed k, ``drafters/per_row.py``);
+    ``prefill_chunk``: prompt tokens prefilled per step (:class:`BatchEngine`)."""
     from .policy.batch_policy import BatchPolicy
 
     stop = parse_draft_stop(options.draft_stop)
@@ -91,7 +92,8 @@ def make_batch_engine(
         num_speculative_tokens = getattr(drafter, "fixed_k", None)
     engine = BatchEngine(target, drafter, max_batch_size=max_batch_size, max_len=max_len,
                          num_speculative_tokens=num_speculative_tokens, policy=policy, acceptance=acceptance,
-                         draft_stop=None if isinstance(stop, FixedStop) else lambda: parse_draft_stop(options.draft_stop))
+                         draft_stop=None if isinstance(stop, FixedStop) else lambda: parse_draft_stop(options.draft_stop),
+                         prefill_chunk=prefill_chunk)
     if policy is None and num_speculative_tokens is None and method != "ar":
         engine.policy = BatchPolicy.for_engine(engine)
     return engine

@@ -469,3 +469,49 @@ def test_padded_attention_rows_equal_plain_decoding(models, prompts, method, pad
     out, _ = run(engine, jobs, join_at={3: 3})
     for i, (ids, n) in enumerate(zip(prompts, budgets)):
         assert out[i] == plain(target, ids, StopConditions(n, eos)), i
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_chunked_prefill_changes_no_row_and_lets_the_others_decode(models, prompts, method):
+    """``prefill_chunk``: a long prompt joining mid-way is prefilled 5 tokens a step (all
+    joining rows together); every row's output, greedy or seeded sampling, is the same as
+    with whole prompts, and the row already decoding gets tokens at every step meanwhile."""
+    tok, target, drafts = models
+    params = [SamplingParams(), SamplingParams(0.8, seed=1), SamplingParams(1.0, seed=2)]
+    jobs = [(prompts[0], params[0], 150), (prompts[1], params[1], MAX_NEW), (prompts[3], params[2], MAX_NEW)]
+
+    def decode_all(chunk):
+        engine = make_batch_engine(target, method=method, draft=drafts["perturbed"], max_batch_size=3,
+                                   max_len=200, num_speculative_tokens=3, prefill_chunk=chunk)
+        first = engine.add(jobs[0][0], jobs[0][1], StopConditions(jobs[0][2], []))
+        out, steps = {first: []}, []
+        while len(out[first]) < 4:  # its own prompt in two chunks, then decoding
+            update = engine.step().get(first)
+            out[first] += update.tokens if update else []
+        for ids, p, n in jobs[1:]:  # two rows join at once: the longer prompt's chunks first
+            out[engine.add(ids, p, StopConditions(n, [tok.eos_token_id]))] = []
+        while engine.active:
+            updates = engine.step()
+            steps.append(updates)
+            for row, update in updates.items():
+                out[row] += update.tokens
+        return list(out.values()), steps
+
+    whole, _ = decode_all(None)
+    chunked, steps = decode_all(5)
+    assert chunked == whole
+    waited = next(i for i, updates in enumerate(steps) if 1 in updates)  # steps before the long row's first token
+    assert waited >= prompts[1].numel() // 5 - 1
+    assert all(updates[0].tokens for updates in steps[:waited])  # the first row went on meanwhile
+
+
+def test_prefill_chunk_is_left_to_drafters_that_read_the_target_prefill(models):
+    """Early exit takes the target's prefill into its own cache whole: no chunks for it."""
+    from quickdraft.drafters.factory import DraftOptions
+
+    _, target, _ = models
+    engine = make_batch_engine(target, method="early-exit", max_batch_size=2, max_len=60, num_speculative_tokens=2,
+                               options=DraftOptions(exit_head="shared", exit_layer=1), prefill_chunk=5)
+    assert engine.prefill_chunk is None
+    with pytest.raises(ValueError, match="prefill_chunk must be >= 1"):
+        make_batch_engine(target, method="ar", max_batch_size=2, max_len=60, prefill_chunk=0)

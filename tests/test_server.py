@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from serving import MODEL, metric
@@ -234,6 +236,8 @@ def test_load_32_requests_8_concurrent_with_hang_ups(server, plain):
     probe.join()
     summary = summarize(results, wall)
     assert summary["completed"] == 24 and summary["disconnected"] == 8, summary
+    assert all(r.gaps for r in results if not r.disconnected)  # 12 tokens: more than one chunk each
+    assert 0 < summary["gap_p50"] <= summary["gap_p99"] <= summary["gap_max"]
     assert summary["refused"] == 0 and summary["failed"] == 0, [r.error for r in results if r.error]
     for r in results:
         if not r.disconnected:
@@ -280,3 +284,20 @@ def test_signal_mid_stream_stops_the_server_cleanly(tmp_path, sig):
     finally:
         srv.stop()
     assert "Traceback" not in srv.log.read_text()
+
+
+def test_a_long_prompt_prefilled_in_chunks_beside_a_running_stream(server):
+    """A prompt of 600+ tokens is prefilled 256 tokens a step (the default --prefill-chunk)
+    while another stream runs: both texts are what each request gives alone."""
+    from quickdraft import SpeculativeGenerator
+
+    gen = SpeculativeGenerator.from_pretrained(method="ar")
+    long_prompt = "def add(a, b):\n    return a + b\n\n\n" * 60
+    assert len(gen.tokenizer(long_prompt)["input_ids"]) > 600
+    expected = {p: gen.generate(p, max_new_tokens=n).text for p, n in ((PROMPTS[1], 40), (long_prompt, 12))}
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(stream_completion, server.url, MODEL, PROMPTS[1], 40)
+        time.sleep(0.05)  # the short stream starts first
+        joining = pool.submit(stream_completion, server.url, MODEL, long_prompt, 12)
+        results = [running.result(), joining.result()]
+    assert [r.text for r in results] == [expected[PROMPTS[1]], expected[long_prompt]], [r.error for r in results]

@@ -10,7 +10,10 @@ It is ``engine.decode``'s loop for a batch (the same acceptance rules, sampling,
 conditions and stats, per row): the first pass of a row is its prefill, which also
 verifies a chain drafted from the prompt. Rows joining in the same step share a prefill
 pass of their own (merged with the decode pass, a long prompt would pad every other row
-to its length); every later step of every row shares one pass. Batch invariance: see ``models/ragged.py`` and docs/batching.md.
+to its length); every later step of every row shares one pass. With ``prefill_chunk``
+the joining rows' prompts are prefilled a chunk a step instead (the rows already decoding
+step in between), and a row's first pass feeds only the rest of its prompt. Batch
+invariance: see ``models/ragged.py`` and docs/batching.md.
 """
 
 from __future__ import annotations
@@ -99,6 +102,11 @@ class BatchEngine:
     Not thread-safe: call ``add``, ``cancel`` and ``step`` from one thread (a server runs
     them in its step loop, between steps).
 
+    ``prefill_chunk``: at most this many prompt tokens are prefilled per step, all joining
+    rows together, oldest row first (a long prompt's prefill spread over several steps,
+    the other rows decoding in between; its output is the same, bit for bit); None: each
+    joining row's whole prompt in its first step.
+
     ``draft_stop``: makes each row's own chain-length policy (``--draft-stop heuristic``:
     ``max_depth(k)`` at each step, ``observe(drafted, accepted)`` after it), so a row's chain
     follows its own acceptance, up to the step's k; None: every row drafts k.
@@ -115,6 +123,7 @@ class BatchEngine:
         policy=None,
         acceptance: Callable[[SamplingParams, torch.Generator], AcceptanceRule] = acceptance_for,
         draft_stop: Callable[[], object] | None = None,
+        prefill_chunk: int | None = None,
     ) -> None:
         if not isinstance(target, NativeLM):
             raise ValueError("batched decoding needs the native runtime for the target (--backend native)")
@@ -122,6 +131,8 @@ class BatchEngine:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if num_speculative_tokens is not None and num_speculative_tokens < 0:
             raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1 (or None: whole prompts), got {prefill_chunk}")
         self.target = target
         self.model = target.model
         self.max_batch_size = max_batch_size
@@ -134,6 +145,11 @@ class BatchEngine:
         self.policy = policy
         self.acceptance = acceptance
         self.draft_stop = draft_stop
+        # Prompt tokens prefilled per step, all joining rows together (None: whole prompts). A
+        # drafter that reads the target's prefill (its states, or its cache: early exit)
+        # takes it whole, in one pass.
+        chunkable = not self.reads and getattr(self.drafter, "adopts_layer", None) is None
+        self.prefill_chunk = prefill_chunk if chunkable else None
         self.pooled = RecentAcceptance()  # acceptance of recent proposals, for the policy
         self.prefill_seconds = 0.0  # time in the joining rows' prefill passes (target and drafter), all rows
         self.last_k: int | None = None  # draft tokens per row at the last step (None before the first)
@@ -203,8 +219,17 @@ class BatchEngine:
         return self.policy.k(rows, self.pooled, context)
 
     def step(self) -> dict[int, RowUpdate]:
-        """One step for every active row; rows whose update has a finish are gone after it."""
-        rows = list(self._rows.values())
+        """One step for every active row; rows whose update has a finish are gone after it.
+        A row whose prompt is still being prefilled in chunks (``prefill_chunk``) gets its
+        next chunk, or waits, and no update."""
+        rows, chunks = self._prefill_plan(list(self._rows.values()))
+        if chunks:
+            started = time.perf_counter()
+            ragged_forward(self.model, self.cache, [Feed(r.slot, r.cached, r.sequence[r.cached : r.cached + n], 0)
+                                                    for r, n in chunks])
+            for r, n in chunks:
+                r.cached += n
+            self.prefill_seconds += time.perf_counter() - started
         if not rows:
             return {}
         k = self.k_for(len(rows), sum(r.length for r in rows) // len(rows))
@@ -248,6 +273,23 @@ class BatchEngine:
             if update.finish:
                 self.cancel(row_id)
         return updates
+
+    def _prefill_plan(self, rows: list[_Row]) -> tuple[list[_Row], list[tuple[_Row, int]]]:
+        """The rows that step now (decoding, or joining with the rest of their prompt) and
+        the chunks of prompt (row, tokens) prefilled before them, within ``prefill_chunk``
+        tokens, oldest joining row first; a joining row beyond the budget waits."""
+        if self.prefill_chunk is None:
+            return rows, []
+        budget, stepping, chunks = self.prefill_chunk, [], []
+        for r in rows:  # in order of arrival
+            rest = r.length - r.cached  # prompt tokens the final pass would feed
+            if r.stats.target_forward_passes or rest <= budget:
+                budget -= 0 if r.stats.target_forward_passes else rest
+                stepping.append(r)
+            elif budget > 0:
+                chunks.append((r, budget))
+                budget = 0
+        return stepping, chunks
 
     def _verify(self, rows: list[_Row], adopting: set[int] = frozenset()) -> list[torch.Tensor]:
         """The target's logits per row (``[proposal + 1, V]``): the rows joining now share

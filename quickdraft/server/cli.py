@@ -20,6 +20,10 @@ from ..cli import (
 )
 from .loading import load_server, make_engine
 
+#: Prompt tokens the batched engine prefills per step (``--prefill-chunk``): on 2 CPU cores
+#: ~50 ms of the embedded target's time and ~0.2 s of SmolLM2-135M's.
+DEFAULT_PREFILL_CHUNK = 256
+
 __all__ = ["add_serve_parser", "listen", "load_server", "make_engine", "run_serve"]
 
 
@@ -52,6 +56,11 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    "backend); auto (default) = batch when it supports the method, else solo")
     p.add_argument("--max-batch-size", type=positive_int, default=8,
                    help="generations running at once (default 8)")
+    p.add_argument("--prefill-chunk", type=non_negative_int, default=DEFAULT_PREFILL_CHUNK, metavar="TOKENS",
+                   help="batched engine: prompt tokens prefilled per step, all joining requests together, "
+                   "so a long prompt's prefill is spread over several steps and running streams keep "
+                   f"decoding in between (same output, bit for bit); 0 = each prompt whole in one pass "
+                   f"(default {DEFAULT_PREFILL_CHUNK})")
     p.add_argument("--max-queue", type=positive_int, default=64,
                    help="generations waiting for a row at most; past it requests get 429 (default 64)")
     p.add_argument("--served-model-name", help="the model id clients send (default: --model as given, "

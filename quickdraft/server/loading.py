@@ -26,6 +26,7 @@ def make_engine(
     explicit_k: bool,
     options,
     acceptance: str,
+    prefill_chunk: int | None = None,
 ):
     """The engine for these settings: the batched one where it supports them (``choice``
     auto or batch), else :class:`~quickdraft.server.solo_engine.SoloEngine`."""
@@ -51,6 +52,7 @@ def make_engine(
             max_batch_size=max_batch_size,
             num_speculative_tokens=k if explicit_k else None,
             options=options,
+            prefill_chunk=prefill_chunk,
         )
         engine.name = "batch"
         return engine
@@ -121,6 +123,7 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
         fixed_k,
         plan.options,
         args.multi_draft_rule,
+        prefill_chunk=getattr(args, "prefill_chunk", 0) or None,
     )
     policy = getattr(engine, "policy", None)
     if policy is not None and gen.k_choice is not None and gen.k_choice.per_position:

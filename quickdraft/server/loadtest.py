@@ -1,5 +1,6 @@
 """Load a running ``quickdraft serve`` with concurrent streamed completions and report the
-aggregate tokens/s and the time to first token (p50 / p95), per prompt category.
+aggregate tokens/s, the time to first token (p50 / p95) and the gaps between a stream's
+chunks (p50 / p99 / max: how long running streams stall), per prompt category.
 
     python -m quickdraft.server.loadtest --start -- -k 3          # starts its own server
     python -m quickdraft.server.loadtest --url http://127.0.0.1:8000 --concurrency 1,8
@@ -23,15 +24,16 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 
 @dataclass
 class Result:
     """One request: ``status`` (HTTP), the streamed ``text``, ``tokens`` generated,
-    ``ttft`` (seconds to the first chunk with tokens), ``seconds`` in all, ``finish``
-    reason, ``error`` message (refused or failed), ``disconnected`` (we hung up)."""
+    ``ttft`` (seconds to the first chunk with tokens), ``gaps`` (seconds between its
+    chunks with tokens after that), ``seconds`` in all, ``finish`` reason, ``error``
+    message (refused or failed), ``disconnected`` (we hung up)."""
 
     index: int
     prompt: str
@@ -39,6 +41,7 @@ class Result:
     text: str = ""
     tokens: int = 0
     ttft: float | None = None
+    gaps: list[float] = field(default_factory=list)
     seconds: float = 0.0
     finish: str | None = None
     error: str | None = None
@@ -83,7 +86,7 @@ def stream_completion(url: str, model: str, prompt: str, max_tokens: int, *, ind
         if response.status != 200:
             result.error = json.loads(response.read() or b"{}").get("error", {}).get("message", response.reason)
             return result
-        seen = 0
+        seen, last = 0, started
         for data in sse_events(response):
             if data == "[DONE]":
                 break
@@ -98,8 +101,12 @@ def stream_completion(url: str, model: str, prompt: str, max_tokens: int, *, ind
                 step = choice.get("quickdraft") or {}
                 if step.get("tokens"):
                     seen += 1
+                    now = time.perf_counter()
                     if result.ttft is None:
-                        result.ttft = time.perf_counter() - started
+                        result.ttft = now - started
+                    else:
+                        result.gaps.append(now - last)
+                    last = now
                 result.finish = choice.get("finish_reason") or result.finish
             if disconnect_after is not None and seen >= disconnect_after:
                 result.disconnected = True
@@ -144,6 +151,7 @@ def percentile(values: list[float], q: float) -> float | None:
 def summarize(results: list[Result], wall: float) -> dict:
     done = [r for r in results if r.status == 200 and r.error is None and not r.disconnected]
     ttfts = [r.ttft for r in done if r.ttft is not None]
+    gaps = [g for r in done for g in r.gaps]
     tokens = sum(r.tokens for r in done)
     return {
         "requests": len(results), "completed": len(done),
@@ -152,6 +160,9 @@ def summarize(results: list[Result], wall: float) -> dict:
         "failed": sum(r.status in (0, 200) and r.error is not None for r in results),
         "tokens": tokens, "wall_seconds": wall, "tokens_per_second": tokens / wall if wall > 0 else None,
         "ttft_p50": percentile(ttfts, 0.5), "ttft_p95": percentile(ttfts, 0.95),
+        # between a stream's chunks with tokens: how long a running stream stalls (e.g. while
+        # other requests' prompts are prefilled)
+        "gap_p50": percentile(gaps, 0.5), "gap_p99": percentile(gaps, 0.99), "gap_max": max(gaps, default=None),
     }
 
 
@@ -212,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         levels = [int(c) for c in args.concurrency.split(",")]
         rows = []
         print(f"{'category':<14} {'conc':>4} {'done':>5} {'tokens':>7} {'wall s':>7} {'tok/s':>7} {'ratio':>6} "
-              f"{'TTFT p50':>9} {'TTFT p95':>9}")
+              f"{'TTFT p50':>9} {'TTFT p95':>9} {'gap p50':>8} {'gap p99':>8} {'gap max':>8}")
         for category in args.categories.split(","):
             prompts = category_prompts(category, args.prompts_per_category)
             stream_completion(url, model, prompts[0], 8)  # warm-up
@@ -227,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
                 fmt = lambda x, unit="": "-" if x is None else f"{x * (1000 if unit else 1):.0f}{unit}"  # noqa: E731
                 print(f"{category:<14} {level:>4} {row['completed']:>5} {row['tokens']:>7} {wall:>7.1f} "
                       f"{row['tokens_per_second']:>7.1f} {row['ratio']:>6.2f} {fmt(row['ttft_p50'], 'ms'):>9} "
-                      f"{fmt(row['ttft_p95'], 'ms'):>9}", flush=True)
+                      f"{fmt(row['ttft_p95'], 'ms'):>9} {fmt(row['gap_p50'], 'ms'):>8} {fmt(row['gap_p99'], 'ms'):>8} "
+                      f"{fmt(row['gap_max'], 'ms'):>8}", flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"url": url, "model": model, "args": vars(args), "serve_args": serve_args, "rows": rows},
