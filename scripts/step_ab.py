@@ -12,6 +12,7 @@ host's speed drifts between processes):
     python scripts/step_ab.py products [MODEL]  # bf16 weights times float32 inputs vs bf16 products
                                                 # (--dtype bfloat16 on an AVX512_BF16 CPU)
     # MODEL: default smollm2-135m (make real-model); --widths 1,3,6,9; --context 128
+    # a prefill: --context 0 --widths 256,1024 --logits last
 
 Prints the median wall time of a pass of each width after a 128-token context, each way,
 and their ratio (second / first). Both ways give the same logits bit for bit
@@ -152,6 +153,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=240)
     parser.add_argument("--rev", default="HEAD", help="build: the commit whose kernels run first")
     parser.add_argument("--context", type=int, default=128, help="tokens in the cache before each pass")
+    parser.add_argument("--logits", default="all", choices=["all", "last"],
+                        help="logits of every token of a pass (a verify pass) or of the last (a prefill)")
     parser.add_argument("--quantize", default=None, choices=["int8", "int4"],
                         help="the model's block linears in this format (build: both builds must read it)")
     args = parser.parse_args()
@@ -169,7 +172,8 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     context = args.context
     lm.reset(context + max(map(int, args.widths.split(","))))
-    lm.extend(torch.randint(0, lm.vocab_size, (context,), generator=gen), logits="none")
+    if context:
+        lm.extend(torch.randint(0, lm.vocab_size, (context,), generator=gen), logits="none")
     try:
         for width in map(int, args.widths.split(",")):
             tokens = torch.randint(0, lm.vocab_size, (width,), generator=gen)
@@ -179,7 +183,7 @@ def main() -> None:
                     switch()
                     lm.crop(context)
                     start = time.perf_counter()
-                    lm.extend(tokens, logits="all")
+                    lm.extend(tokens, logits=args.logits)
                     if i >= args.rounds // 6:  # the first rounds warm up
                         times[name].append(time.perf_counter() - start)
             (a_name, _), (b_name, _) = ways
