@@ -85,7 +85,7 @@ static inline __attribute__((always_inline)) void q8c_columns(const int8_t *w, i
 void qd_q8c_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N, float *y,
                    int threads) {
     const int64_t groups = K / GROUP, pairs = (groups + 1) / 2;
-    const QInput in = q_input(x, M, K, 0);
+    const QInput in = q_input(x, M, K, 0, threads);
     const int8_t *xq = in.xq;
     const float *dx = in.dx;
     float *dx16 = malloc((size_t)(M * pairs * 16) * sizeof(float));

@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "qmatmul.h"
+
 static inline float lanes_sum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -415,6 +417,7 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
                const float *mask, int64_t mask_stride, float *out, int threads) {
     const int64_t width = (hq + 2 * hkv) * d, group = hq / hkv;
     float *q = malloc((size_t)(t * hq * d) * sizeof(float));
+#pragma omp parallel for num_threads(threads) schedule(static) if (t >= MANY_ROWS && threads > 1)
     for (int64_t j = 0; j < t; j++) {
         const float *row = qkv + j * width;
         const int64_t slot = slots ? slots[j] : start + j;
@@ -548,7 +551,10 @@ static void block_rows(const float *x, int64_t t, int64_t hidden, const float *a
     if (hidden > widest)
         widest = hidden;
     float *a = malloc((size_t)(t * widest) * sizeof(float)), *b = malloc((size_t)(t * widest) * sizeof(float));
-    qd_rms_norm(x, t, hidden, attn_norm, eps, a);
+    const int split = t >= MANY_ROWS && threads > 1; /* a prefill: per-row work shared too (same result) */
+#pragma omp parallel for num_threads(threads) schedule(static) if (split)
+    for (int64_t r = 0; r < t; r++)
+        qd_rms_norm(x + r * hidden, 1, hidden, attn_norm, eps, a + r * hidden);
     linear(wqkv, a, t, b, threads);
     if (n_rows != 1 || rows[0].offset != 0 || rows[0].tokens != t)
         memset(a, 0, (size_t)(t * hq * d) * sizeof(float));
@@ -561,12 +567,19 @@ static void block_rows(const float *x, int64_t t, int64_t hidden, const float *a
                   threads);
     }
     linear(wo, a, t, b, threads);
-    for (int64_t i = 0; i < t * hidden; i++)
-        y[i] = x[i] + b[i];
-    qd_rms_norm(y, t, hidden, mlp_norm, eps, a);
+#pragma omp parallel for num_threads(threads) schedule(static) if (split)
+    for (int64_t r = 0; r < t; r++) {
+        for (int64_t i = r * hidden; i < (r + 1) * hidden; i++)
+            y[i] = x[i] + b[i];
+        qd_rms_norm(y + r * hidden, 1, hidden, mlp_norm, eps, a + r * hidden);
+    }
     linear(w_in, a, t, b, threads);
-    qd_silu_mul(b, t, w_in->out / 2, a);
+    const int64_t inner = w_in->out / 2;
+#pragma omp parallel for num_threads(threads) schedule(static) if (split)
+    for (int64_t r = 0; r < t; r++)
+        qd_silu_mul(b + r * 2 * inner, 1, inner, a + r * inner);
     linear(w_out, a, t, b, threads);
+#pragma omp parallel for num_threads(threads) schedule(static) if (split)
     for (int64_t i = 0; i < t * hidden; i++)
         y[i] = y[i] + b[i];
     free(a);

@@ -40,7 +40,8 @@
 /* Row r of x [M, K] -> xq [M, K] int8 and dx [M, K / 32], group by group. Scalar-exact
  * operations only (max, divide, round, convert), so every instruction set gets the same
  * bytes. */
-static void q8a8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx) {
+static void q8a8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (M >= MANY_ROWS && threads > 1)
     for (int64_t i = 0; i < M * K / GROUP; i++) {
         const float *v = x + i * GROUP;
         __m256 amax = _mm256_setzero_ps();
@@ -71,12 +72,13 @@ typedef struct {
     float *dx, *sx;
 } QInput;
 
-static QInput q_input(const float *x, int64_t M, int64_t K, int sums) {
+static QInput q_input(const float *x, int64_t M, int64_t K, int sums, int threads) {
     const int64_t groups = K / GROUP;
     QInput in = {malloc((size_t)(M * K)), malloc((size_t)(M * groups) * sizeof(float)),
                  sums ? malloc((size_t)(M * groups) * sizeof(float)) : NULL};
-    q8a8_quantize(x, M, K, in.xq, in.dx);
-    for (int64_t i = 0; sums && i < M * groups; i++) {
+    q8a8_quantize(x, M, K, in.xq, in.dx, threads);
+#pragma omp parallel for num_threads(threads) schedule(static) if (sums && M >= MANY_ROWS && threads > 1)
+    for (int64_t i = 0; i < (sums ? M * groups : 0); i++) {
         int32_t sum = 0;
         for (int j = 0; j < GROUP; j++) sum += in.xq[i * GROUP + j];
         in.sx[i] = in.dx[i] * (float)sum;

@@ -162,7 +162,7 @@ void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const f
         return;
     }
     const int64_t G = K / GROUP, halves = 2 * ((N + Q_TILE - 1) / Q_TILE);
-    const QInput in = q_input(x, M, K, 0);
+    const QInput in = q_input(x, M, K, 0, threads);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t u = 0; u < halves; u++) {
         const int64_t t = u / 2, h = u % 2, first = Q_TILE * t + 8 * h;
@@ -314,7 +314,7 @@ void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const 
         qd_q4_matmul_vnni(x, M, K, q, scale, offset, N, y, threads);
         return;
     }
-    const QInput in = q_input(x, M, K, 1);
+    const QInput in = q_input(x, M, K, 1, threads);
     const int64_t G = K / GROUP, halves = 2 * ((N + Q_TILE - 1) / Q_TILE);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t u = 0; u < halves; u++) {

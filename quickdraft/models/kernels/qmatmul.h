@@ -9,6 +9,11 @@
 
 #define GROUP 32
 
+/* Rows from which a pass's per-row work (quantizing x, norms, activations, the cache
+ * writes) is split between the threads (a prefill); each row is computed as one thread
+ * alone would, so the result is the same. */
+#define MANY_ROWS 64
+
 /* Where a float weight's rows are (float32, bfloat16 or float16 values, [N, K]). */
 typedef struct {
     const void *q;

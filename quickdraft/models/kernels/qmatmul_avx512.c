@@ -380,9 +380,10 @@ static inline __attribute__((always_inline)) void q8_tiles(const int8_t *tiles, 
 void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale,
                        const int32_t *shift, int64_t N, float *y, int threads) {
     const int64_t G = K / GROUP, T = (N + Q_TILE - 1) / Q_TILE;
-    const QInput in = q_input(x, M, K, 0);
+    const QInput in = q_input(x, M, K, 0, threads);
     const float *dx = in.dx;
     uint8_t *xu = (uint8_t *)in.xq; /* xq + 128 as unsigned bytes, in place: the sign bit flipped */
+#pragma omp parallel for num_threads(threads) schedule(static) if (M >= MANY_ROWS && threads > 1)
     for (int64_t i = 0; i < M * K; i++) xu[i] ^= 0x80;
     const int pair = pair_tiles(M), pass = pair ? Q_PAIR_ROWS : Q_ONE_ROWS, step = pair ? 2 : 1;
 #define Q8_TILES(NB, R) \
@@ -456,7 +457,7 @@ static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles,
 
 void qd_q4_matmul_vnni(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
                        const float *offset, int64_t N, float *y, int threads) {
-    const QInput in = q_input(x, M, K, 1);
+    const QInput in = q_input(x, M, K, 1, threads);
     const int64_t G = K / GROUP, T = (N + Q_TILE - 1) / Q_TILE;
     const int pair = pair_tiles(M), pass = pair ? Q_PAIR_ROWS : Q_ONE_ROWS, step = pair ? 2 : 1;
 #define Q4_TILES(NB, R) \
