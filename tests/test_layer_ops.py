@@ -290,6 +290,32 @@ def test_a_whole_block_in_one_call_is_the_per_op_path_bit_for_bit(quantize, monk
 
 
 @pytest.mark.parametrize("quantize", ["none", "int4", "int8"])
+def test_a_prefill_of_many_rows_rounds_each_token_as_its_own_step(quantize):
+    """A pass of 64+ rows (a prefill) splits its per-row work (quantizing x, norms, SiLU,
+    residuals, RoPE and cache writes) and its products (two tiles a pass from 25 rows)
+    between the threads: each token's logits equal a one-token step's after the tokens
+    before it, bit for bit, with one thread or two."""
+    model = tiny_model(quantize)
+    n = 64  # MANY_ROWS (kernels/qmatmul.h), all the tiny model's positions
+    tokens = torch.randint(0, 96, (1, n), generator=torch.Generator().manual_seed(1))
+    threads = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            with torch.inference_mode():
+                cache = model.new_cache(1, n + 2)
+                prefill = model(tokens, 0, cache).logits[0]
+                cache = model.new_cache(1, n + 2)
+                steps = torch.cat([model(tokens[:, i : i + 1], i, cache).logits[0] for i in range(n)])
+            assert torch.equal(prefill, steps)
+            results.append(prefill)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(results[0], results[1])
+
+
+@pytest.mark.parametrize("quantize", ["none", "int4", "int8"])
 def test_a_ragged_pass_in_one_call_is_the_per_op_row_loop_bit_for_bit(quantize, monkeypatch):
     """The batched engine's ragged passes (rows packed one after another, each attending in
     its own cache row, over its own slots, with its own causal mask) run all blocks in one
