@@ -49,12 +49,12 @@ from .timing import Noise
 TREE_SHAPES = ((2,), (2, 1), (2, 1, 1), (2, 2, 1), (3, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1),
                (2, 1, 1, 1, 1), (3, 2, 1), (2, 1, 1, 1, 1, 1))
 MAX_K = 12
-CACHE_VERSION = 9  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
+CACHE_VERSION = 10  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
 #                   4: no token trees for a transformers-backend pair; 5: shipped head methods weighed;
 #                   6: EAGLE one token ahead weighed too (HEAD_SHAPES); 7: an int8 EAGLE
 #                   drafter, its chains without tree masks, and its chain of 5 weighed;
 #                   8: plain steps timed after plain steps, verify passes after draft bursts;
-#                   9: n-gram lookups of 2+ tokens
+#                   9: n-gram lookups of 2+ tokens; 10: plain steps timed after 16 plain steps
 
 
 @dataclass(frozen=True)
