@@ -282,11 +282,14 @@ class BatchEngine:
             return rows, []
         budget, stepping, chunks = self.prefill_chunk, [], []
         for r in rows:  # in order of arrival
-            rest = r.length - r.cached  # prompt tokens the final pass would feed
-            if r.stats.target_forward_passes or rest <= budget:
-                budget -= 0 if r.stats.target_forward_passes else rest
+            if r.stats.target_forward_passes:  # decoding
                 stepping.append(r)
-            elif budget > 0:
+                continue
+            rest = r.length - r.cached  # prompt tokens its first pass would feed
+            if rest <= budget:  # joins now, with the rest of its prompt
+                budget -= rest
+                stepping.append(r)
+            elif budget > 0:  # a chunk now, the rest later
                 chunks.append((r, budget))
                 budget = 0
         return stepping, chunks
