@@ -36,6 +36,14 @@
 /* Rows of x a pass over half a tile takes: two integer sums and an accumulator each. */
 #define Q_ROWS 4
 
+/* Unit u of an int8 or int4 product on AVX2, half a tile of 16 weight rows: its tile t,
+ * which half h, its first output row, and how many of its 8 lanes are rows of W (<= 0:
+ * none, past N). */
+static inline int half_span(int64_t u, int64_t N, int64_t *t, int64_t *h, int64_t *first) {
+    *t = u / 2, *h = u % 2, *first = Q_TILE * *t + 8 * *h;
+    return N - *first < 8 ? (int)(N - *first) : 8;
+}
+
 /* Lanes 8h .. 8h + 7 of an int8 tile (weight rows 16t + 8h ..; `tile` and `scale` point at
  * that half of tile t's group 0) against rows m .. m + rows - 1 of the quantized x,
  * q8a8.h's rule 8 lanes at a time: |q| times xq with q's sign (maddubs + madd) gives each
@@ -165,10 +173,10 @@ void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const f
     const QInput in = q_input(x, M, K, 0, threads);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t u = 0; u < halves; u++) {
-        const int64_t t = u / 2, h = u % 2, first = Q_TILE * t + 8 * h;
-        if (first >= N)
+        int64_t t, h, first;
+        const int live = half_span(u, N, &t, &h, &first);
+        if (live <= 0)
             continue;
-        const int live = N - first < 8 ? (int)(N - first) : 8;
         const int8_t *tile = q + t * G * Q8_TILE_BYTES + 32 * h;
         const float *s = scale + t * G * Q_TILE + 8 * h;
         for (int64_t m = 0; m < M; m += Q_ROWS) {
@@ -318,10 +326,10 @@ void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const 
     const int64_t G = K / GROUP, halves = 2 * ((N + Q_TILE - 1) / Q_TILE);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t u = 0; u < halves; u++) {
-        const int64_t t = u / 2, h = u % 2, first = Q_TILE * t + 8 * h;
-        if (first >= N)
+        int64_t t, h, first;
+        const int live = half_span(u, N, &t, &h, &first);
+        if (live <= 0)
             continue;
-        const int live = N - first < 8 ? (int)(N - first) : 8;
         const uint8_t *tile = q + t * G * Q4_TILE_BYTES + 32 * h;
         const float *s = scale + t * G * Q_TILE + 8 * h, *c = offset + t * G * Q_TILE + 8 * h;
         for (int64_t m = 0; m < M; m += Q_ROWS) {
