@@ -181,7 +181,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                                    remeasure=args.remeasure, log=notice,
                                                    draft_vocab=args.draft_vocab, device=args.device,
                                                    dtype=args.dtype, capture=args.capture,
-                                                   quantize=args.quantize)
+                                                   quantize=args.quantize, kv_cache=args.kv_cache)
     # a bad prompt, or a chat with a model without a chat template, fails first
     gen.encode_prompt(prompt if messages is None else gen.chat_ids(messages), args.truncate_prompt,
                       room=args.max_new_tokens)
@@ -265,7 +265,8 @@ def cmd_generate_batch(args: argparse.Namespace) -> int:
         gen = SpeculativeGenerator.from_pretrained(args.model, args.draft, args.method, args.backend,
                                                    draft_options(args), args.multi_draft_rule,
                                                    draft_vocab=args.draft_vocab, device=args.device,
-                                                   dtype=args.dtype, quantize=args.quantize)
+                                                   dtype=args.dtype, quantize=args.quantize,
+                                                   kv_cache=args.kv_cache)
     requests = [request for request, _ in lines]
     for request in requests:  # a prompt over the context fails before decoding anything
         gen.encode_prompt(request.prompt, request.truncate_prompt, room=request.max_new_tokens)
@@ -333,10 +334,10 @@ def draft_options(args: argparse.Namespace):
 
 
 def add_placement_options(parser: argparse.ArgumentParser, device_help: str = "", capture: bool = False) -> None:
-    """``--device``, ``--dtype`` and ``--quantize``, shared by every command that loads a
+    """``--device``, ``--dtype``, ``--quantize`` and ``--kv-cache``, shared by every command that loads a
     model; turn them into a ``Placement`` with :func:`placement_of`. ``capture``:
     ``--capture`` too."""
-    from .models.placement import DTYPE_CHOICES
+    from .models.placement import DTYPE_CHOICES, KV_CACHE_CHOICES
     from .models.quant_linear import QUANTIZE_CHOICES
 
     parser.add_argument("--device", default="cpu", metavar="DEVICE",
@@ -356,6 +357,12 @@ def add_placement_options(parser: argparse.ArgumentParser, device_help: str = ""
                         "are kept in 16 bits: the same results from half the bytes. int8 "
                         "layers quantize their inputs to 8 bits per group of 32, as llama.cpp runs Q8_0; "
                         "docs/quantization.md")
+    parser.add_argument("--kv-cache", default="auto", choices=KV_CACHE_CHOICES,
+                        help="how the KV cache stores keys and values: auto (default: as the compute dtype) or "
+                        "float16 (CPU, float32 compute: half the memory, and long contexts decode faster since "
+                        "each step reads half the bytes; attention still computes in float32, and speculative "
+                        "output stays identical to plain decoding with the same cache; as llama.cpp's default "
+                        "cache; docs/quantization.md)")
     if not capture:
         return
     parser.add_argument("--capture", action="store_true",
@@ -370,7 +377,8 @@ def placement_of(args: argparse.Namespace):
     from .models.placement import PlacementError, resolve_placement
 
     try:
-        return resolve_placement(args.device, args.dtype, getattr(args, "quantize", None))
+        return resolve_placement(args.device, args.dtype, getattr(args, "quantize", None),
+                                 getattr(args, "kv_cache", None))
     except PlacementError as exc:
         raise CliError(str(exc)) from None
 

@@ -124,6 +124,7 @@ class SpeculativeGenerator:
         dtype: str | torch.dtype | None = None,
         quantize: str | None = None,
         capture: bool = False,
+        kv_cache: str | None = None,
     ) -> SpeculativeGenerator:
         """Load a target (default: the embedded default) and, for the methods that need one
         (draft, tree, multi-draft, hybrid, auto), a draft (default: the embedded target's
@@ -144,6 +145,8 @@ class SpeculativeGenerator:
         bfloat16 on CUDA) place both models, and ``quantize`` (``"auto"``/None, ``"none"``,
         ``"int8"``, ``"int4"``: docs/quantization.md) stores their block linears; an unusable one is a ``ValueError``
         (:class:`~quickdraft.models.placement.PlacementError`) before anything loads.
+        ``kv_cache`` (``"auto"``/None, ``"float16"``): how the models' KV caches store keys
+        and values (float16: CPU, float32 compute; half the memory, faster long contexts).
         ``capture``: the target's plain and verify passes of a chain run at one fixed width
         (``models/static_step.py``), captured with ``torch.compile(mode="reduce-overhead")``
         on CUDA (falling back to eager where that fails); native runtime only."""
@@ -155,7 +158,7 @@ class SpeculativeGenerator:
         options = DraftOptions() if options is None else options
         if draft_vocab is not None:  # the heads' too (a draft model's is load_pair's)
             options = dataclasses.replace(options, draft_vocab=draft_vocab)
-        placement = resolve_placement(device, dtype, quantize)
+        placement = resolve_placement(device, dtype, quantize, kv_cache)
         if method == "early-exit" and draft is not None:  # the draft is an exit head directory
             options, draft = dataclasses.replace(options, exit_head=str(draft)), None
         pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend, draft_vocab=draft_vocab,

@@ -142,7 +142,7 @@ def command_line(args) -> str:
         if getattr(args, "seed", None) is not None:
             parts += ["--seed", str(args.seed)]
     for flag, dest, default in [("--device", "device", "cpu"), ("--dtype", "dtype", "auto"),
-                                ("--quantize", "quantize", "auto")]:
+                                ("--quantize", "quantize", "auto"), ("--kv-cache", "kv_cache", "auto")]:
         if getattr(args, dest, default) != default:
             parts += [flag, str(getattr(args, dest))]
     if getattr(args, "threads", None) is not None:
@@ -208,7 +208,7 @@ def _run(args, started: float) -> int:
         seed=args.seed, k=args.k, sweep=_parse_sweep(args.sweep), threads=args.threads,
         draft_vocab=args.draft_vocab, device=args.device, dtype=args.dtype,
         llama_cpp=llama_dir, llama_cpp_draft_max=_parse_draft_max(draft_max),
-        quantize=getattr(args, "quantize", "auto"),
+        quantize=getattr(args, "quantize", "auto"), kv_cache=getattr(args, "kv_cache", "auto"),
     )
     if llama_dir is not None or (methods and any(m.startswith("llama.cpp") for m in methods)):
         from .llama_cpp import check_before_loading

@@ -59,13 +59,14 @@ class BenchConfig:
     llama_cpp: str | None = None  # directory of llama.cpp's binaries (the llama.cpp rows)
     llama_cpp_draft_max: Sequence[int] = LLAMA_CPP_DRAFT_MAX
     quantize: str = "auto"  # block linears: auto, none, int8, int4 (docs/quantization.md)
+    kv_cache: str = "auto"  # auto (the compute dtype) or float16 keys and values
 
     def placement(self):
         """The resolved device and dtype (:class:`BenchError` for one this machine lacks)."""
         from ..models.placement import PlacementError, resolve_placement
 
         try:
-            return resolve_placement(self.device, self.dtype, self.quantize)
+            return resolve_placement(self.device, self.dtype, self.quantize, self.kv_cache)
         except PlacementError as exc:
             raise BenchError(str(exc)) from None
 

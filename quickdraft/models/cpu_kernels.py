@@ -112,26 +112,26 @@ def library() -> ctypes.CDLL | None:
     lib.qd_rms_norm.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr]
     lib.qd_silu_mul.argtypes = [_ptr, _c_int64, _c_int64, _ptr]
     lib.qd_attend.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64,
-                              _ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, _c_int]
+                              _c_int64, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, _c_int]
     lib.qd_block.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _c_float, _ptr, _ptr, _ptr, _ptr, _c_int64,
-                             _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _ptr, _c_int64, _c_int64, _ptr,
+                             _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _c_int64, _ptr,
                              _c_int64, _ptr, _c_int]
     lib.qd_kernel_isa.argtypes = [ctypes.c_int]
     lib.qd_kernel_isa.restype = ctypes.c_int
     if os.environ.get("QUICKDRAFT_KERNEL_ISA", "").lower() == "avx2":
         lib.qd_kernel_isa(0)
     lib.qd_blocks.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64,
-                              _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _c_int64, _ptr,
+                              _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_int64, _c_int64, _ptr,
                               _c_int64, _ptr, _c_int]
     lib.qd_blocks_ragged.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64,
-                                     _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr,
+                                     _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_int64, _ptr,
                                      ctypes.c_int]
     lib.qd_greedy_chain.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
-                                    _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr,
+                                    _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr,
                                     _ptr, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _c_float, _c_int]
     lib.qd_greedy_chain.restype = _c_int64
     lib.qd_eagle_chain.argtypes = [_ptr, _c_float, _c_int64, _ptr, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
-                                   _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr,
+                                   _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr,
                                    _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _c_float,
                                    _c_int]
     lib.qd_eagle_chain.restype = _c_int64
@@ -421,7 +421,7 @@ def blocks_ragged(x: torch.Tensor, stack: BlockStack, n_heads: int, rope: tuple[
     library().qd_blocks_ragged(
         x.data_ptr(), x.shape[-2], x.shape[-1], stack.n, stack.norms, stack.eps, stack.linears, n_heads, n_kv_heads,
         head_dim, cos, sin, k_cache.data_ptr() + layer, v_cache.data_ptr() + layer, k_cache.stride(0), max_len,
-        specs, len(rows), y.data_ptr(), torch.get_num_threads(),
+        half_cache(k_cache), specs, len(rows), y.data_ptr(), torch.get_num_threads(),
     )
     return y
 
@@ -450,8 +450,8 @@ def greedy_chain(first: int | None, n: int, embed: torch.Tensor, stack: BlockSta
     _, _, n_kv_heads, max_len, head_dim = k_cache.shape
     count = library().qd_greedy_chain(
         embed.data_ptr(), embed.shape[1], stack.n, stack.norms, stack.eps, stack.linears, n_heads, n_kv_heads,
-        head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len, start,
-        final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab,
+        head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len, half_cache(k_cache),
+        start, final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab,
         None if fed is None else fed.data_ptr(), 0 if fed is None else fed.numel(), tokens.data_ptr(), n,
         min_confidence, torch.get_num_threads())
     return tokens[:count].tolist()
@@ -493,7 +493,7 @@ def eagle_chain(feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, 
     count = library().qd_eagle_chain(
         embed.data_ptr(), embed_scale, embed.shape[1], ctypes.addressof(fc), stack.norms, stack.eps, stack.linears,
         n_heads, n_kv_heads, head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len,
-        start, final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab, feature.data_ptr(),
+        half_cache(k_cache), start, final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab, feature.data_ptr(),
         feed.data_ptr(), features.data_ptr(), None if feature_in is None else ctypes.addressof(feature_in),
         feature_chunks, feed.numel(), tokens.data_ptr(), n, min_confidence, torch.get_num_threads())
     return tokens[:count].tolist()
@@ -544,6 +544,14 @@ def attend(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, k_
     library().qd_attend(qkv.data_ptr(), qkv.numel() // qkv.shape[-1], *args, out.data_ptr(), torch.get_num_threads())
 
 
+def half_cache(k_cache: torch.Tensor) -> int:
+    """1 for a float16 KV cache (``--kv-cache float16``), 0 for float32: the two the kernels
+    store and read; anything else is refused before a pointer is passed."""
+    if k_cache.dtype not in (torch.float32, torch.float16):
+        raise ValueError(f"the CPU kernels take a float32 or float16 KV cache, not {k_cache.dtype}")
+    return int(k_cache.dtype == torch.float16)
+
+
 def _attention_args(n_heads: int, rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor,
                     v_cache: torch.Tensor, layer: int, row: int, slots: torch.Tensor | int, kv_len: int,
                     mask: torch.Tensor | None) -> tuple[tuple, list[torch.Tensor]]:
@@ -565,6 +573,6 @@ def _attention_args(n_heads: int, rope: tuple[torch.Tensor, torch.Tensor] | None
     offset = (layer * k_cache.shape[1] + row) * n_kv_heads * max_len * head_dim * k_cache.element_size()
     args = (n_heads, n_kv_heads, head_dim, None if cos is None else cos.data_ptr(),
             None if sin is None else sin.data_ptr(), k_cache.data_ptr() + offset, v_cache.data_ptr() + offset,
-            max_len, None if slot_ids is None else slot_ids.data_ptr(), slots if slot_ids is None else 0, kv_len,
+            max_len, half_cache(k_cache), None if slot_ids is None else slot_ids.data_ptr(), slots if slot_ids is None else 0, kv_len,
             None if mask is None else mask.data_ptr(), 0 if mask is None else mask.shape[-1])
     return args, keep

@@ -15,6 +15,10 @@ class KVCache:
     where each row writes (its ``slots``). Rolling back is just writing at a lower slot
     next time: stale slots beyond a row's length are never attended to (the default mask
     only lets a query see slots up to its own) and are overwritten by the next write.
+
+    ``dtype`` is the dtype attention computes in (its masks are made in it); the keys and
+    values may be stored narrower (``store_dtype``: ``--kv-cache float16`` keeps float32
+    attention over float16 keys and values, half the bytes each step reads).
     """
 
     def __init__(
@@ -24,11 +28,13 @@ class KVCache:
         max_len: int,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        store_dtype: torch.dtype | None = None,
     ) -> None:
         shape = (config.n_layers, batch_size, config.n_kv_heads, max_len, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = torch.zeros(shape, dtype=store_dtype or dtype, device=device)
+        self.v = torch.zeros(shape, dtype=store_dtype or dtype, device=device)
         self.max_len = max_len
+        self.dtype = dtype
 
     def write(self, layer: int, rows: torch.Tensor | None, slots: torch.Tensor | int, k: torch.Tensor,
               v: torch.Tensor) -> None:
@@ -45,8 +51,13 @@ class KVCache:
         self.v[layer][rows, :, slots] = v.transpose(1, 2)
 
     def layer(self, layer: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The keys and values ``[B, H, kv_len, D]`` of ``layer``'s first ``kv_len`` slots (views)."""
-        return self.k[layer].narrow(2, 0, kv_len), self.v[layer].narrow(2, 0, kv_len)
+        """The keys and values ``[B, H, kv_len, D]`` of ``layer``'s first ``kv_len`` slots
+        (views; widened copies in :attr:`dtype` where they are stored narrower)."""
+        return self.widen(self.k[layer].narrow(2, 0, kv_len)), self.widen(self.v[layer].narrow(2, 0, kv_len))
+
+    def widen(self, stored: torch.Tensor) -> torch.Tensor:
+        """Keys or values read from the cache, in the dtype attention computes in."""
+        return stored if stored.dtype == self.dtype else stored.to(self.dtype)
 
     # Inference mode: the cache may have been allocated inside it (an inference tensor),
     # which only inference mode may update in place.
@@ -87,3 +98,4 @@ class TrainingKVCache(KVCache):
         shape = (config.n_layers, batch_size, config.n_kv_heads, max_len, config.head_dim)
         self.k, self.v = _PerLayer(shape, dtype, device), _PerLayer(shape, dtype, device)
         self.max_len = max_len
+        self.dtype = dtype

@@ -353,6 +353,7 @@ def load_model(
     if backend in ("auto", "native"):
         try:
             model = load_native(model_dir, placement.dtype, placement.device, shared, placement.quantize)
+            model.kv_dtype = placement.kv_dtype
             if head_vocab is not None:
                 model.restrict_head(head_vocab)
             return NativeLM(model, model_dir)
@@ -363,6 +364,9 @@ def load_model(
     if placement.quantize in ("int8", "int4"):
         raise CheckpointError(f"--quantize {placement.quantize} needs the native runtime; {model_dir.name} "
                               "runs on transformers (drop --quantize)")
+    if placement.kv_dtype is not None:
+        raise CheckpointError(f"--kv-cache {placement.kv_cache} needs the native runtime; {model_dir.name} "
+                              "runs on transformers (drop --kv-cache)")
     try:
         return HFCausalLM(load_hf_model(model_dir, placement.dtype, shared).to(placement.device), model_dir)
     # RuntimeError: transformers' verdict on weights that do not fit the model it built

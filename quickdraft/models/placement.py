@@ -18,6 +18,9 @@ import torch
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
 DTYPE_CHOICES = ("auto", *DTYPES)
+#: ``--kv-cache``: auto keeps keys and values in the compute dtype; float16 stores them in
+#: 16 bits (CPU, float32 compute), as llama.cpp's default cache does.
+KV_CACHE_CHOICES = ("auto", "float16")
 
 
 class PlacementError(ValueError):
@@ -26,20 +29,29 @@ class PlacementError(ValueError):
 
 @dataclass(frozen=True)
 class Placement:
-    """A device, a compute dtype (default: CPU, float32) and how the weights of the
-    transformer blocks are stored (``quantize``, one of ``quant_linear.QUANTIZE_CHOICES``)."""
+    """A device, a compute dtype (default: CPU, float32), how the weights of the
+    transformer blocks are stored (``quantize``, one of ``quant_linear.QUANTIZE_CHOICES``)
+    and how the KV cache stores keys and values (``kv_cache``, one of
+    :data:`KV_CACHE_CHOICES`)."""
 
     device: torch.device = torch.device("cpu")
     dtype: torch.dtype = torch.float32
     quantize: str = "auto"
+    kv_cache: str = "auto"
 
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
+    @property
+    def kv_dtype(self) -> torch.dtype | None:
+        """The KV cache's storage dtype, None for the compute dtype."""
+        return torch.float16 if self.kv_cache == "float16" else None
+
     def describe(self) -> str:
         text = f"{self.device} {str(self.dtype).removeprefix('torch.')}"
-        return text if self.quantize in ("auto", "none") else f"{text} {self.quantize}"
+        text = text if self.quantize in ("auto", "none") else f"{text} {self.quantize}"
+        return text if self.kv_dtype is None else f"{text}, {self.kv_cache} KV cache"
 
 
 def resolve_device(name: str | torch.device | None = None) -> torch.device:
@@ -81,13 +93,30 @@ def resolve_dtype(name: str | torch.dtype | None, device: torch.device) -> torch
 
 
 def resolve_placement(device: str | torch.device | None = None,
-                      dtype: str | torch.dtype | None = None, quantize: str | None = None) -> Placement:
-    """The :class:`Placement` for a ``--device``, ``--dtype`` and ``--quantize`` (see their
-    resolvers); :class:`PlacementError` (one line, with the fix) for one that cannot be
-    used here."""
+                      dtype: str | torch.dtype | None = None, quantize: str | None = None,
+                      kv_cache: str | None = None) -> Placement:
+    """The :class:`Placement` for a ``--device``, ``--dtype``, ``--quantize`` and
+    ``--kv-cache`` (see their resolvers); :class:`PlacementError` (one line, with the fix)
+    for one that cannot be used here."""
     dev = resolve_device(device)
     dtype = resolve_dtype(dtype, dev)
-    return Placement(dev, dtype, resolve_quantize(quantize, dev, dtype))
+    return Placement(dev, dtype, resolve_quantize(quantize, dev, dtype), resolve_kv_cache(kv_cache, dev, dtype))
+
+
+def resolve_kv_cache(name: str | None, device: torch.device, dtype: torch.dtype) -> str:
+    """``auto`` (None) or ``float16``, checked against the device and dtype: a float16
+    cache is for float32 compute on the CPU (on CUDA the default bfloat16 cache is 16 bits
+    already)."""
+    text = "auto" if name is None else DTYPE_ALIASES.get(str(name).strip().lower(), str(name).strip().lower())
+    if text not in KV_CACHE_CHOICES:
+        raise PlacementError(f"unknown --kv-cache {name!r}; use {', '.join(KV_CACHE_CHOICES)}")
+    if text == "float16" and device.type != "cpu":
+        raise PlacementError("--kv-cache float16 is for the CPU (on CUDA the cache follows --dtype: pass "
+                             "--dtype float16 or bfloat16 instead)")
+    if text == "float16" and dtype != torch.float32:
+        raise PlacementError(f"--kv-cache float16 stores a float32 model's cache; with --dtype "
+                             f"{str(dtype).removeprefix('torch.')} the cache is 16-bit already (drop --kv-cache)")
+    return text
 
 
 def resolve_quantize(name: str | None, device: torch.device, dtype: torch.dtype) -> str:

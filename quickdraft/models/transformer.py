@@ -168,8 +168,8 @@ class PaddedRows:
         cache.k[layer, rows, :, self.slots[self.valid]] = k[0][:, pick].transpose(0, 1)
         cache.v[layer, rows, :, self.slots[self.valid]] = v[0][:, pick].transpose(0, 1)
         kv_len = self.mask.shape[-1]
-        keys = cache.k[layer, self.cache_rows, :, :kv_len]
-        values = cache.v[layer, self.cache_rows, :, :kv_len]
+        keys = cache.widen(cache.k[layer, self.cache_rows, :, :kv_len])
+        values = cache.widen(cache.v[layer, self.cache_rows, :, :kv_len])
         queries = q[0][:, self.packed].transpose(0, 1)  # [R, H, T, D]
         att = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.mask, enable_gqa=gqa)
         out = q.new_zeros(q.shape)
@@ -221,8 +221,8 @@ class Attention(nn.Module):
                 cache.k[layer, r, :, row.start : end] = k[0, :, a:b]
                 cache.v[layer, r, :, row.start : end] = v[0, :, a:b]
                 out[0, :, a:b] = F.scaled_dot_product_attention(
-                    q[:, :, a:b].contiguous(), cache.k[layer, r : r + 1, :, :end],
-                    cache.v[layer, r : r + 1, :, :end], attn_mask=row_mask, enable_gqa=gqa,
+                    q[:, :, a:b].contiguous(), cache.widen(cache.k[layer, r : r + 1, :, :end]),
+                    cache.widen(cache.v[layer, r : r + 1, :, :end]), attn_mask=row_mask, enable_gqa=gqa,
                 )[0]
         else:
             cache.write(layer, rows, slots, k, v)
@@ -392,6 +392,9 @@ class Transformer(nn.Module):
         self._rope_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.head_ids: torch.Tensor | None = None  # restrict_head's vocabulary
         self.sub_head: nn.Linear | None = None
+        # How the KV cache stores keys and values (None: in the weights' dtype; float16:
+        # --kv-cache float16, attention still in the compute dtype).
+        self.kv_dtype: torch.dtype | None = None
 
     def restrict_head(self, ids: torch.Tensor) -> None:
         """Score only the tokens ``ids`` from now on; every other logit is ``-inf``.
@@ -422,10 +425,12 @@ class Transformer(nn.Module):
         return weight[ids.to(weight.device)]
 
     def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> KVCache:
-        """A zeroed KV cache for ``batch_size`` rows of up to ``max_len`` tokens."""
+        """A zeroed KV cache for ``batch_size`` rows of up to ``max_len`` tokens, storing
+        keys and values in :attr:`kv_dtype` (None: the weights' dtype)."""
         weight = self.embed.weight
         length = max_len or self.config.max_position_embeddings
-        return KVCache(self.config, batch_size, length, dtype=weight.dtype, device=weight.device)
+        return KVCache(self.config, batch_size, length, dtype=weight.dtype, device=weight.device,
+                       store_dtype=self.kv_dtype)
 
     def _rope(self, positions: torch.Tensor | int, length: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """cos / signed sin (:func:`apply_rope`) for ``positions`` (``[B, T]``; an int ``p``: ``p .. p + length - 1`` in
@@ -490,7 +495,7 @@ class Transformer(nn.Module):
                 mask = (visible[None, None, :] <= slots[:, :, None]).unsqueeze(1)
         if kv_len > cache.max_len:
             raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
-        mask = additive_mask(mask, cache.k.dtype)
+        mask = additive_mask(mask, cache.dtype)
         rows = None if isinstance(slots, int) else torch.arange(bsz, device=slots.device)[:, None]
         rope = self._rope(positions, seqlen) if self._inv_freq is not None else None
         return rope, rows, mask, kv_len
@@ -504,13 +509,13 @@ class Transformer(nn.Module):
             raise ValueError(f"sequence of {kv_len} tokens exceeds the KV cache size {cache.max_len}")
         rope = self._rope(positions) if self._inv_freq is not None else None
         if isinstance(cache.k, torch.Tensor) and cache.k.device.type in PADDED_RAGGED_DEVICES:
-            return rope, PaddedRows.build(ragged, kv_len, cache.k.dtype, cache.k.device), kv_len
+            return rope, PaddedRows.build(ragged, kv_len, cache.dtype, cache.k.device), kv_len
         row_masks = []
         for r in ragged:
             causal = None
             if r.tokens > 1:
                 causal = torch.ones(r.tokens, r.start + r.tokens, dtype=torch.bool, device=positions.device)
-                causal = additive_mask(causal.tril(diagonal=r.start), cache.k.dtype)
+                causal = additive_mask(causal.tril(diagonal=r.start), cache.dtype)
             row_masks.append((r, causal))
         return rope, row_masks, kv_len
 

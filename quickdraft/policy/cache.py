@@ -157,6 +157,8 @@ def model_fingerprint(lm) -> dict | None:
         "head": None if head_ids is None else hashlib.sha256(
             head_ids.detach().cpu().to(torch.int64).numpy().tobytes()).hexdigest()[:20],
         **({"quantized": quantized} if quantized else {}),
+        # A 16-bit KV cache changes long-context step costs (listed only when set, as above).
+        **({"kv_cache": str(module.kv_dtype)} if getattr(module, "kv_dtype", None) is not None else {}),
     }
 
 

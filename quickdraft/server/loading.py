@@ -107,6 +107,7 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
             device=getattr(args, "device", None),
             dtype=getattr(args, "dtype", None),
             quantize=getattr(args, "quantize", None),
+            kv_cache=getattr(args, "kv_cache", None),
         )
     k, k_source = choose_k(args, gen)
     plan = gen.plan

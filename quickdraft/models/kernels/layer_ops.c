@@ -55,6 +55,37 @@ static inline __m256 load_part(const float *p, int64_t n) {
     return _mm256_loadu_ps(buf);
 }
 
+/* A KV cache holds float32 or, with kv16 (--kv-cache float16), float16 keys and values:
+ * the address of element `elems` from base. */
+static inline void *kv_at(void *base, int64_t elems, int64_t kv16) {
+    return (char *)base + elems * (kv16 ? 2 : 4);
+}
+
+/* dst[0 .. n) = src as float16, rounded to nearest even (as torch's .half()). */
+static void store_half(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++)
+        dst[i] = _cvtss_sh(src[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+/* dst[0 .. n) = the float16 src widened (exact). */
+static void load_half(float *dst, const uint16_t *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++)
+        dst[i] = _cvtsh_ss(src[i]);
+}
+
+/* 8 cache elements from element i on, as float32 (kv16: widened from float16, exactly). */
+static inline __attribute__((always_inline)) __m256 kv_load8(const void *base, int64_t i, int kv16) {
+    return kv16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)))
+                : _mm256_loadu_ps((const float *)base + i);
+}
+
 /* sum a[i] * b[i]: lane i % 8 for every i, the tail zero-padded into one more chunk. */
 static float dot(const float *a, const float *b, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
@@ -245,11 +276,12 @@ static void attend_one(const float *qv, int64_t d, const float *keys, const floa
 }
 
 /* o[0 .. 8 cn) = inv * sum_k p[k] v[seen[k]] over the nonzero p[k] in order, a product
- * then a sum per key (no FMA), as attend_one; cn <= 8 chunks of 8, held in registers
- * (inlined with cn = 8 a constant: a variable count left them in memory). */
+ * then a sum per key (no FMA), as attend_one, for chunks c0 .. c0 + cn - 1 of the values;
+ * cn <= 8 chunks of 8, held in registers (inlined with cn = 8 a constant: a variable count
+ * left them in memory). kv16: float16 values, widened as they are read. */
 static inline __attribute__((always_inline)) void weighted_sum(const float *p, const int64_t *seen, int64_t n,
-                                                                const float *values, int64_t d, int64_t cn,
-                                                                float inv, float *o) {
+                                                                const void *values, int64_t c0, int kv16, int64_t d,
+                                                                int64_t cn, float inv, float *o) {
     __m256 acc[8];
     for (int64_t c = 0; c < cn; c++)
         acc[c] = _mm256_setzero_ps();
@@ -257,9 +289,9 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
         if (p[k] == 0.0f) /* underflowed: contributes nothing, skip it */
             continue;
         const __m256 w = _mm256_set1_ps(p[k]);
-        const float *v = values + seen[k] * d;
+        const int64_t v = seen[k] * d + 8 * c0; /* this key's chunk c0 */
         for (int64_t c = 0; c < cn; c++)
-            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(w, _mm256_loadu_ps(v + 8 * c)));
+            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(w, kv_load8(values, v + 8 * c, kv16)));
     }
     const __m256 scaled = _mm256_set1_ps(inv);
     for (int64_t c = 0; c < cn; c++)
@@ -309,8 +341,8 @@ void qd_weighted_values_avx512(const float *const *w, int64_t kv_len, int nq, co
  * and scoring all of them doubled the work (SmolLM2's attention in a 1,024-token prefill,
  * 30 layers: 716 ms before the session, 453 ms after). */
 static inline __attribute__((always_inline)) void attend_block(
-    const float *q, int64_t j0, int nq, int64_t h, int64_t hq, int64_t d, const float *keys, const float *values,
-    const int64_t *ends, const float *mask, int64_t mask_stride, float scale, float *out) {
+    const float *q, int64_t j0, int nq, int64_t h, int64_t hq, int64_t d, const void *keys, const void *values,
+    int kv16, const int64_t *ends, const float *mask, int64_t mask_stride, float scale, float *out) {
     int64_t kv_len = 0; /* the slots up to the last one a query of the block sees */
     for (int b = 0; b < nq; b++)
         kv_len = ends[j0 + b] > kv_len ? ends[j0 + b] : kv_len;
@@ -323,7 +355,7 @@ static inline __attribute__((always_inline)) void attend_block(
     float *scores = malloc((size_t)(nq * kv_len) * sizeof(float));
     int64_t s = 0;
     for (; s + 8 <= kv_len; s += 8) {
-        const float *key = keys + s * d;
+        const int64_t key = s * d;
         for (int b = 0; b < nq; b++) {
             __m256 acc[8];
             for (int k = 0; k < 8; k++)
@@ -331,19 +363,18 @@ static inline __attribute__((always_inline)) void attend_block(
             for (int64_t c = 0; c < chunks; c++) {
                 const __m256 qc = _mm256_loadu_ps(qv[b] + 8 * c);
                 for (int k = 0; k < 8; k++)
-                    acc[k] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(key + k * d + 8 * c), acc[k]);
+                    acc[k] = _mm256_fmadd_ps(qc, kv_load8(keys, key + k * d + 8 * c, kv16), acc[k]);
             }
             _mm_storeu_ps(scores + b * kv_len + s, lanes_sum4(acc[0], acc[1], acc[2], acc[3]));
             _mm_storeu_ps(scores + b * kv_len + s + 4, lanes_sum4(acc[4], acc[5], acc[6], acc[7]));
         }
     }
     for (; s < kv_len; s++) {
-        const float *key = keys + s * d;
         __m256 acc[QUERY_BLOCK];
         for (int b = 0; b < nq; b++)
             acc[b] = _mm256_setzero_ps();
         for (int64_t c = 0; c < chunks; c++) { /* dot()'s chain, chunk by chunk, every query at once */
-            const __m256 kc = _mm256_loadu_ps(key + 8 * c);
+            const __m256 kc = kv_load8(keys, s * d + 8 * c, kv16);
             for (int b = 0; b < nq; b++)
                 acc[b] = _mm256_fmadd_ps(_mm256_loadu_ps(qv[b] + 8 * c), kc, acc[b]);
         }
@@ -363,7 +394,7 @@ static inline __attribute__((always_inline)) void attend_block(
             inv[b] = softmax_packed(p + b * padded, n[b], best);
     }
     float *o = out + (j0 * hq + h) * d;
-    if (nq > 1 && qd_kernel_isa(-1) && d % 16 == 0) {
+    if (nq > 1 && !kv16 && qd_kernel_isa(-1) && d % 16 == 0) {
         /* Each query's numerators by slot, 0 where hidden (the block's queries share each
          * value read): packed as they are where the query sees every slot up to its last
          * (a causal pass; spreading them out was a tenth of a prefill's attention), else
@@ -383,7 +414,7 @@ static inline __attribute__((always_inline)) void attend_block(
                 spread[b * kv_len + seen[b * kv_len + k]] = packed[k];
             rows[b] = spread + b * kv_len;
         }
-        qd_weighted_values_avx512(rows, kv_len, nq, values, d, inv, o, hq * d);
+        qd_weighted_values_avx512(rows, kv_len, nq, (const float *)values, d, inv, o, hq * d);
         free(spread);
     } else {
         for (int b = 0; b < nq; b++, o += hq * d) {
@@ -393,9 +424,9 @@ static inline __attribute__((always_inline)) void attend_block(
             }
             for (int64_t c0 = 0; c0 < chunks; c0 += 8) { /* attend_one's o += w v, 64 output floats in registers */
                 if (chunks - c0 >= 8)
-                    weighted_sum(p + b * padded, seen + b * kv_len, n[b], values + 8 * c0, d, 8, inv[b], o + 8 * c0);
+                    weighted_sum(p + b * padded, seen + b * kv_len, n[b], values, c0, kv16, d, 8, inv[b], o + 8 * c0);
                 else
-                    weighted_sum(p + b * padded, seen + b * kv_len, n[b], values + 8 * c0, d, chunks - c0, inv[b],
+                    weighted_sum(p + b * padded, seen + b * kv_len, n[b], values, c0, kv16, d, chunks - c0, inv[b],
                                  o + 8 * c0);
             }
         }
@@ -410,26 +441,38 @@ static inline __attribute__((always_inline)) void attend_block(
  * slots slots[j] (or start + j when slots is NULL) of k_cache / v_cache ([hkv, max_len, d],
  * this layer's and this row's), then attends: query j sees slot s < kv_len where mask
  * [t, mask_stride] (additive, -inf = hidden; NULL: every slot) allows it. cos / ssin:
- * [t, d] or NULL (no rotation). out: [t, hq * d]. Query j with no visible slot gets 0. */
+ * [t, d] or NULL (no rotation). out: [t, hq * d]. Query j with no visible slot gets 0.
+ * kv16: the cache holds float16 (stored rounded to nearest even, read back exactly): each
+ * thread widens a kv head's slots into float32 before attending over them, so attention
+ * is the float32 cache's, bit for bit, over the rounded keys and values. */
 void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
-               const float *cos, const float *ssin, float *k_cache, float *v_cache, int64_t max_len,
+               const float *cos, const float *ssin, void *k_cache, void *v_cache, int64_t max_len, int64_t kv16,
                const int64_t *slots, int64_t start, int64_t kv_len,
                const float *mask, int64_t mask_stride, float *out, int threads) {
     const int64_t width = (hq + 2 * hkv) * d, group = hq / hkv;
-    float *q = malloc((size_t)(t * hq * d) * sizeof(float));
+    float *q = malloc((size_t)(t * (hq + (kv16 ? hkv : 0)) * d) * sizeof(float));
+    float *rotated = q + t * hq * d; /* kv16: a token's rotated keys before they are rounded */
 #pragma omp parallel for num_threads(threads) schedule(static) if (t >= MANY_ROWS && threads > 1)
     for (int64_t j = 0; j < t; j++) {
         const float *row = qkv + j * width;
         const int64_t slot = slots ? slots[j] : start + j;
         for (int64_t h = 0; h < hq + hkv; h++) {
-            float *dst = h < hq ? q + (j * hq + h) * d : k_cache + ((h - hq) * max_len + slot) * d;
+            const int64_t at = ((h - hq) * max_len + slot) * d; /* a key head's cache element */
+            float *dst = h < hq ? q + (j * hq + h) * d : kv16 ? rotated + (j * hkv + h - hq) * d : (float *)k_cache + at;
             if (cos)
                 rope(row + h * d, cos + j * d, ssin + j * d, d, dst);
             else
                 memcpy(dst, row + h * d, (size_t)d * sizeof(float));
+            if (kv16 && h >= hq)
+                store_half((uint16_t *)k_cache + at, dst, d);
         }
-        for (int64_t h = 0; h < hkv; h++)
-            memcpy(v_cache + (h * max_len + slot) * d, row + (hq + hkv + h) * d, (size_t)d * sizeof(float));
+        for (int64_t h = 0; h < hkv; h++) {
+            const int64_t at = (h * max_len + slot) * d;
+            if (kv16)
+                store_half((uint16_t *)v_cache + at, row + (hq + hkv + h) * d, d);
+            else
+                memcpy((float *)v_cache + at, row + (hq + hkv + h) * d, (size_t)d * sizeof(float));
+        }
     }
     const float scale = 1.0f / sqrtf((float)d);
     /* Threads only where the work outweighs waking them; the result is the same either way. */
@@ -449,33 +492,66 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
         {
             const int64_t total = hq * t, share = omp_get_num_threads(), id = omp_get_thread_num();
             const int64_t hi = total * (id + 1) / share;
+            /* kv16: one query reads float16 as it goes; a pass of 2+ has each thread widen a kv
+             * head's keys and values to float32 once for its blocks (each reads them again) */
+            const int read16 = kv16 && t == 1;
+            float *wide = kv16 && !read16 ? malloc((size_t)(2 * kv_len * d) * sizeof(float)) : NULL;
+            int64_t widened = -1;
             for (int64_t i = total * id / share; i < hi;) {
                 const int64_t h = i / t, head_end = (h + 1) * t < hi ? (h + 1) * t : hi;
                 const int64_t n_blocks = (head_end - i + QUERY_BLOCK - 1) / QUERY_BLOCK;
-                const float *keys = k_cache + h / group * max_len * d, *values = v_cache + h / group * max_len * d;
+                const void *keys, *values;
+                if (wide) {
+                    if (h / group != widened) {
+                        widened = h / group;
+                        load_half(wide, (const uint16_t *)k_cache + widened * max_len * d, kv_len * d);
+                        load_half(wide + kv_len * d, (const uint16_t *)v_cache + widened * max_len * d, kv_len * d);
+                    }
+                    keys = wide, values = wide + kv_len * d;
+                } else {
+                    keys = kv_at(k_cache, h / group * max_len * d, kv16);
+                    values = kv_at(v_cache, h / group * max_len * d, kv16);
+                }
                 for (int64_t b = 0; b < n_blocks; b++) { /* blocks of as equal sizes as may be */
                     const int64_t j0 = i % t + (head_end - i) * b / n_blocks;
                     const int64_t nq = i % t + (head_end - i) * (b + 1) / n_blocks - j0;
                     switch (nq) { /* each block size its own specialization */
-#define BLOCK_CASE(c) \
-    case c: attend_block(q, j0, c, h, hq, d, keys, values, ends, mask, mask_stride, scale, out); break
-                        BLOCK_CASE(1); BLOCK_CASE(2); BLOCK_CASE(3); BLOCK_CASE(4);
+#define BLOCK_CASE(c, half) attend_block(q, j0, c, h, hq, d, keys, values, half, ends, mask, mask_stride, scale, out)
+                    case 1: /* read16: a one-token pass, so one query a block */
+                        if (read16)
+                            BLOCK_CASE(1, 1);
+                        else
+                            BLOCK_CASE(1, 0);
+                        break;
+                    case 2: BLOCK_CASE(2, 0); break;
+                    case 3: BLOCK_CASE(3, 0); break;
+                    case 4: BLOCK_CASE(4, 0); break;
 #undef BLOCK_CASE
                     }
                 }
                 i = head_end;
             }
+            free(wide);
         }
         free(ends);
         free(q);
         return;
     }
+    /* kv16: every kv head's slots widened first (a head size that is not a multiple of 8 is rare) */
+    float *wide = kv16 ? malloc((size_t)(2 * hkv * kv_len * d) * sizeof(float)) : NULL;
+    for (int64_t h = 0; wide && h < hkv; h++) {
+        load_half(wide + h * kv_len * d, (const uint16_t *)k_cache + h * max_len * d, kv_len * d);
+        load_half(wide + (hkv + h) * kv_len * d, (const uint16_t *)v_cache + h * max_len * d, kv_len * d);
+    }
+    const float *keys = wide ? wide : (const float *)k_cache, *values = wide ? wide + hkv * kv_len * d : v_cache;
+    const int64_t stride = wide ? kv_len : max_len;
 #pragma omp parallel for num_threads(threads) schedule(static) if (parallel)
     for (int64_t task = 0; task < t * hq; task++) {
         const int64_t j = task / hq, h = task % hq, kvh = h / group;
-        attend_one(q + task * d, d, k_cache + kvh * max_len * d, v_cache + kvh * max_len * d, kv_len,
+        attend_one(q + task * d, d, keys + kvh * stride * d, values + kvh * stride * d, kv_len,
                    mask ? mask + j * mask_stride : NULL, scale, out + (j * hq + h) * d);
     }
+    free(wide);
     free(q);
 }
 
@@ -526,7 +602,7 @@ static void linear(const QdLinear *l, const float *x, int64_t m, float *y, int t
 }
 
 /* The rows of a pass, each attending on its own: the row's tokens at offset .. offset +
- * tokens - 1 of the pass, its keys and values in the cache row `cache` floats into a
+ * tokens - 1 of the pass, its keys and values in the cache row `cache` elements into a
  * layer's cache, at `slots` (NULL: start, start + 1, ...), its queries attending over the
  * first kv_len slots with an additive mask of mask_stride floats a query (NULL: none). One
  * row is a plain pass; several are a ragged pass of the batched engine, which packs its
@@ -545,8 +621,8 @@ typedef struct {
 static void block_rows(const float *x, int64_t t, int64_t hidden, const float *attn_norm, const float *mlp_norm,
                        float eps, const QdLinear *wqkv, const QdLinear *wo, const QdLinear *w_in,
                        const QdLinear *w_out, int64_t hq, int64_t hkv, int64_t d, const float *cos,
-                       const float *ssin, float *k_cache, float *v_cache, int64_t max_len, const QdRows *rows,
-                       int64_t n_rows, float *y, int threads) {
+                       const float *ssin, void *k_cache, void *v_cache, int64_t max_len, int64_t kv16,
+                       const QdRows *rows, int64_t n_rows, float *y, int threads) {
     int64_t widest = wqkv->out > w_in->out ? wqkv->out : w_in->out;
     if (hidden > widest)
         widest = hidden;
@@ -562,8 +638,8 @@ static void block_rows(const float *x, int64_t t, int64_t hidden, const float *a
     for (int64_t r = 0; r < n_rows; r++) {
         const QdRows *row = rows + r;
         qd_attend(b + row->offset * width, row->tokens, hq, hkv, d, cos ? cos + row->offset * d : NULL,
-                  ssin ? ssin + row->offset * d : NULL, k_cache + row->cache, v_cache + row->cache, max_len,
-                  row->slots, row->start, row->kv_len, row->mask, row->mask_stride, a + row->offset * hq * d,
+                  ssin ? ssin + row->offset * d : NULL, kv_at(k_cache, row->cache, kv16),
+                  kv_at(v_cache, row->cache, kv16), max_len, kv16, row->slots, row->start, row->kv_len, row->mask, row->mask_stride, a + row->offset * hq * d,
                   threads);
     }
     linear(wo, a, t, b, threads);
@@ -591,11 +667,11 @@ static void block_rows(const float *x, int64_t t, int64_t hidden, const float *a
 void qd_block(const float *x, int64_t t, int64_t hidden, const float *attn_norm, const float *mlp_norm, float eps,
               const QdLinear *wqkv, const QdLinear *wo, const QdLinear *w_in, const QdLinear *w_out,
               int64_t hq, int64_t hkv, int64_t d, const float *cos, const float *ssin,
-              float *k_cache, float *v_cache, int64_t max_len, const int64_t *slots, int64_t start,
+              void *k_cache, void *v_cache, int64_t max_len, int64_t kv16, const int64_t *slots, int64_t start,
               int64_t kv_len, const float *mask, int64_t mask_stride, float *y, int threads) {
     const QdRows one = {0, t, 0, slots, start, kv_len, mask, mask_stride};
     block_rows(x, t, hidden, attn_norm, mlp_norm, eps, wqkv, wo, w_in, w_out, hq, hkv, d, cos, ssin, k_cache, v_cache,
-               max_len, &one, 1, y, threads);
+               max_len, kv16, &one, 1, y, threads);
 }
 
 /* Blocks 0 .. n-1 of a Llama stack over one row, in one call: qd_block layer after layer,
@@ -603,17 +679,17 @@ void qd_block(const float *x, int64_t t, int64_t hidden, const float *attn_norm,
  * of its output, and nothing of the input after), so the same result bit for bit as n
  * qd_block calls; what it saves is the Python between them (~30 us a layer). norms: 2
  * per layer (attention, MLP); linears: 4 per layer (qkv, output, gate/up, down); layer l's
- * cache at k_cache / v_cache + l * layer_stride; the rest as qd_block. */
+ * cache l * layer_stride elements after k_cache / v_cache; the rest as qd_block. */
 void qd_blocks(const float *x, int64_t t, int64_t hidden, int64_t n, const float *const *norms, float eps,
                const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos, const float *ssin,
-               float *k_cache, float *v_cache, int64_t layer_stride, int64_t max_len, const int64_t *slots,
+               void *k_cache, void *v_cache, int64_t layer_stride, int64_t max_len, int64_t kv16, const int64_t *slots,
                int64_t start, int64_t kv_len, const float *mask, int64_t mask_stride, float *y, int threads) {
     memmove(y, x, (size_t)(t * hidden) * sizeof(float));
     for (int64_t l = 0; l < n; l++) {
         const QdLinear *lin = linears + 4 * l;
         qd_block(y, t, hidden, norms[2 * l], norms[2 * l + 1], eps, lin, lin + 1, lin + 2, lin + 3, hq, hkv, d, cos,
-                 ssin, k_cache + l * layer_stride, v_cache + l * layer_stride, max_len, slots, start, kv_len, mask,
-                 mask_stride, y, threads);
+                 ssin, kv_at(k_cache, l * layer_stride, kv16), kv_at(v_cache, l * layer_stride, kv16), max_len, kv16,
+                 slots, start, kv_len, mask, mask_stride, y, threads);
     }
 }
 
@@ -622,13 +698,14 @@ void qd_blocks(const float *x, int64_t t, int64_t hidden, int64_t n, const float
  * (Attention._fused), bit for bit, in one call. */
 void qd_blocks_ragged(const float *x, int64_t t, int64_t hidden, int64_t n, const float *const *norms, float eps,
                       const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos,
-                      const float *ssin, float *k_cache, float *v_cache, int64_t layer_stride, int64_t max_len,
-                      const QdRows *rows, int64_t n_rows, float *y, int threads) {
+                      const float *ssin, void *k_cache, void *v_cache, int64_t layer_stride, int64_t max_len,
+                      int64_t kv16, const QdRows *rows, int64_t n_rows, float *y, int threads) {
     memmove(y, x, (size_t)(t * hidden) * sizeof(float));
     for (int64_t l = 0; l < n; l++) {
         const QdLinear *lin = linears + 4 * l;
         block_rows(y, t, hidden, norms[2 * l], norms[2 * l + 1], eps, lin, lin + 1, lin + 2, lin + 3, hq, hkv, d, cos,
-                   ssin, k_cache + l * layer_stride, v_cache + l * layer_stride, max_len, rows, n_rows, y, threads);
+                   ssin, kv_at(k_cache, l * layer_stride, kv16), kv_at(v_cache, l * layer_stride, kv16), max_len, kv16,
+                   rows, n_rows, y, threads);
     }
 }
 
@@ -707,7 +784,7 @@ static float top_probability(const float *logits, int64_t n, const int64_t *ids,
  * (n + 1 unless it ended early; the cache then holds the first count - 1 after the feed). */
 int64_t qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, const float *const *norms, float eps,
                      const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos, const float *ssin,
-                     float *k_cache, float *v_cache, int64_t layer_stride, int64_t max_len, int64_t start,
+                     void *k_cache, void *v_cache, int64_t layer_stride, int64_t max_len, int64_t kv16, int64_t start,
                      const float *final_norm, float final_eps, const QdLinear *head, const int64_t *head_ids,
                      int64_t vocab, const int64_t *feed, int64_t m, int64_t *tokens, int64_t n, float min_confidence,
                      int threads) {
@@ -725,7 +802,7 @@ int64_t qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, co
                 mask[j * start + s] = s <= start - m + j ? 0.0f : -INFINITY;
         }
         qd_blocks(fx, m, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache, layer_stride,
-                  max_len, NULL, start - m, start, mask, mask ? start : 0, fx, threads);
+                  max_len, kv16, NULL, start - m, start, mask, mask ? start : 0, fx, threads);
         qd_rms_norm(fx + (m - 1) * hidden, 1, hidden, final_norm, final_eps, h);
         linear(head, h, 1, logits, threads);
         tokens[0] = argmax_logits(logits, head->out, head_ids, vocab);
@@ -741,7 +818,7 @@ int64_t qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, co
         }
         memcpy(x, embed + tokens[i] * hidden, (size_t)hidden * sizeof(float));
         qd_blocks(x, 1, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos ? cos + (m + i) * d : NULL,
-                  ssin ? ssin + (m + i) * d : NULL, k_cache, v_cache, layer_stride, max_len, NULL, start + i,
+                  ssin ? ssin + (m + i) * d : NULL, k_cache, v_cache, layer_stride, max_len, kv16, NULL, start + i,
                   start + i + 1, NULL, 0, x, threads);
         qd_rms_norm(x, 1, hidden, final_norm, final_eps, h);
         linear(head, h, 1, logits, threads);
@@ -789,8 +866,8 @@ static void eagle_input(const float *embed, float embed_scale, int64_t hidden, i
  * as qd_greedy_chain's does. Returns how many tokens it wrote. */
 int64_t qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, const QdLinear *fc,
                     const float *const *norms, float eps, const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d,
-                    const float *cos, const float *ssin, float *k_cache, float *v_cache, int64_t layer_stride,
-                    int64_t max_len, int64_t start, const float *final_norm, float final_eps, const QdLinear *head,
+                    const float *cos, const float *ssin, void *k_cache, void *v_cache, int64_t layer_stride,
+                    int64_t max_len, int64_t kv16, int64_t start, const float *final_norm, float final_eps, const QdLinear *head,
                     const int64_t *head_ids, int64_t vocab, float *feature, const int64_t *feed_tokens,
                     const float *feed_features, const QdLinear *feature_in, int64_t feature_chunks, int64_t m,
                     int64_t *tokens, int64_t n, float min_confidence, int threads) {
@@ -815,7 +892,7 @@ int64_t qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, co
         }
         linear(fc, fin, m, fx, threads);
         qd_blocks(fx, m, hidden, 1, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache, layer_stride,
-                  max_len, NULL, start - m, start, mask, start, fx, threads);
+                  max_len, kv16, NULL, start - m, start, mask, start, fx, threads);
         memcpy(feature, fx + (m - 1) * hidden, (size_t)hidden * sizeof(float));
         free(mapped);
         free(fin);
@@ -835,7 +912,7 @@ int64_t qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, co
         eagle_input(embed, embed_scale, hidden, tokens[i], feature, in);
         linear(fc, in, 1, x, threads);
         qd_blocks(x, 1, hidden, 1, norms, eps, linears, hq, hkv, d, cos ? cos + (m + i) * d : NULL,
-                  ssin ? ssin + (m + i) * d : NULL, k_cache, v_cache, layer_stride, max_len, NULL, start + i,
+                  ssin ? ssin + (m + i) * d : NULL, k_cache, v_cache, layer_stride, max_len, kv16, NULL, start + i,
                   start + i + 1, NULL, 0, feature, threads);
     }
     free(in);
