@@ -1,5 +1,6 @@
-/* Attention's weighted sum of values on AVX-512, for layer_ops.c's attend_block: the same
- * result as its AVX2 weighted_sum, bit for bit. Each output element is still a product
+/* Attention for blocks of 2-4 queries on AVX-512, for layer_ops.c's attend_block: the same
+ * results as its AVX2 loops, bit for bit. The scores: qd_scores_avx512, below. The weighted
+ * sum of values (as its AVX2 weighted_sum): each output element is still a product
  * then a sum per visible key, in slot order, skipping keys of weight 0, from 0, times
  * 1 / the softmax total at the end; only the lanes are 16 wide (elementwise operations:
  * the width changes no rounding) and up to 4 queries of a head share each value read.
@@ -65,6 +66,68 @@ void qd_weighted_values_avx512(const float *const *w, int64_t kv_len, int nq, co
         }
 #undef QUERIES
 #undef SLICE
+    }
+}
+
+/* A 512-bit register's two 256-bit halves each summed as layer_ops.c's lanes_sum4 sums
+ * four AVX2 accumulators, bit for bit (the same additions of the same lanes): a, b, c, e
+ * each hold one key's 8 lanes for query 0 (low half) and query 1 (high half). Returns
+ * query 0's four sums (a, b, c, e) in lanes 0-3 and query 1's in lanes 4-7. */
+static inline __attribute__((always_inline)) __m256 pair_sum4(__m512 a, __m512 b, __m512 c, __m512 e) {
+    /* 128-bit blocks: a = [a0 a1 | a2 a3] (query 0's low and high 4 lanes | query 1's) */
+    const __m512i lo = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+    const __m512i hi = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+    /* per half: [a.lo + a.hi, b.lo + b.hi], as lanes_sum4's permute2f128 sums */
+    const __m512 ab = _mm512_add_ps(_mm512_permutex2var_ps(a, lo, b), _mm512_permutex2var_ps(a, hi, b));
+    const __m512 ce = _mm512_add_ps(_mm512_permutex2var_ps(c, lo, e), _mm512_permutex2var_ps(c, hi, e));
+    const __m512 pairs = _mm512_add_ps(_mm512_shuffle_ps(ab, ce, _MM_SHUFFLE(1, 0, 1, 0)),
+                                       _mm512_shuffle_ps(ab, ce, _MM_SHUFFLE(3, 2, 3, 2)));
+    /* hadd(pairs, pairs): per 128-bit block [p0 + p1, p2 + p3, p0 + p1, p2 + p3] */
+    const __m512 sums = _mm512_add_ps(_mm512_shuffle_ps(pairs, pairs, _MM_SHUFFLE(2, 0, 2, 0)),
+                                      _mm512_shuffle_ps(pairs, pairs, _MM_SHUFFLE(3, 1, 3, 1)));
+    /* blocks [a c a c | b e b e | (query 1's)]: a, b, c, e of each query */
+    const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 8, 12, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_castps512_ps256(_mm512_permutexvar_ps(order, sums));
+}
+
+/* 8 floats from p in both halves of a register (one load; no shuffle). */
+static inline __attribute__((always_inline)) __m512 both_halves(const float *p) {
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
+}
+
+/* scores[b * stride + s] = q[b] . key s for queries b < nq (2 <= nq <= 4) and keys
+ * s < n8 (a multiple of 8) of keys [., d] (d a multiple of 8, at most 128): what
+ * layer_ops.c's attend_block computes with 8 lanes, bit for bit (lane j of a query's
+ * key is the FMA chain over chunks c of q[8c + j] * key[8c + j], the lanes summed as
+ * lanes_sum4 sums them). Two queries share each 16-lane FMA, each key chunk loaded once
+ * into both halves, and their sums are reduced together: half the FMAs and shuffles.
+ * An odd query is paired with itself. */
+void qd_scores_avx512(const float *const *q, int nq, const float *keys, int64_t n8, int64_t d, float *scores,
+                      int64_t stride) {
+    const int64_t chunks = d / 8;
+    for (int b = 0; b < nq; b += 2) {
+        const float *q0 = q[b], *q1 = q[b + 1 < nq ? b + 1 : b];
+        __m512 qc[16];
+        for (int64_t c = 0; c < chunks; c++)
+            qc[c] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(q0 + 8 * c))),
+                                                        _mm256_castps_pd(_mm256_loadu_ps(q1 + 8 * c)), 1));
+        for (int64_t s = 0; s < n8; s += 8) {
+            const float *key = keys + s * d;
+            __m512 acc[8];
+            for (int k = 0; k < 8; k++)
+                acc[k] = _mm512_setzero_ps();
+            for (int64_t c = 0; c < chunks; c++)
+                for (int k = 0; k < 8; k++)
+                    acc[k] = _mm512_fmadd_ps(qc[c], both_halves(key + k * d + 8 * c), acc[k]);
+            const __m256 first = pair_sum4(acc[0], acc[1], acc[2], acc[3]);
+            const __m256 second = pair_sum4(acc[4], acc[5], acc[6], acc[7]);
+            _mm_storeu_ps(scores + b * stride + s, _mm256_castps256_ps128(first));
+            _mm_storeu_ps(scores + b * stride + s + 4, _mm256_castps256_ps128(second));
+            if (b + 1 < nq) {
+                _mm_storeu_ps(scores + (b + 1) * stride + s, _mm256_extractf128_ps(first, 1));
+                _mm_storeu_ps(scores + (b + 1) * stride + s + 4, _mm256_extractf128_ps(second, 1));
+            }
+        }
     }
 }
 
