@@ -147,3 +147,18 @@ def test_bench_with_llama_cpp_end_to_end(tmp_path, capsys):
         assert rows[label]["tokens_per_second"] > 0 and rows[label]["greedy_agreement"]["prompts"] == 2
     assert 0 < rows["llama.cpp-spec k=4"]["acceptance_rate"] <= 1
     assert "agree" in capsys.readouterr().out
+
+
+def test_llama_cpp_rows_take_our_kv_cache_type(tmp_path):
+    """Like for like: llama.cpp's caches (target and draft) are f32, or f16 beside our
+    ``--kv-cache float16``, and the run's JSON says which."""
+    from quickdraft.bench.llama_cpp import PLAIN, SPECULATIVE, LlamaCppMethod, LlamaCppSetup
+
+    for ours, theirs in (("auto", "f32"), ("float16", "f16")):
+        setup = LlamaCppSetup({PLAIN: tmp_path / "c", SPECULATIVE: tmp_path / "s"}, tmp_path / "t.gguf",
+                              tmp_path / "d.gguf", 2, kv_cache="f16" if ours == "float16" else "f32")
+        for row in (LlamaCppMethod(setup), LlamaCppMethod(setup, 4)):
+            cmd = row.command("x", 8, 64, 0)
+            types = [cmd[i + 1] for i, flag in enumerate(cmd) if flag in ("-ctk", "-ctv", "-ctkd", "-ctvd")]
+            assert types and set(types) == {theirs}, (ours, row.label)
+        assert setup.to_json()["kv_cache"] == theirs

@@ -136,6 +136,27 @@ def test_greedy_speculation_with_a_float16_cache_equals_plain_decoding(tmp_path)
             assert out == reference, (quantize, shape)
 
 
+def test_batched_rows_over_a_float16_cache_equal_plain_decoding(tmp_path):
+    """The batched engine's ragged passes (rows of different lengths, prefilled in chunks
+    beside running rows) over a float16 cache: each row's tokens are plain decoding's."""
+    from test_batch_engine import run
+
+    from quickdraft.batch_generate import make_batch_engine
+    from quickdraft.decoding.sampling import SamplingParams
+
+    write_tiny_gguf(tmp_path / "m.gguf", "F32", seed=2)
+    placement = resolve_placement(kv_cache="float16")
+    target, draft = load_model(tmp_path / "m.gguf", placement=placement), load_model(tmp_path / "m.gguf")
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 250, (n,), generator=gen) for n in (5, 40, 17)]
+    engine = make_batch_engine(target, method="draft", draft=draft, max_batch_size=3, max_len=128,
+                               num_speculative_tokens=3, prefill_chunk=16)
+    assert engine.cache.k.dtype == torch.float16
+    out, _ = run(engine, [(p, SamplingParams(), StopConditions(30)) for p in prompts], join_at={2: 2})
+    for i, prompt in enumerate(prompts):
+        assert out[i] == tokens_of(decode(target, prompt, StopConditions(30))), i
+
+
 def test_placements_that_cannot_use_it_are_one_line_errors(tmp_path, capsys):
     assert resolve_placement(kv_cache="float16").kv_dtype == torch.float16
     assert resolve_placement(kv_cache="fp16").describe() == "cpu float32, float16 KV cache"

@@ -4,8 +4,9 @@ Rows ``llama.cpp`` (``llama-completion``, plain greedy decoding) and ``llama.cpp
 (``llama-speculative-simple`` with the same draft, one row per ``--spec-draft-n-max``) run
 llama.cpp's own binaries, one process per generation, on the same prompts, the same
 weights (our checkpoints exported to f32 GGUF by :mod:`quickdraft.models.gguf_export`; a
-GGUF target as it is), the same threads and f32 KV cache, alternating with our rows like
-any other. Their timings are llama.cpp's own (process start and model load excluded):
+GGUF target as it is), the same threads and KV cache type (f32, or f16 with
+``--kv-cache float16``), alternating with our rows like any other. Their timings are
+llama.cpp's own (process start and model load excluded):
 
 - tokens/s = generated tokens / decode seconds, as for our rows. Plain: llama.cpp's eval
   time plus its sampling time (the first token comes from the prompt pass, as ours does).
@@ -215,11 +216,12 @@ class LlamaCppSetup:
     threads: int
     version: str = ""
     prompt_ids_equal: dict[str, bool] = field(default_factory=dict)
+    kv_cache: str = "f32"  # llama.cpp's cache type, as ours: f32, or f16 with --kv-cache float16
 
     def to_json(self) -> dict:
         return {"binaries": {k: str(v) for k, v in self.binaries.items()}, "version": self.version,
                 "target_gguf": str(self.target_gguf), "draft_gguf": str(self.draft_gguf) if self.draft_gguf else None,
-                "threads": self.threads, "kv_cache": "f32",
+                "threads": self.threads, "kv_cache": self.kv_cache,
                 "prompt_ids_equal": self.prompt_ids_equal}
 
 
@@ -251,7 +253,8 @@ def setup(ctx, config, need_draft: bool) -> LlamaCppSetup:
     if ctx.llama_cpp is None:
         binaries = find_binaries(config.llama_cpp)
         ctx.llama_cpp = LlamaCppSetup(binaries, gguf_of(ctx.target_dir), None, config.threads or 2,
-                                      _version(binaries[PLAIN]))
+                                      _version(binaries[PLAIN]),
+                                      kv_cache="f16" if config.kv_cache == "float16" else "f32")
     if need_draft and ctx.llama_cpp.draft_gguf is None:  # filled in place: the plain row shares it
         if ctx.draft is None:
             raise BenchError("llama.cpp-spec needs a draft model; pass --draft PATH")
@@ -283,15 +286,15 @@ class LlamaCppMethod:
 
     def command(self, prompt: str, max_new_tokens: int, context: int, seed: int) -> list[str]:
         s = self.setup
-        threads = str(s.threads)
+        threads, kv = str(s.threads), s.kv_cache
         common = ["-m", str(s.target_gguf), "-p", prompt, "--no-escape", "-t", threads, "-tb", threads,
-                  "-c", str(context), "-b", str(context), "-ctk", "f32", "-ctv", "f32",
+                  "-c", str(context), "-b", str(context), "-ctk", kv, "-ctv", kv,
                   "--temp", "0", "--seed", str(seed)]
         if not self.k:
             return [str(s.binaries[PLAIN]), *common, "-n", str(max_new_tokens), "-no-cnv",
                     "--no-display-prompt", "--verbose-prompt"]
         return [str(s.binaries[SPECULATIVE]), *common, "-md", str(s.draft_gguf),
-                "-td", threads, "-tbd", threads, "-ctkd", "f32", "-ctvd", "f32",
+                "-td", threads, "-tbd", threads, "-ctkd", kv, "-ctvd", kv,
                 "--spec-type", "draft-simple", "--spec-draft-n-max", str(self.k), "--spec-draft-n-min", "0",
                 "--spec-draft-p-min", "0",
                 # it generates one token more than -n asks

@@ -67,8 +67,9 @@ DEFINITIONS = {
     "greedy_agreement": "llama.cpp rows: prompts whose generated text is the text of ar's tokens, "
                         "and for the others the index of ar's first token the text does not continue",
     "llama_cpp": "llama.cpp rows run its binaries on the same prompts and weights (GGUF), same threads, "
-                 "f32 KV cache; tokens/s = generated tokens / its decode seconds (llama-completion: "
-                 "eval + sampling time; llama-speculative-simple: its decode loop's wall time); tau = "
+                 "same KV cache type (f32; f16 with --kv-cache float16); tokens/s = generated tokens / its "
+                 "decode seconds (llama-completion: eval + sampling time; llama-speculative-simple: its "
+                 "decode loop's wall time); tau = "
                  "tokens per target pass after the prompt; process start and model load excluded",
     "predicted_speedup": "cost model: (1 + sum_{i<k} a_i) * T_ar / (k * T_draft + T_verify(k+1)), "
                          "from measured a_i and step costs, no overhead term",
