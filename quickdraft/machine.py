@@ -20,10 +20,13 @@ def cpu_model() -> str:
 
 
 def device_info(placement) -> dict:
-    """The device and dtype a measurement ran on (a GPU: its name, memory and CUDA version)."""
+    """The device and dtype a measurement ran on (a GPU: its name, memory and CUDA version),
+    and a KV cache stored narrower than the dtype."""
     import torch
 
     info = {"device": str(placement.device), "dtype": str(placement.dtype).removeprefix("torch.")}
+    if getattr(placement, "kv_dtype", None) is not None:  # --kv-cache float16
+        info["kv_cache"] = placement.kv_cache
     if placement.device.type == "cuda":
         props = torch.cuda.get_device_properties(placement.device)
         info.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1), cuda=torch.version.cuda)

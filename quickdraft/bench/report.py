@@ -25,7 +25,9 @@ def _backend(cfg: dict) -> str:
     name = "transformers" if backend == "hf" else "native"
     if cfg.get("backend_requested") == "auto" and backend == "hf":
         return f"{name} runtime (auto: the native runtime does not support this checkpoint)"
-    return f"{name} runtime"
+    settings = [f"--{flag} {cfg[key]}" for flag, key in (("quantize", "quantize"), ("kv-cache", "kv_cache"))
+                if cfg.get(key, "auto") != "auto"]
+    return f"{name} runtime" + (f" ({', '.join(settings)})" if settings else "")
 
 
 def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
