@@ -185,6 +185,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     # a bad prompt, or a chat with a model without a chat template, fails first
     gen.encode_prompt(prompt if messages is None else gen.chat_ids(messages), args.truncate_prompt,
                       room=args.max_new_tokens)
+    if messages is not None:  # --method auto: its choice for chats (measured on chats, once)
+        gen = gen.for_chats(log=notice)
     k, k_source = choose_k(args, gen)
     if args.show_tree:
         from .show_tree import TreeRecorder

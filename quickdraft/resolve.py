@@ -56,9 +56,12 @@ def resolve_method(
     *,
     remeasure: bool = False,
     log: Callable[[str], None] | None = None,
+    kind: str = "completion",
 ) -> MethodPlan:
     """Resolve ``method`` for this target and draft (see the module docstring); ``log`` gets
-    a line before a measurement, ``remeasure`` measures auto's choice again."""
+    a line before a measurement, ``remeasure`` measures auto's choice again, ``kind``: the
+    requests auto's choice is for (``completion`` or ``chat``,
+    :func:`~quickdraft.policy.method_choice.calibration_ids`)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
     if method == "early-exit":
@@ -81,7 +84,7 @@ def resolve_method(
         return MethodPlan(method, options)
     from .policy.method_choice import cached_method
 
-    choice = cached_method(target, draft, tokenizer, remeasure=remeasure, log=log)
+    choice = cached_method(target, draft, tokenizer, remeasure=remeasure, log=log, kind=kind)
     if choice.method in ("medusa", "prophet", "eagle"):  # their heads, loaded as above
         plan = resolve_method(target, draft, tokenizer, choice.method, choice.options())
         return dataclasses.replace(plan, choice=choice)

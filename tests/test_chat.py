@@ -222,3 +222,37 @@ def test_server_chat_uses_the_template_and_refuses_a_model_without_one(chatml, p
     finally:
         for server in servers:
             server.stop()
+
+
+def test_auto_gives_chats_their_own_choice(chatml, plain, tmp_path, monkeypatch, capsys):
+    """``--method auto`` calibrates chats apart from completions (its chat prompts through
+    the model's template, its own cache entry), a chat decodes with that choice, losslessly
+    (cut at the end of the turn), and the CLI says which choice a chat got."""
+    from quickdraft.chat import chat_prompt_ids
+    from quickdraft.policy.method_choice import CHAT_CALIBRATION, calibration_ids
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    tok = chatml_tokenizer()
+    ids = calibration_ids(tok, "chat")
+    assert len(ids) == len(CHAT_CALIBRATION)
+    assert ids[1] == chat_prompt_ids(tok, [{"role": "user", "content": CHAT_CALIBRATION[1]}])
+    with pytest.raises(ValueError, match="unknown calibration kind 'poem'"):
+        calibration_ids(tok, "poem")
+    gen = SpeculativeGenerator.from_pretrained(chatml, chatml, method="auto")
+    chats = gen.for_chats()
+    assert chats is not gen and gen.for_chats() is chats and chats.for_chats() is chats
+    assert (gen.method_choice.kind, chats.method_choice.kind) == ("completion", "chat")
+    assert chats.method_choice.path != gen.method_choice.path  # one cache entry each
+    assert "for chats" in chats.method_choice.summary()
+    ar = SpeculativeGenerator.from_pretrained(chatml, method="ar")
+    assert ar.for_chats() is ar  # not auto: one method for every request
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    want = plain[:plain.index(im_end)]
+    assert gen.generate(messages=MESSAGES, max_new_tokens=BUDGET).token_ids == want
+    stream = gen.stream(messages=MESSAGES, max_new_tokens=BUDGET)
+    assert "".join(chunk.text for chunk in stream) == tok.decode(want)
+    code, out, err = run_cli("--model", str(chatml), "--draft", str(chatml), "--method", "auto", "--system",
+                             MESSAGES[0]["content"], "--chat", MESSAGES[1]["content"], "--max-new-tokens",
+                             str(BUDGET), "--json")
+    assert code == 0 and json.loads(out)["token_ids"] == want
+    assert "for chats" in err and "measuring" not in err  # cached above

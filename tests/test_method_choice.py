@@ -146,3 +146,9 @@ def test_server_auto_resolves_as_generate_does(tiny_family, tmp_path):
     finally:
         srv.stop()
     assert len(list((tmp_path / "cache").rglob("method-*.json"))) == 1
+
+
+def test_serve_auto_for_is_checked_before_loading(capsys):
+    assert main(["serve", "--method", "draft", "--auto-for", "chat"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--auto-for goes with --method auto" in err

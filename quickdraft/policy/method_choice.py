@@ -22,10 +22,18 @@ measured on this machine
 (:func:`~quickdraft.policy.autok.measure_step_costs`). The candidate with the highest
 predicted speedup wins. Sampled decoding accepts less than greedy: the choice is made for
 greedy and used for both (docs/methods.md, "Choosing a method: `--method auto`").
+
+Prompts of two kinds are calibrated apart (``kind``): completions (code and prose,
+:data:`~quickdraft.policy.autok.CALIBRATION_PROMPTS`) and, for a model with a chat
+template, chats (:data:`CHAT_CALIBRATION` through the template, ending at its end of turn):
+an instruct model's replies are another text than its completions (SmolLM2: prompt lookup
+1.5x plain decoding on code, 0.97x on chat), so each kind gets its own choice and cache
+entry.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +42,7 @@ from pathlib import Path
 
 import torch
 
+from ..chat import chat_prompt_ids, end_of_turn_ids
 from ..decoding.engine import decode
 from ..decoding.stopping import StopConditions
 from ..drafters.factory import DraftOptions
@@ -49,6 +58,25 @@ from .timing import Noise
 TREE_SHAPES = ((2,), (2, 1), (2, 1, 1), (2, 2, 1), (3, 1, 1), (2, 1, 1, 1), (2, 2, 1, 1),
                (2, 1, 1, 1, 1), (3, 2, 1), (2, 1, 1, 1, 1, 1))
 MAX_K = 12
+#: The requests ``kind="chat"`` is calibrated on: user messages through the model's chat
+#: template (its default system prompt, if any, included).
+CHAT_CALIBRATION = (
+    "Write a Python function that checks whether a string is a palindrome.",
+    "Explain what a hash table is, in two or three sentences.",
+    "Give me three tips for writing clear commit messages.",
+    "What is the difference between a list and a tuple in Python?",
+)
+KINDS = ("completion", "chat")
+
+
+def calibration_ids(tokenizer, kind: str = "completion") -> list[list[int]]:
+    """The calibration prompts of ``kind`` as token ids: completions tokenized as they are,
+    chats rendered with the tokenizer's chat template."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown calibration kind {kind!r}; use {' or '.join(KINDS)}")
+    if kind == "chat":
+        return [chat_prompt_ids(tokenizer, [{"role": "user", "content": text}]) for text in CHAT_CALIBRATION]
+    return [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
 CACHE_VERSION = 10  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
 #                   4: no token trees for a transformers-backend pair; 5: shipped head methods weighed;
 #                   6: EAGLE one token ahead weighed too (HEAD_SHAPES); 7: an int8 EAGLE
@@ -186,6 +214,7 @@ class MethodChoice:
     path: Path | None = None
     noise: Noise | None = None  # how noisy the step-cost timings were (None: read from the cache)
     measured_at: str | None = None
+    kind: str = "completion"  # the calibration prompts' kind (KINDS)
 
     @property
     def label(self) -> str:
@@ -213,7 +242,9 @@ class MethodChoice:
                            sorted(self.best_per_method().items(), key=lambda kv: -kv[1][1])
                            if m != self.method)
         source = measurement_source(self.measured, self.measured_at, self.path)
-        return f"auto chose {self.label} (predicted {self.predicted:.2f}x; best of the others: {others}; {source})"
+        kind = " for chats" if self.kind == "chat" else ""
+        return (f"auto chose {self.label}{kind} (predicted {self.predicted:.2f}x; best of the others: {others}; "
+                f"{source})")
 
     def to_json(self) -> dict:
         return {"method": self.method, "k": self.k, "tree": list(self.tree), "predicted": self.predicted,
@@ -228,17 +259,20 @@ class MethodChoice:
                    measured=False, path=path, measured_at=data.get("measured_at"))
 
 
-def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer, prompts: Sequence[str] = CALIBRATION_PROMPTS,
-                  new_tokens: int = 96, max_k: int = MAX_K, ngram: NgramDrafter | None = None,
-                  log: Callable[[str], None] | None = None) -> MethodChoice:
-    """Replay greedy decoding on ``prompts`` for every candidate and pick the fastest
-    predicted one (see the module docstring). Without a draft only n-gram and plain
-    decoding compete. Step-cost timings too noisy to trust are taken again (``log`` gets a
+def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer,
+                  prompts: Sequence[str | Sequence[int]] = CALIBRATION_PROMPTS, new_tokens: int = 96,
+                  max_k: int = MAX_K, ngram: NgramDrafter | None = None,
+                  log: Callable[[str], None] | None = None, stop_ids: Sequence[int] = ()) -> MethodChoice:
+    """Replay greedy decoding on ``prompts`` (texts, or token ids) for every candidate and
+    pick the fastest predicted one (see the module docstring). Without a draft only n-gram
+    and plain decoding compete. ``stop_ids`` end a reference output as EOS does (a chat's
+    end of turn). Step-cost timings too noisy to trust are taken again (``log`` gets a
     line each time); ``noise`` says how noisy the kept ones were."""
-    eos = eos_token_ids(target, tokenizer)
+    eos = [*eos_token_ids(target, tokenizer), *stop_ids]
     traces = []
-    for text in prompts:
-        ids = torch.tensor(tokenizer(text, verbose=False)["input_ids"], dtype=torch.long)
+    for prompt in prompts:
+        text_ids = tokenizer(prompt, verbose=False)["input_ids"] if isinstance(prompt, str) else list(prompt)
+        ids = torch.tensor(text_ids, dtype=torch.long)
         if draft is None:
             output = [t for s in decode(target, ids, StopConditions(new_tokens, eos)) for t in s.tokens]
             traces.append(Trace(ids.tolist(), output, [1] * len(output)))
@@ -268,25 +302,28 @@ def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer, prompts: 
 
 
 def cached_method(target: CausalLM, draft: CausalLM | None, tokenizer, remeasure: bool = False,
-                  log: Callable[[str], None] | None = None) -> MethodChoice:
-    """:func:`choose_method` for this pair and machine, cached next to the auto-k choices
-    (``--remeasure`` measures again). A choice whose timings stayed too noisy is used but
-    not cached (``log`` says so)."""
+                  log: Callable[[str], None] | None = None, kind: str = "completion") -> MethodChoice:
+    """:func:`choose_method` for this pair and machine on the calibration prompts of
+    ``kind`` (:func:`calibration_ids`), cached next to the auto-k choices (``--remeasure``
+    measures again). A choice whose timings stayed too noisy is used but not cached
+    (``log`` says so)."""
     log = log or (lambda msg: None)
-    calibration = [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
+    calibration = calibration_ids(tokenizer, kind)
     entry = cache.entry("method", CACHE_VERSION, {"target": target, "draft": draft if draft else "none"},
                         calibration=cache.digest(calibration), heads=shipped_head_methods(target))
     if entry is not None and not remeasure:
         data = entry.load()
         if data is not None:
             try:
-                return MethodChoice.from_json(data, entry.path)
+                return dataclasses.replace(MethodChoice.from_json(data, entry.path), kind=kind)
             except (ValueError, KeyError, TypeError, AttributeError):
                 pass  # not what this version writes: measure again
-    log(f"measuring which method is fastest for this pair on this machine, once "
-        f"({f'cached in {entry.path}' if entry is not None else 'not cached'}; --remeasure redoes it)")
-    choice = choose_method(target, draft, tokenizer, log=log)
+    log(f"measuring which method is fastest for this pair on this machine{' for chats' if kind == 'chat' else ''}, "
+        f"once ({f'cached in {entry.path}' if entry is not None else 'not cached'}; --remeasure redoes it)")
+    stop_ids = end_of_turn_ids(tokenizer) if kind == "chat" else ()
+    choice = choose_method(target, draft, tokenizer, calibration, log=log, stop_ids=stop_ids)
     choice.measured_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    choice.kind = kind
     if choice.noise is not None and choice.noise.noisy:
         log(f"not caching the method choice: {choice.noise.describe()} (is the machine busy?); "
             "used for this run only, measured again next time")

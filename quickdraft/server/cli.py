@@ -47,6 +47,10 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="draft tokens per step (default: the cost model's choice, as for generate; the "
                    "batched engine applies its own batch-size policy unless -k is given)")
     p.add_argument("--remeasure", action="store_true", help="measure the cost model's k again")
+    p.add_argument("--auto-for", choices=["completion", "chat"], default=None,
+                   help="--method auto: the requests its choice is measured on, completions (default) or "
+                   "chats through the model's template (an instruct model's traffic: SmolLM2's replies "
+                   "favour another method than its completions); one engine serves both endpoints with it")
     p.add_argument("--backend", choices=["auto", "native", "hf"], default="auto",
                    help="model runtime: native (default when supported) or transformers")
     add_placement_options(p)

@@ -78,6 +78,19 @@ class LoadedServer:
     k_source: str | None
 
 
+def auto_for(args: argparse.Namespace, gen, log: Callable[[str], None]):
+    """``--method auto``'s generator for the requests ``--auto-for`` names (default:
+    completions): one engine serves both endpoints, with one choice."""
+    from ..chat import has_chat_template
+
+    if gen.method_choice is None or getattr(args, "auto_for", None) != "chat":
+        return gen
+    if not has_chat_template(gen.tokenizer):
+        raise CliError(f"--auto-for chat: {gen.target.model_dir.name} has no chat template; "
+                       "use --auto-for completion")
+    return gen.for_chats(log=log)
+
+
 def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -> LoadedServer:
     """Load the models, choose k, build the engine, its scheduler and the app's state."""
     import torch
@@ -90,6 +103,8 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
     from .metrics import ServerMetrics
     from .scheduler import Scheduler
 
+    if getattr(args, "auto_for", None) is not None and args.method != "auto":
+        raise CliError("--auto-for goes with --method auto")  # before anything loads
     if args.threads:
         torch.set_num_threads(args.threads)
     options = draft_options(args)
@@ -109,6 +124,7 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
             quantize=getattr(args, "quantize", None),
             kv_cache=getattr(args, "kv_cache", None),
         )
+    gen = auto_for(args, gen, log)
     k, k_source = choose_k(args, gen)
     plan = gen.plan
     # -k and auto's k hold at every batch size; otherwise the batched engine's own policy
