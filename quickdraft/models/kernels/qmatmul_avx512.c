@@ -297,6 +297,15 @@ int qd_avx512_supported(void) {
 #define Q_ONE_ROWS 8
 #define Q_ONE_MAX_ROWS 24
 
+/* The 4 bytes at p in all 16 lanes, as one broadcast load: read into a general register
+ * first (8 bytes at once, then split), each cost a port-5 shuffle per row and half-group,
+ * the port the products' conversions share. */
+static inline __m512i bytes4_x16(const uint8_t *p) {
+    int32_t word;
+    memcpy(&word, p, sizeof word);
+    return _mm512_set1_epi32(word);
+}
+
 /* Whether a product of M rows takes two tiles a pass: up to 4 rows, and from 25. */
 static inline int pair_tiles(int64_t M) {
     return M <= Q_PAIR_ROWS || M > Q_ONE_MAX_ROWS;
@@ -352,9 +361,8 @@ static inline __attribute__((always_inline)) void q8_tiles(const int8_t *tiles, 
                 w1[b] = _mm512_loadu_si512(tiles + (b * G + g) * Q8_TILE_BYTES + 64 * (h + 1));
             }
             for (int r = 0; r < rows; r++) {
-                int32_t x4[2]; /* x's bytes 4h .. 4h + 7 of the group, as two 4-byte words */
-                memcpy(x4, xu + (m + r) * K + g * GROUP + 4 * h, sizeof x4);
-                const __m512i x0 = _mm512_set1_epi32(x4[0]), x1 = _mm512_set1_epi32(x4[1]);
+                const uint8_t *x4 = xu + (m + r) * K + g * GROUP + 4 * h; /* x's bytes 4h .. 4h + 7 */
+                const __m512i x0 = bytes4_x16(x4), x1 = bytes4_x16(x4 + 4);
                 for (int b = 0; b < nb; b++) {
                     sum0[b][r] = _mm512_dpbusd_epi32(sum0[b][r], x0, w0[b]);
                     sum1[b][r] = _mm512_dpbusd_epi32(sum1[b][r], x1, w1[b]);
@@ -430,9 +438,8 @@ static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles,
                 hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
             }
             for (int r = 0; r < rows; r++) {
-                int32_t x4[2]; /* x's bytes 8h .. 8h + 7 of the group, as two 4-byte words */
-                memcpy(x4, in->xq + (m + r) * K + g * GROUP + 8 * h, sizeof x4);
-                const __m512i x0 = _mm512_set1_epi32(x4[0]), x1 = _mm512_set1_epi32(x4[1]);
+                const uint8_t *x8 = (const uint8_t *)in->xq + (m + r) * K + g * GROUP + 8 * h; /* bytes 8h .. 8h + 7 */
+                const __m512i x0 = bytes4_x16(x8), x1 = bytes4_x16(x8 + 4);
                 for (int b = 0; b < nb; b++) {
                     sum0[b][r] = _mm512_dpbusd_epi32(sum0[b][r], lo[b], x0);
                     sum1[b][r] = _mm512_dpbusd_epi32(sum1[b][r], hi[b], x1);
