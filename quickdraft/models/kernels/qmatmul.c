@@ -36,6 +36,14 @@
 /* Rows of x a pass over half a tile takes: two integer sums and an accumulator each. */
 #define Q_ROWS 4
 
+/* The 4 bytes at p in all 8 lanes, as one broadcast load (through a general register it
+ * was a move and a shuffle per row and half-group: qmatmul_avx512.c's bytes4_x16). */
+static inline __m256i bytes4_x8(const void *p) {
+    int32_t word;
+    memcpy(&word, p, sizeof word);
+    return _mm256_set1_epi32(word);
+}
+
 /* Unit u of an int8 or int4 product on AVX2, half a tile of 16 weight rows: its tile t,
  * which half h, its first output row, and how many of its 8 lanes are rows of W (<= 0:
  * none, past N). */
@@ -64,10 +72,9 @@ static inline __attribute__((always_inline)) void q8_half(const int8_t *tile, co
             const __m256i w1 = _mm256_loadu_si256((const __m256i *)(tile + g * Q8_TILE_BYTES + 64 * (h + 1)));
             const __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
             for (int r = 0; r < rows; r++) {
-                int32_t x4[2]; /* x's bytes 4h .. 4h + 7 of the group, as two 4-byte words */
-                memcpy(x4, xq + (m + r) * K + g * GROUP + 4 * h, sizeof x4);
-                const __m256i s0 = _mm256_sign_epi8(_mm256_set1_epi32(x4[0]), w0);
-                const __m256i s1 = _mm256_sign_epi8(_mm256_set1_epi32(x4[1]), w1);
+                const int8_t *x4 = xq + (m + r) * K + g * GROUP + 4 * h; /* x's bytes 4h .. 4h + 7 */
+                const __m256i s0 = _mm256_sign_epi8(bytes4_x8(x4), w0);
+                const __m256i s1 = _mm256_sign_epi8(bytes4_x8(x4 + 4), w1);
                 sum0[r] = _mm256_add_epi32(sum0[r], _mm256_madd_epi16(_mm256_maddubs_epi16(a0, s0), ones));
                 sum1[r] = _mm256_add_epi32(sum1[r], _mm256_madd_epi16(_mm256_maddubs_epi16(a1, s1), ones));
             }
@@ -297,10 +304,9 @@ static inline __attribute__((always_inline)) void q4_half(const uint8_t *tile, c
             const __m256i v = _mm256_loadu_si256((const __m256i *)(tile + g * Q4_TILE_BYTES + 64 * h));
             const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
             for (int r = 0; r < rows; r++) {
-                int32_t x4[2]; /* x's bytes 8h .. 8h + 7 of the group, as two 4-byte words */
-                memcpy(x4, in->xq + (m + r) * K + g * GROUP + 8 * h, sizeof x4);
-                sum0[r] = _mm256_add_epi32(sum0[r], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(x4[0])), ones));
-                sum1[r] = _mm256_add_epi32(sum1[r], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, _mm256_set1_epi32(x4[1])), ones));
+                const int8_t *x8 = in->xq + (m + r) * K + g * GROUP + 8 * h; /* x's bytes 8h .. 8h + 7 */
+                sum0[r] = _mm256_add_epi32(sum0[r], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, bytes4_x8(x8)), ones));
+                sum1[r] = _mm256_add_epi32(sum1[r], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, bytes4_x8(x8 + 4)), ones));
             }
         }
         const __m256 s = _mm256_loadu_ps(scale + g * Q_TILE), c = _mm256_loadu_ps(offset + g * Q_TILE);
