@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gguf_files import write_tiny_gguf
-from test_layer_ops import attend, rope_tables, tiny_model
+from test_layer_ops import attend, pass_and_steps, rope_tables, tiny_model
 
 from quickdraft.cli import main
 from quickdraft.decoding.engine import decode
@@ -71,16 +71,9 @@ def test_a_float16_pass_rounds_each_query_as_its_own_step(d):
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            k, v = base_k.clone(), base_v.clone()
-            together = torch.empty(t, hq * d)
-            attend(qkv, tables, k, v, context, context + t, causal, together, hq)
-            k2, v2 = base_k.clone(), base_v.clone()
-            alone = torch.empty(t, hq * d)
-            for j in range(t):
-                attend(qkv[j : j + 1], tuple(x[j : j + 1] for x in tables), k2, v2, context + j, context + j + 1,
-                       None, alone[j : j + 1], hq)
+            together, alone, (k, v), stepped = pass_and_steps(qkv, tables, base_k, base_v, context, causal, hq)
             assert torch.equal(together, alone), n
-            assert torch.equal(k, k2) and torch.equal(v, v2)
+            assert torch.equal(k, stepped[0]) and torch.equal(v, stepped[1])
     finally:
         torch.set_num_threads(threads)
     wide_k, wide_v, wide_out = base_k.float(), base_v.float(), torch.empty(t, hq * d)

@@ -118,6 +118,22 @@ def test_a_tree_node_rounds_as_the_plain_step_after_its_path_is_accepted():
         assert torch.equal(step[0], tree[node]), node
 
 
+def pass_and_steps(qkv, tables, base_k, base_v, context, causal, hq):
+    """The t queries of ``qkv`` after ``context`` cache slots as one causal pass and as t
+    one-query steps, each on its own copy of the cache: (the pass's output, the steps'
+    output, the pass's (keys, values), the steps' (keys, values))."""
+    t, d = qkv.shape[0], base_k.shape[-1]
+    k, v = base_k.clone(), base_v.clone()
+    together = torch.empty(t, hq * d)
+    attend(qkv, tables, k, v, context, context + t, causal, together, hq)
+    k2, v2 = base_k.clone(), base_v.clone()
+    alone = torch.empty(t, hq * d)
+    for j in range(t):
+        attend(qkv[j : j + 1], tuple(x[j : j + 1] for x in tables), k2, v2, context + j, context + j + 1, None,
+               alone[j : j + 1], hq)
+    return together, alone, (k, v), (k2, v2)
+
+
 @pytest.mark.parametrize("d", [64, 72, 20])  # blocks of queries (72: 64 + 8 output floats), one at a time (20)
 def test_attend_rounds_each_query_alike_whatever_shares_the_pass(d):
     """A causal pass of 9 queries equals nine one-query steps bit for bit, with one thread
@@ -133,14 +149,7 @@ def test_attend_rounds_each_query_alike_whatever_shares_the_pass(d):
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            k, v = base_k.clone(), base_v.clone()
-            together = torch.empty(t, hq * d)
-            attend(qkv, tables, k, v, context, context + t, causal, together, hq)
-            k, v = base_k.clone(), base_v.clone()
-            alone = torch.empty(t, hq * d)
-            for j in range(t):
-                attend(qkv[j : j + 1], tuple(x[j : j + 1] for x in tables), k, v, context + j,
-                                   context + j + 1, None, alone[j : j + 1], hq)
+            together, alone, _, _ = pass_and_steps(qkv, tables, base_k, base_v, context, causal, hq)
             assert torch.equal(together, alone)
             results.append(together)
     finally:

@@ -33,7 +33,6 @@ entry.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -315,9 +314,12 @@ def cached_method(target: CausalLM, draft: CausalLM | None, tokenizer, remeasure
         data = entry.load()
         if data is not None:
             try:
-                return dataclasses.replace(MethodChoice.from_json(data, entry.path), kind=kind)
+                cached = MethodChoice.from_json(data, entry.path)
             except (ValueError, KeyError, TypeError, AttributeError):
-                pass  # not what this version writes: measure again
+                cached = None  # not what this version writes: measure again
+            if cached is not None:
+                cached.kind = kind
+                return cached
     log(f"measuring which method is fastest for this pair on this machine{' for chats' if kind == 'chat' else ''}, "
         f"once ({f'cached in {entry.path}' if entry is not None else 'not cached'}; --remeasure redoes it)")
     stop_ids = end_of_turn_ids(tokenizer) if kind == "chat" else ()
