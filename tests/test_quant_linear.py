@@ -175,28 +175,6 @@ def test_int4_products_quantize_activations_as_llama_cpp_does():
         cpu_kernels.kernel_isa("avx512")
 
 
-def test_a_drafters_int8_product_is_the_same_rule_with_the_channel_scale_applied_once():
-    """A drafter's int8 layers (AVX-512 VNNI) quantize activations as the target's do and
-    sum each group exactly, scaling by the channel once at the end: the float64 reference of
-    that rule to float32 rounding, at every row count, odd group counts and odd row counts
-    of weights included, each row alike whatever the rows beside it."""
-    from quickdraft.models import cpu_kernels
-
-    if not cpu_kernels.drafter_int8_supported():
-        pytest.skip("needs our kernels on AVX-512 VNNI")
-    torch.manual_seed(6)
-    for n, k in [(96, 64), (75, 1216), (7, 96), (2572, 448)]:
-        q = torch.randint(-127, 128, (n, k), dtype=torch.int8)
-        scale = torch.rand(n) * 0.01
-        x = torch.randn(17, k) * torch.rand(17, k // 32).repeat_interleave(32, 1) * 4
-        x[0, :32] = 0  # an all-zero group: d = 0
-        expected = q8_reference(x, q, scale[:, None].expand(n, k // 32))
-        got = cpu_kernels.drafter_q8_matmul(x, q, scale)
-        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
-        for rows in (1, 2, 3, 4, 5, 9):
-            assert torch.equal(cpu_kernels.drafter_q8_matmul(x[:rows], q, scale), got[:rows]), (n, k, rows)
-
-
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_quantized_products_stay_close_to_float32(kind):
     layer, weight = random_layer(kind, 96, 64, seed=0, scale=0.05)

@@ -27,7 +27,7 @@ from step_ab import kernels_at, use_library  # noqa: E402
 
 from quickdraft.models import cpu_kernels  # noqa: E402
 from quickdraft.models.lm import load_model  # noqa: E402
-from quickdraft.models.quant_linear import DrafterInt8Linear, Int4Linear, Int8Linear  # noqa: E402
+from quickdraft.models.quant_linear import Int4Linear, Int8Linear  # noqa: E402
 
 
 def int4_rows(layer: Int4Linear) -> Int4Linear:
@@ -77,8 +77,7 @@ def main() -> None:
     ours, theirs = cpu_kernels.library(), kernels_at(args.rev)
     lm = load_model(args.model)
     places = [(parent, name, child) for parent in lm.model.modules() for name, child in parent.named_children()
-              if isinstance(child, (Int4Linear, Int8Linear)) and not isinstance(child, DrafterInt8Linear)
-              and child.native]
+              if isinstance(child, (Int4Linear, Int8Linear)) and child.native]
     if not places:
         raise SystemExit(f"{args.model} has no int8 / int4 layers on our kernels here")
     old = [int4_rows(c) if isinstance(c, Int4Linear) else int8_rows(c, theirs) for _, _, c in places]

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 SOURCES = tuple(Path(__file__).with_name("kernels") / name
-                for name in ("qmatmul.c", "qmatmul_avx512.c", "drafter_q8.c", "bf16_products.c", "layer_ops.c",
+                for name in ("qmatmul.c", "qmatmul_avx512.c", "bf16_products.c", "layer_ops.c",
                               "attend_avx512.c"))
 # Every header, named in the build's digest: one left out (q4a8.h was) let an edit of it
 # run the stale library.
@@ -105,7 +105,6 @@ def library() -> ctypes.CDLL | None:
     lib.qd_f32_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_bf16_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_f16_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
-    lib.qd_q8c_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_vnni_supported.restype = ctypes.c_int
     lib.qd_bf16dp_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_bf16dp_supported.restype = ctypes.c_int
@@ -135,7 +134,7 @@ def library() -> ctypes.CDLL | None:
                                    _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _c_float,
                                    _c_int]
     lib.qd_eagle_chain.restype = _c_int64
-    for fn in (lib.qd_block, lib.qd_blocks, lib.qd_blocks_ragged, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_q8c_matmul, lib.qd_bf16dp_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
+    for fn in (lib.qd_block, lib.qd_blocks, lib.qd_blocks_ragged, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_bf16dp_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend):
         fn.restype = None
     return lib
 
@@ -214,24 +213,6 @@ def bf16_products(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
     library().qd_bf16dp_matmul(x.data_ptr(), x.shape[0], x.shape[1], weight.data_ptr(), weight.shape[0],
                                y.data_ptr(), torch.get_num_threads())
-    return y
-
-
-def drafter_int8_supported() -> bool:
-    """Whether :func:`drafter_q8_matmul` runs here (our kernels, AVX-512 VNNI)."""
-    lib = library()
-    return lib is not None and bool(lib.qd_vnni_supported())
-
-
-def drafter_q8_matmul(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """``x @ W.T`` with ``W = scale[:, None] * q``: ``q`` int8 ``[N, K]``, ``scale`` float32
-    ``[N]`` (one per output row), ``K % 32 == 0``; ``x`` quantized to 8 bits per group of 32
-    as :func:`q8_matmul` does (``kernels/drafter_q8.c``). For drafters only: it rounds
-    otherwise than :func:`q8_matmul`. Needs :func:`drafter_int8_supported`."""
-    x = x.contiguous()
-    y = torch.empty(x.shape[0], q.shape[0], dtype=torch.float32)
-    library().qd_q8c_matmul(x.data_ptr(), x.shape[0], x.shape[1], q.data_ptr(), scale.data_ptr(), q.shape[0],
-                            y.data_ptr(), torch.get_num_threads())
     return y
 
 
@@ -327,15 +308,14 @@ class LinearSpec(ctypes.Structure):
 
 
 #: ``LinearSpec.kind`` of each weight format.
-LINEAR_KINDS = {"f32": 0, "q8": 1, "q4": 2, "bf16": 3, "f16": 4, "q8c": 5, "bf16dp": 6}
+LINEAR_KINDS = {"f32": 0, "q8": 1, "q4": 2, "bf16": 3, "f16": 4, "bf16dp": 6}  # (5: retired)
 
 
 def linear_spec(kind: str, out_features: int, in_features: int, q: torch.Tensor, scale: torch.Tensor | None = None,
                 zero: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> LinearSpec:
     """A ``LinearSpec`` pointing at these tensors (the layer that owns them must outlive it):
     ``kind`` ``f32`` / ``bf16`` / ``f16`` (``q`` is the weight in that format), ``q8`` or
-    ``q4`` (as :func:`q8_matmul` / :func:`q4_matmul` take them), ``q8c`` (a drafter's, as
-    :func:`drafter_q8_matmul` takes it), ``bf16dp`` (a bfloat16 weight that
+    ``q4`` (as :func:`q8_matmul` / :func:`q4_matmul` take them), ``bf16dp`` (a bfloat16 weight that
     :func:`bf16_products` multiplies)."""
     def ptr(t: torch.Tensor | None) -> int | None:
         return None if t is None else t.data_ptr()

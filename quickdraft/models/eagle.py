@@ -219,7 +219,11 @@ class EagleHead(nn.Module):
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor, target: Transformer) -> torch.Tensor:
         """The layer's input ``fc([embed(tokens); features])``, each half at unit RMS."""
         embedded = self.token_embedding(target)(tokens) * self.embed_scale
-        return self.fc(torch.cat([embedded, unit_rms(features)], dim=-1))
+        if cpu_kernels.fused_layers(features):  # as qd_eagle_chain scales it: the same fc input, bit for bit
+            unit = cpu_kernels.rms_norm(features, None, UNIT_RMS_EPS)
+        else:
+            unit = unit_rms(features)
+        return self.fc(torch.cat([embedded, unit], dim=-1))
 
     def sub_logits(self, hidden: torch.Tensor, target: Transformer) -> torch.Tensor:
         """Logits over the draft vocabulary (the whole one without a reduced head)."""

@@ -217,34 +217,6 @@ def per_channel_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
 
 
-class DrafterInt8Linear(Int8Linear):
-    """:class:`Int8Linear`, one scale per output channel, for a drafter's layers on AVX-512
-    VNNI (``cpu_kernels.drafter_q8_matmul``): the channel's scale applied once after the
-    sum instead of to every group, and x offset to unsigned bytes once for every weight
-    row, ~0.6x the time of a one-row product. It rounds otherwise than the target's int8
-    layers, which a drafter may: its rounding changes what it proposes, never what the
-    target accepts."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
-        WeightOnlyLinear.__init__(self)
-        self.out_features, self.in_features = weight.shape
-        self.q, self.row_scale = per_channel_int8(weight)
-        self.native, self.row_by_row = True, False
-        self.bias = None if bias is None else bias.detach().float().clone()
-
-    def dequantized(self) -> torch.Tensor:
-        """The float32 weight these layers multiply by."""
-        return self.q.float() * self.row_scale[:, None]
-
-    def kernel_spec(self) -> cpu_kernels.LinearSpec:
-        """This layer for ``cpu_kernels.block``."""
-        return cpu_kernels.linear_spec("q8c", self.out_features, self.in_features, self.q, self.row_scale, None,
-                                       self.bias)
-
-    def _mm(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_kernels.drafter_q8_matmul(x, self.q, self.row_scale)
-
-
 QUANT_LINEARS = (Int4Linear, Int8Linear)
 
 
@@ -321,10 +293,9 @@ def is_quantized(model: nn.Module) -> bool:
 
 
 def quantize_drafter(module: nn.Module) -> int:
-    """Every float ``nn.Linear`` of a drafter (an EAGLE head) in int8, one scale per output
-    channel, in place, where our kernels run (:class:`DrafterInt8Linear` on AVX-512 VNNI):
-    beside a quantized target its float32 weights would be a large share of each draft
-    step. A drafter's rounding never changes what the target accepts (greedy output stays
+    """Every float ``nn.Linear`` of a drafter (an EAGLE head) in int8 (:class:`Int8Linear`,
+    the target's tiles), in place, where our kernels run: beside a quantized target its
+    float32 weights would be a large share of each draft step. A drafter's rounding never changes what the target accepts (greedy output stays
     plain decoding's, sampled output the target's distribution). Returns how many layers
     were replaced."""
     if not native_kernels():
@@ -339,7 +310,9 @@ def quantize_drafter(module: nn.Module) -> int:
 
 
 def drafter_int8(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int8Linear:
-    """A drafter's int8 layer for ``weight`` (see :func:`quantize_drafter`): one scale per
-    output channel on AVX-512 VNNI, else groups of 32. Needs ``native_kernels()``."""
-    layer = DrafterInt8Linear if cpu_kernels.drafter_int8_supported() else Int8Linear
-    return layer(weight, bias)
+    """A drafter's int8 layer for ``weight`` (see :func:`quantize_drafter`): the target's
+    int8 tiles, one scale per output channel. (A drafter-only kernel that applied the
+    channel's scale once after the sum was retired in session 34: after the tiles stopped
+    broadcasting x through a general register, they ran the embedded EAGLE drafter's
+    chains faster.) Needs ``native_kernels()``."""
+    return Int8Linear(weight, bias)

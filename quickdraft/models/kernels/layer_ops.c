@@ -574,14 +574,12 @@ void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const 
 void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads);
 void qd_bf16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads);
 void qd_f16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads);
-void qd_q8c_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N, float *y,
-                   int threads);
 void qd_bf16dp_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads);
 
 /* One linear layer's weights: kind 0 float32 [out, in], 1 int8 tiles (+ scale, and in
- * `zero` the int32 shift: q8a8.h), 2 int4 tiles (+ scale, offset: q4a8.h), 3 bfloat16 [out, in], 4 float16 [out, in], 5 a drafter's int8
- * (+ a scale per row: drafter_q8.c), 6 bfloat16 [out, in] times bfloat16-rounded x
- * (bf16_products.c); bias may be NULL. */
+ * `zero` the int32 shift: q8a8.h), 2 int4 tiles (+ scale, offset: q4a8.h), 3 bfloat16
+ * [out, in], 4 float16 [out, in], 6 bfloat16 [out, in] times bfloat16-rounded x
+ * (bf16_products.c); bias may be NULL. (5, a drafter's own int8 kernel, was retired.) */
 typedef struct {
     int64_t kind, in, out;
     const void *q;
@@ -597,8 +595,6 @@ static void linear(const QdLinear *l, const float *x, int64_t m, float *y, int t
         qd_bf16_matmul(x, m, l->in, (const uint16_t *)l->q, l->out, y, threads);
     else if (l->kind == 4)
         qd_f16_matmul(x, m, l->in, (const uint16_t *)l->q, l->out, y, threads);
-    else if (l->kind == 5)
-        qd_q8c_matmul(x, m, l->in, (const int8_t *)l->q, l->scale, l->out, y, threads);
     else if (l->kind == 6)
         qd_bf16dp_matmul(x, m, l->in, (const uint16_t *)l->q, l->out, y, threads);
     else
@@ -846,14 +842,9 @@ int64_t qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, co
 static void eagle_input(const float *embed, float embed_scale, int64_t hidden, int64_t token, const float *feature,
                         float *in) {
     const float *e = embed + token * hidden;
-    float squares = 0.0f;
     for (int64_t j = 0; j < hidden; j++)
-        squares += feature[j] * feature[j];
-    const float unit = 1.0f / sqrtf(squares / (float)hidden + QD_UNIT_RMS_EPS);
-    for (int64_t j = 0; j < hidden; j++) {
         in[j] = e[j] * embed_scale;
-        in[hidden + j] = feature[j] * unit;
-    }
+    qd_rms_norm(feature, 1, hidden, NULL, QD_UNIT_RMS_EPS, in + hidden);
 }
 
 /* An EAGLE drafter's greedy chain (models/eagle.py) in one call. First, if m > 0, the feed:

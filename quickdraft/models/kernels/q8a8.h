@@ -1,6 +1,6 @@
 /* int8 weights times 8-bit activations (llama.cpp's Q8_0 x Q8_0 rule), in tiles of 16
  * weight rows: the layout and rule qmatmul.c (AVX2) and qmatmul_avx512.c (AVX-512 VNNI)
- * both compute, and the activation quantizer they (and q4a8.h, drafter_q8.c) share.
+ * both compute, and the activation quantizer they (and q4a8.h) share.
  * y [M, N] = x [M, K] @ W.T for int8 W in groups of 32 along K with a float32 scale each.
  *
  * x is quantized first, per row and group of 32 (q8a8_quantize): d = max|x| / 127,

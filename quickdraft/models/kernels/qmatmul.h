@@ -46,9 +46,6 @@ void qd_bf16_matmul_avx512(const float *x, int64_t M, int64_t K, const uint16_t 
 void qd_f16_matmul_avx512(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y,
                           int threads);
 int qd_vnni_supported(void);
-/* A drafter's int8 products, a scale per output row (drafter_q8.c; needs qd_vnni_supported). */
-void qd_q8c_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, int64_t N, float *y,
-                   int threads);
 /* int4 tiles times 8-bit activations (q4a8.h; needs qd_vnni_supported). */
 void qd_q4_matmul_vnni(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
                        const float *offset, int64_t N, float *y, int threads);
