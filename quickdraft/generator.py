@@ -296,7 +296,8 @@ class SpeculativeGenerator:
         stats: GenerationStats | None = None,
     ) -> Iterator[Step]:
         """The engine's token-level steps for this prompt (parameters as in :meth:`generate`;
-        ``stats``, if given, is filled in as the steps come)."""
+        ``stats``, if given, is filled in as the steps come; a chat decodes with
+        :meth:`for_chats`). :meth:`generate` and :meth:`stream` consume these."""
         stats = stats if stats is not None else GenerationStats()
         prompt, stop_ids = self._prompt(prompt, messages)
         ids = self._start(prompt, max_new_tokens, truncate_prompt, stats)
@@ -391,12 +392,10 @@ class SpeculativeGenerator:
             requests = [Request(p, max_new_tokens, params, stop_strings(stop), truncate_prompt) for p in prompt]
             return generate_many(self, requests, batch_size, num_speculative_tokens)
         stats = GenerationStats()
-        prompt, stop_ids = self._prompt(prompt, messages)
-        ids = self._start(prompt, max_new_tokens, truncate_prompt, stats)
         out: list[int] = []
-        decoder = self if messages is None else self.for_chats()
-        for step in decoder._decode(ids, max_new_tokens, temperature, top_k, top_p, seed,
-                                    num_speculative_tokens, stop, sampling, stats, stop_ids):
+        for step in self.steps(prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
+                               top_k=top_k, top_p=top_p, seed=seed, num_speculative_tokens=num_speculative_tokens,
+                               stop=stop, truncate_prompt=truncate_prompt, sampling=sampling, stats=stats):
             out.extend(step.tokens)
         text = self.tokenizer.decode(out, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         return Generation(cut_at_stop(text, stop_strings(stop)), out, stats)
@@ -427,11 +426,9 @@ class SpeculativeGenerator:
         whole and text that might begin a stop string is held back until it is decided.
         """
         stats = GenerationStats()
-        prompt, stop_ids = self._prompt(prompt, messages)
-        ids = self._start(prompt, max_new_tokens, truncate_prompt, stats)
-        decoder = self if messages is None else self.for_chats()
-        steps = decoder._decode(ids, max_new_tokens, temperature, top_k, top_p, seed,
-                                num_speculative_tokens, stop, sampling, stats, stop_ids)
+        steps = self.steps(prompt, messages=messages, max_new_tokens=max_new_tokens, temperature=temperature,
+                           top_k=top_k, top_p=top_p, seed=seed, num_speculative_tokens=num_speculative_tokens,
+                           stop=stop, truncate_prompt=truncate_prompt, sampling=sampling, stats=stats)
         token_ids: list[int] = []
         return TextStream(self._chunks(steps, stop_strings(stop), token_ids), steps, stats, token_ids)
 

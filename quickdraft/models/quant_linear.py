@@ -295,9 +295,9 @@ def is_quantized(model: nn.Module) -> bool:
 def quantize_drafter(module: nn.Module) -> int:
     """Every float ``nn.Linear`` of a drafter (an EAGLE head) in int8 (:class:`Int8Linear`,
     the target's tiles), in place, where our kernels run: beside a quantized target its
-    float32 weights would be a large share of each draft step. A drafter's rounding never changes what the target accepts (greedy output stays
-    plain decoding's, sampled output the target's distribution). Returns how many layers
-    were replaced."""
+    float32 weights would be a large share of each draft step. A drafter's rounding never
+    changes what the target accepts (greedy output stays plain decoding's, sampled output
+    the target's distribution). Returns how many layers were replaced."""
     if not native_kernels():
         return 0
     count = 0
