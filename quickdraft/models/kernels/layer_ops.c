@@ -265,7 +265,7 @@ static void attend_one(const float *qv, int64_t d, const float *keys, const floa
                 continue;
             const float w = p[k], *v = values + seen[k] * d;
             for (int64_t i = 0; i < d; i++)
-                o[i] += w * v[i];
+                o[i] = fmaf(w, v[i], o[i]);
         }
         for (int64_t i = 0; i < d; i++)
             o[i] *= inv;
@@ -275,8 +275,8 @@ static void attend_one(const float *qv, int64_t d, const float *keys, const floa
     free(sc);
 }
 
-/* o[0 .. 8 cn) = inv * sum_k p[k] v[seen[k]] over the nonzero p[k] in order, a product
- * then a sum per key (no FMA), as attend_one, for chunks c0 .. c0 + cn - 1 of the values;
+/* o[0 .. 8 cn) = inv * sum_k p[k] v[seen[k]] over the nonzero p[k] in order, one FMA per
+ * key, as attend_one (and attend_avx512.c), for chunks c0 .. c0 + cn - 1 of the values;
  * cn <= 8 chunks of 8, held in registers (inlined with cn = 8 a constant: a variable count
  * left them in memory). kv16: float16 values, widened as they are read. */
 static inline __attribute__((always_inline)) void weighted_sum(const float *p, const int64_t *seen, int64_t n,
@@ -291,7 +291,7 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
         const __m256 w = _mm256_set1_ps(p[k]);
         const int64_t v = seen[k] * d + 8 * c0; /* this key's chunk c0 */
         for (int64_t c = 0; c < cn; c++)
-            acc[c] = _mm256_add_ps(acc[c], _mm256_mul_ps(w, kv_load8(values, v + 8 * c, kv16)));
+            acc[c] = _mm256_fmadd_ps(w, kv_load8(values, v + 8 * c, kv16), acc[c]);
     }
     const __m256 scaled = _mm256_set1_ps(inv);
     for (int64_t c = 0; c < cn; c++)
@@ -343,7 +343,13 @@ void qd_scores_avx512(const float *const *q, int nq, const float *keys, int64_t 
  * and scoring all of them doubled the work (SmolLM2's attention in a 1,024-token prefill,
  * 30 layers: 716 ms before the session, 453 ms after). Session 34: on AVX-512 a block of
  * 2+ queries scores its keys two queries a 16-lane FMA (qd_scores_avx512), bit for bit;
- * the embedded target's 13-token pass after 1,150 tokens (int8) 0.90-0.95x the time. */
+ * the embedded target's 13-token pass after 1,150 tokens (int8) 0.90-0.95x the time.
+ * Session 35: the weighted sums (here, attend_one and attend_avx512.c alike) take an FMA
+ * per key, not a product and then a sum: a step and a pass still round alike, as every
+ * path sums the same way (the outputs moved by an ulp from earlier builds'); blocks of 3-4
+ * queries score two pairs at once and a head's queries split into even blocks where they
+ * can (block_size). The 13-token pass after 1,100 tokens (int8, scripts/step_ab.py build):
+ * 0.945x for the FMA, 0.88x for all three; one token unchanged. */
 static inline __attribute__((always_inline)) void attend_block(
     const float *q, int64_t j0, int nq, int64_t h, int64_t hq, int64_t d, const void *keys, const void *values,
     int kv16, const int64_t *ends, const float *mask, int64_t mask_stride, float scale, float *out) {
@@ -444,6 +450,21 @@ static inline __attribute__((always_inline)) void attend_block(
     free(scores);
 }
 
+/* Queries in block b of the n_blocks = ceil(n / QUERY_BLOCK) blocks that n queries of a
+ * head take: full blocks, then the rest split into an even block and an odd one (n = 13:
+ * 4, 4, 3, 2), as AVX-512 scores keys two queries at a time: 13 as 3, 3, 3, 4 left a
+ * query alone in three of the four blocks. */
+static int64_t block_size(int64_t n, int64_t b, int64_t n_blocks) {
+    const int64_t rest = n - QUERY_BLOCK * (n_blocks - 1); /* 1 .. QUERY_BLOCK */
+    if (rest == QUERY_BLOCK || rest == 2 || n_blocks == 1)
+        return b < n_blocks - 1 ? QUERY_BLOCK : rest;
+    /* rest 1 or 3: the last full block and the rest as 3 + 2 (rest 1) or 4 + 3 (rest 3) */
+    if (b < n_blocks - 2)
+        return QUERY_BLOCK;
+    const int64_t pair = QUERY_BLOCK + rest; /* the last two blocks' queries: 5 or 7 */
+    return b == n_blocks - 2 ? pair - pair / 2 : pair / 2;
+}
+
 /* One row of a pass: t queries, their new keys and values in qkv [t, (hq + 2 hkv) * d]
  * (q heads, then k heads, then v heads). Stores the rotated keys and the values at cache
  * slots slots[j] (or start + j when slots is NULL) of k_cache / v_cache ([hkv, max_len, d],
@@ -507,7 +528,7 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
             int64_t widened = -1;
             for (int64_t i = total * id / share; i < hi;) {
                 const int64_t h = i / t, head_end = (h + 1) * t < hi ? (h + 1) * t : hi;
-                const int64_t n_blocks = (head_end - i + QUERY_BLOCK - 1) / QUERY_BLOCK;
+                const int64_t n = head_end - i, n_blocks = (n + QUERY_BLOCK - 1) / QUERY_BLOCK;
                 const void *keys, *values;
                 if (wide) {
                     if (h / group != widened) {
@@ -520,9 +541,8 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
                     keys = kv_at(k_cache, h / group * max_len * d, kv16);
                     values = kv_at(v_cache, h / group * max_len * d, kv16);
                 }
-                for (int64_t b = 0; b < n_blocks; b++) { /* blocks of as equal sizes as may be */
-                    const int64_t j0 = i % t + (head_end - i) * b / n_blocks;
-                    const int64_t nq = i % t + (head_end - i) * (b + 1) / n_blocks - j0;
+                for (int64_t b = 0, j0 = i % t; b < n_blocks; b++) {
+                    const int64_t nq = block_size(n, b, n_blocks);
                     switch (nq) { /* each block size its own specialization */
 #define BLOCK_CASE(c, half) attend_block(q, j0, c, h, hq, d, keys, values, half, ends, mask, mask_stride, scale, out)
                     case 1: /* read16: a one-token pass, so one query a block */
@@ -536,6 +556,7 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
                     case 4: BLOCK_CASE(4, 0); break;
 #undef BLOCK_CASE
                     }
+                    j0 += nq;
                 }
                 i = head_end;
             }
