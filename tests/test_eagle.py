@@ -285,7 +285,8 @@ def test_the_server_serves_eagle_losslessly(tiny_family, tiny_eagle, tmp_path, c
 
 def test_the_shipped_drafter_accepts_more_than_medusa_and_stays_lossless():
     """The embedded target's shipped EAGLE drafter loads without --heads, accepts more
-    tokens per verify than the shipped Medusa heads, and greedy output is plain decoding's."""
+    tokens per verify than the shipped Medusa heads, and greedy output is plain decoding's,
+    with the drafter's own keys and values held in float16 (a float32 target on the CPU)."""
     from quickdraft.generator import SpeculativeGenerator
 
     eagle = SpeculativeGenerator.from_pretrained(method="eagle")
@@ -295,6 +296,7 @@ def test_the_shipped_drafter_accepts_more_than_medusa_and_stays_lossless():
         got = eagle.generate(prompt, max_new_tokens=48)
         assert got.token_ids == plain.generate(prompt, max_new_tokens=48).token_ids
         assert got.stats.mean_accepted_tokens > medusa.generate(prompt, max_new_tokens=48).stats.mean_accepted_tokens
+    assert eagle.drafter.cache.k.dtype == torch.float16 and eagle.drafter.cache.dtype == torch.float32
 
 
 def test_the_drafter_runs_in_int8_where_our_kernels_run_and_stays_lossless(tiny_family, tiny_eagle, capsys):

@@ -100,8 +100,14 @@ class EagleDrafter:
         check_single_slot(self, slot)
         self.params, self.generator = params, generator
         if self.cache is None or self.cache.max_len < max_len:
-            self.cache = self.head.new_cache(max_len)
             weight = self.target.embed.weight
+            # On the CPU in float32 the drafter keeps its keys and values in float16 (its
+            # attention still in float32): each level reads the whole cache (~600 slots
+            # after a long prompt, as many bytes as its int8 weights), and a drafter's
+            # rounding never changes what the target accepts. Embedded target, long
+            # prompts: EAGLE's decode 0.975x the time, tau the same.
+            narrow = weight.device.type == "cpu" and weight.dtype == torch.float32
+            self.cache = self.head.new_cache(max_len, torch.float16 if narrow else None)
             width = weight.shape[1] * len(self.reads_hidden)
             self.features = torch.zeros(max_len, width, dtype=weight.dtype, device=weight.device)
         self.known = self.fed = self.offset = 0

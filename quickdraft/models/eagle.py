@@ -302,9 +302,12 @@ class EagleHead(nn.Module):
         scores = self.sub_logits(hidden, target)
         return scores if self.vocab_head is None else spread_logits(scores, self.vocab_ids, target.config.vocab_size)
 
-    def new_cache(self, max_len: int) -> KVCache:
+    def new_cache(self, max_len: int, store_dtype: torch.dtype | None = None) -> KVCache:
+        """The drafter's KV cache (keys and values stored in ``store_dtype`` if given, as
+        ``KVCache`` takes it; attention in the drafter's dtype)."""
         weight = self.layer.attn_norm.weight  # (linears may be packed for decoding: no .weight)
-        return KVCache(self.layer_config, 1, max_len, dtype=weight.dtype, device=weight.device)
+        return KVCache(self.layer_config, 1, max_len, dtype=weight.dtype, device=weight.device,
+                       store_dtype=store_dtype)
 
     def extend(self, tokens: torch.Tensor, features: torch.Tensor, target: Transformer, cache: KVCache,
                positions: torch.Tensor | int, slots: torch.Tensor | int, mask: torch.Tensor | None = None
