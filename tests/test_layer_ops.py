@@ -194,6 +194,31 @@ def test_attention_on_avx512_rounds_as_on_avx2(d):
     assert (visible[:, None] & (gap > 110)).any()  # some weights underflow (e^-110 < 2^-149)
 
 
+@pytest.mark.skipif(cpu_kernels.library() is not None and cpu_kernels.kernel_isa() != "avx512",
+                    reason="needs AVX-512 (the AVX2 path is the reference)")
+@pytest.mark.parametrize("t", [1, 5])
+def test_softmax_on_avx512_sums_as_on_avx2(t):
+    """On AVX-512 the softmax numerators are computed 16 at a time and added to the 8 lane
+    sums half by half, in the AVX2 loop's order: with scores close together (every key
+    weighs in the total, so its rounding shows in the output) both give the same output bit
+    for bit, for one query and for a block."""
+    gen = torch.Generator().manual_seed(t)
+    hq, hkv, d, context, max_len = 4, 2, 64, 301, 320
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen) * 0.3
+    base_k, base_v = torch.randn(hkv, max_len, d, generator=gen), torch.randn(hkv, max_len, d, generator=gen)
+    causal = additive_mask(torch.ones(t, context + t, dtype=torch.bool).tril(context), torch.float32)
+    results = {}
+    try:
+        for isa in ("avx2", "avx512"):
+            cpu_kernels.kernel_isa(isa)
+            out = torch.empty(t, hq * d)
+            attend(qkv, None, base_k.clone(), base_v.clone(), context, context + t, causal, out, hq)
+            results[isa] = out
+    finally:
+        cpu_kernels.kernel_isa("avx512")
+    assert torch.equal(results["avx2"], results["avx512"])
+
+
 def count_calls(monkeypatch, name: str) -> dict[str, int]:
     """Count the calls of ``cpu_kernels.<name>`` (the real function still runs)."""
     calls, real = {name: 0}, getattr(cpu_kernels, name)

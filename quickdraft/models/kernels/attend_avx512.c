@@ -14,6 +14,7 @@
 #endif
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 
 /* nq queries (<= 4) and cn 16-float slices (<= 4) of the output: constants where inlined. */
@@ -170,6 +171,44 @@ void qd_scores_avx512(const float *const *q, int nq, const float *keys, int64_t 
             }
         }
     }
+}
+
+/* layer_ops.c's exp8 in 16 lanes: the same operations lane by lane, so the same results. */
+static inline __attribute__((always_inline)) __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-88.3762626647949f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+/* layer_ops.c's softmax_packed over lanes (a multiple of 8) entries of p, the numerators
+ * 16 at a time: e^(p - best), 0 for -inf, stored in place; their 8 lane sums in *total,
+ * added 8 entries at a time in order (the low half, then the high half), as the AVX2 loop
+ * adds them: the same sums bit for bit. Returns how many entries it took (a multiple of
+ * 16); the caller does the rest. */
+int64_t qd_softmax_avx512(float *p, int64_t lanes, float best, __m256 *total) {
+    const __m512 top = _mm512_set1_ps(best), hidden = _mm512_set1_ps(-INFINITY);
+    __m256 sum = *total;
+    int64_t i = 0;
+    for (; i + 16 <= lanes; i += 16) {
+        const __m512 v = _mm512_loadu_ps(p + i);
+        const __m512 e = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, hidden, _CMP_NEQ_UQ), exp16(_mm512_sub_ps(v, top)));
+        _mm512_storeu_ps(p + i, e);
+        sum = _mm256_add_ps(sum, _mm512_castps512_ps256(e));
+        sum = _mm256_add_ps(sum, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+    *total = sum;
+    return i;
 }
 
 #if defined(__clang__)
