@@ -217,13 +217,15 @@ static int64_t pack_scores(const float *sc, const float *mrow, int64_t kv_len, f
  * pass's rows are one run of visible slots; a tree's rows differ in its last slots only),
  * the slots between one by one as pack_scores takes them: the same p, seen and maximum
  * (a maximum is exact in any order; a NaN score, packed, is never the maximum in either).
- * One by one, packing was a third of attend_block's time for 9 queries over 1,100 keys. */
+ * One by one, packing was a third of attend_block's time for 9 queries over 1,100 keys.
+ * *identity: 1 where the pack is slots 0 .. n - 1 (seen[k] = k, a causal row), and then
+ * seen may be left unwritten (its stores were a third of the bytes packing wrote). */
 static int64_t pack_scores8(const float *sc, const float *mrow, int64_t kv_len, float scale, float *p,
-                            int64_t *seen, float *best) {
+                            int64_t *seen, float *best, int *identity) {
     const __m256 scale8 = _mm256_set1_ps(scale), hidden = _mm256_set1_ps(-INFINITY);
     const __m256i first4 = _mm256_setr_epi64x(0, 1, 2, 3), next4 = _mm256_setr_epi64x(4, 5, 6, 7);
     __m256 top = hidden;
-    int64_t n = 0, s = 0;
+    int64_t n = 0, s = 0, skipped = 0; /* seen[0 .. skipped) left unwritten: slots 0 .. skipped - 1 */
     *best = -INFINITY;
     for (; s < kv_len; s += 8) {
         const __m256 m = mrow && s + 8 <= kv_len ? _mm256_loadu_ps(mrow + s) : _mm256_setzero_ps();
@@ -236,9 +238,13 @@ static int64_t pack_scores8(const float *sc, const float *mrow, int64_t kv_len, 
             continue;
         const __m256 score = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(sc + s), scale8), m);
         _mm256_storeu_ps(p + n, score);
-        const __m256i at = _mm256_set1_epi64x(s);
-        _mm256_storeu_si256((__m256i *)(seen + n), _mm256_add_epi64(at, first4));
-        _mm256_storeu_si256((__m256i *)(seen + n + 4), _mm256_add_epi64(at, next4));
+        if (n == s && skipped == n) { /* still slots 0 .. n - 1: seen implied */
+            skipped += 8;
+        } else {
+            const __m256i at = _mm256_set1_epi64x(s);
+            _mm256_storeu_si256((__m256i *)(seen + n), _mm256_add_epi64(at, first4));
+            _mm256_storeu_si256((__m256i *)(seen + n + 4), _mm256_add_epi64(at, next4));
+        }
         top = _mm256_blendv_ps(top, score, _mm256_cmp_ps(score, top, _CMP_GT_OQ));
         n += 8;
     }
@@ -247,6 +253,10 @@ static int64_t pack_scores8(const float *sc, const float *mrow, int64_t kv_len, 
     for (int i = 0; i < 8; i++)
         if (lanes[i] > *best)
             *best = lanes[i];
+    /* packed slots ascend: slots 0 .. n - 1 exactly when the last is n - 1 */
+    *identity = n == 0 || n == skipped || seen[n - 1] == n - 1;
+    for (int64_t k = 0; !*identity && k < skipped; k++)
+        seen[k] = k;
     return n;
 }
 
@@ -294,7 +304,7 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
         if (p[k] == 0.0f) /* underflowed: contributes nothing, skip it */
             continue;
         const __m256 w = _mm256_set1_ps(p[k]);
-        const int64_t v = seen[k] * d + 8 * c0; /* this key's chunk c0 */
+        const int64_t v = (seen ? seen[k] : k) * d + 8 * c0; /* this key's chunk c0 (NULL seen: slot k) */
         for (int64_t c = 0; c < cn; c++)
             acc[c] = _mm256_fmadd_ps(w, kv_load8(values, v + 8 * c, kv16), acc[c]);
     }
@@ -402,10 +412,11 @@ static inline __attribute__((always_inline)) void attend_block(
     /* Each query's visible scores packed, their softmax numerators and 1 / total. */
     float *p = malloc((size_t)(nq * padded) * sizeof(float)), inv[QUERY_BLOCK];
     int64_t *seen = malloc((size_t)(nq * kv_len) * sizeof(int64_t)), n[QUERY_BLOCK];
+    int identity[QUERY_BLOCK];
     for (int b = 0; b < nq; b++) {
         float best;
         n[b] = pack_scores8(scores + b * kv_len, mask ? mask + (j0 + b) * mask_stride : NULL, ends[j0 + b], scale,
-                            p + b * padded, seen + b * kv_len, &best);
+                            p + b * padded, seen + b * kv_len, &best, identity + b);
         if (best == -INFINITY)
             n[b] = 0, inv[b] = 0.0f; /* no visible key: zeros (0 * 0 below) */
         else
@@ -421,7 +432,7 @@ static inline __attribute__((always_inline)) void attend_block(
         float *spread = NULL;
         for (int b = 0; b < nq; b++) {
             float *packed = p + b * padded;
-            if (n[b] == 0 || seen[b * kv_len + n[b] - 1] == n[b] - 1) { /* seen[k] = k: slots 0 .. n - 1 */
+            if (identity[b]) { /* seen[k] = k: slots 0 .. n - 1 */
                 memset(packed + n[b], 0, (size_t)(padded - n[b]) * sizeof(float));
                 rows[b] = packed;
                 continue;
@@ -440,11 +451,12 @@ static inline __attribute__((always_inline)) void attend_block(
                 memset(o, 0, (size_t)d * sizeof(float));
                 continue;
             }
+            const int64_t *rank = identity[b] ? NULL : seen + b * kv_len; /* NULL: slot k is key k */
             for (int64_t c0 = 0; c0 < chunks; c0 += 8) { /* attend_one's o += w v, 64 output floats in registers */
                 if (chunks - c0 >= 8)
-                    weighted_sum(p + b * padded, seen + b * kv_len, n[b], values, c0, kv16, d, 8, inv[b], o + 8 * c0);
+                    weighted_sum(p + b * padded, rank, n[b], values, c0, kv16, d, 8, inv[b], o + 8 * c0);
                 else
-                    weighted_sum(p + b * padded, seen + b * kv_len, n[b], values, c0, kv16, d, chunks - c0, inv[b],
+                    weighted_sum(p + b * padded, rank, n[b], values, c0, kv16, d, chunks - c0, inv[b],
                                  o + 8 * c0);
             }
         }
