@@ -535,3 +535,28 @@ def test_states_between_layers_keep_the_blocks_in_c_calls_bit_for_bit(monkeypatc
     assert calls["block"] == 2 * model.config.n_layers
     for got, want in zip(stacked, per_block):
         assert torch.equal(got, want)
+
+
+@pytest.mark.skipif(cpu_kernels.library() is None, reason="needs the compiled kernels")
+def test_argmax_rows_picks_what_torch_argmax_picks():
+    """The kernel's argmax (greedy verification and plain greedy steps on the CPU) gives
+    torch.argmax's ids: the first of tied maxima, the first NaN over any number, 0 for a row
+    of -inf, -0 and +0 alike; rows of any length (a tail past the 8-lane sweep), views."""
+    gen = torch.Generator().manual_seed(0)
+    for shape in [(13, 8192), (1, 8192), (3, 49152), (5, 13), (2, 7), (4, 1), (8192,)]:
+        x = torch.randn(*shape, generator=gen)
+        assert cpu_kernels.argmax_rows(x) == x.argmax(-1).reshape(-1).tolist()
+    x = torch.randn(7, 100, generator=gen)
+    x[0, 40] = x[0, 70] = float("nan")
+    x[1] = float("-inf")
+    x[2, 5] = x[2, 50] = x[2, 97] = 100.0  # ties: the first
+    x[3] = 0.0
+    x[3, 0] = -0.0
+    x[4, 98] = x[4, 99] = float("inf")
+    x[5, 99] = float("nan")  # a NaN in the tail past the vector sweep
+    x[6, 96] = x[6, 99] = 50.0  # tied in the tail
+    got = cpu_kernels.argmax_rows(x)
+    assert got == x.argmax(-1).tolist() == [40, 0, 5, 0, 98, 99, 96]
+    view = torch.randn(6, 40, generator=gen)[::2, 3:33]  # strided rows
+    assert cpu_kernels.argmax_rows(view) == view.argmax(-1).tolist()
+    assert cpu_kernels.argmax_rows(x.double()) is None  # other dtypes: torch's

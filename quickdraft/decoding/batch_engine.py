@@ -28,7 +28,7 @@ from ..models.lm import NativeLM
 from ..models.ragged import Feed, ragged_forward, ragged_forward_keeping
 from .drafter import Drafter, NoDrafter
 from .proposal import EMPTY, Proposal
-from .sampling import SamplingError, SamplingParams, host_probabilities_rows
+from .sampling import SamplingError, SamplingParams, argmax_ids, host_probabilities_rows
 from .stats import GenerationStats, RecentAcceptance
 from .step import accepted_states, check_prompt, draft_budget, emit
 from .stopping import StopConditions
@@ -365,7 +365,7 @@ def greedy_choices(rules: Sequence[AcceptanceRule], logits: Sequence[torch.Tenso
     greedy = [i for i, rule in enumerate(rules) if isinstance(rule, GreedyAcceptance)]
     if not greedy:
         return {}
-    flat = torch.cat([logits[i].argmax(dim=-1) for i in greedy]).tolist()
+    flat = argmax_ids(torch.cat([logits[i] for i in greedy]))
     out, at = {}, 0
     for i in greedy:
         n = logits[i].shape[0]

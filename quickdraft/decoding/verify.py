@@ -15,7 +15,7 @@ from typing import Protocol
 import torch
 
 from .proposal import Proposal
-from .sampling import SamplingParams, host_probabilities, sample
+from .sampling import SamplingParams, argmax_ids, host_probabilities, sample
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ class GreedyAcceptance:
     """Follow the child equal to the target's argmax; then the target's argmax."""
 
     def __call__(self, proposal: Proposal, target_logits: torch.Tensor) -> Verdict:
-        return self.follow(proposal, target_logits.argmax(dim=-1).tolist())
+        return self.follow(proposal, argmax_ids(target_logits))
 
     def follow(self, proposal: Proposal, choice: list[int]) -> Verdict:
         """The verdict from the target's argmax per row of its logits, already on the host
