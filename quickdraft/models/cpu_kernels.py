@@ -503,8 +503,10 @@ def argmax_rows(logits: torch.Tensor) -> list[int] | None:
     """``logits.argmax(dim=-1).tolist()`` for a float32 CPU tensor ``[..., V]`` (the first
     maximum of each row, the first NaN where there is one), by our kernel: torch's took
     ~100 us for a 13-token verify pass's logits over 8,192 ids. None where the kernels do
-    not take it (another dtype or device, or no kernels built): the caller uses torch."""
-    if logits.dtype != torch.float32 or logits.device.type != "cpu" or logits.dim() == 0 or library() is None:
+    not take it (another dtype or device, a tensor subclass, whose ops a raw read would
+    bypass, or no kernels built): the caller uses torch."""
+    if (type(logits) is not torch.Tensor or logits.dtype != torch.float32 or logits.device.type != "cpu"
+            or logits.dim() == 0 or library() is None):
         return None
     rows = logits.reshape(-1, logits.shape[-1])
     if rows.stride(-1) != 1:

@@ -1,5 +1,6 @@
 /* Attention for blocks of 2-4 queries on AVX-512, for layer_ops.c's attend_block: the same
- * results as its AVX2 loops, bit for bit. The scores: qd_scores_avx512, below. The weighted
+ * results as its AVX2 loops, bit for bit. The scores: qd_scores_avx512, below; the softmax
+ * numerators of any query: qd_softmax_avx512, at the end. The weighted
  * sum of values (as its AVX2 weighted_sum): each output element is still one FMA per
  * visible key, in slot order, skipping keys of weight 0, from 0, times 1 / the softmax
  * total at the end; only the lanes are 16 wide (elementwise operations: the width changes
@@ -96,17 +97,10 @@ static inline __attribute__((always_inline)) __m512 both_halves(const float *p) 
     return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
 }
 
-/* scores[b * stride + s] = q[b] . key s for queries b < nq (2 <= nq <= 4) and keys
- * s < n8 (a multiple of 8) of keys [., d] (d a multiple of 8, at most 128): what
- * layer_ops.c's attend_block computes with 8 lanes, bit for bit (lane j of a query's
- * key is the FMA chain over chunks c of q[8c + j] * key[8c + j], the lanes summed as
- * lanes_sum4 sums them). Two queries share each 16-lane FMA, each key chunk loaded once
- * into both halves, and their sums are reduced together: half the FMAs and shuffles.
- * An odd query is paired with itself. */
 /* qd_scores_avx512 for 3 or 4 queries as two pairs (a third query paired with itself),
  * keys 4 at a time: each key chunk is loaded once for both pairs, the FMAs and sums are
- * those of one pair at a time. The embedded target's 13-token pass after 1,100 tokens
- * (int8): 0.96x the time of a pair at a time. */
+ * those of one pair at a time. With layer_ops.c's even blocks (block_size), the embedded
+ * target's 13-token pass after 1,100 tokens (int8) took 0.93x the time. */
 static inline __attribute__((always_inline)) void scores_two_pairs(const float *const *q, int nq, const float *keys,
                                                                    int64_t n8, int64_t d, float *scores,
                                                                    int64_t stride) {
@@ -140,6 +134,13 @@ static inline __attribute__((always_inline)) void scores_two_pairs(const float *
     }
 }
 
+/* scores[b * stride + s] = q[b] . key s for queries b < nq (2 <= nq <= 4) and keys
+ * s < n8 (a multiple of 8) of keys [., d] (d a multiple of 8, at most 128): what
+ * layer_ops.c's attend_block computes with 8 lanes, bit for bit (lane j of a query's
+ * key is the FMA chain over chunks c of q[8c + j] * key[8c + j], the lanes summed as
+ * lanes_sum4 sums them). Two queries share each 16-lane FMA, each key chunk loaded once
+ * into both halves, and their sums are reduced together: half the FMAs and shuffles.
+ * An odd query is paired with itself. */
 void qd_scores_avx512(const float *const *q, int nq, const float *keys, int64_t n8, int64_t d, float *scores,
                       int64_t stride) {
     const int64_t chunks = d / 8;

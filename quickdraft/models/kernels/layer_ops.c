@@ -163,11 +163,11 @@ static void rope(const float *x, const float *cos, const float *ssin, int64_t d,
     }
 }
 
-/* The softmax of one query's packed scores p[0..n) (best: their maximum) in place, lanes
- * of 8 over the zero-padded pack, and 1 / their sum. */
 int qd_kernel_isa(int want);
 int64_t qd_softmax_avx512(float *p, int64_t lanes, float best, __m256 *total);
 
+/* The softmax of one query's packed scores p[0..n) (best: their maximum) in place, lanes
+ * of 8 over the zero-padded pack, and 1 / their sum. */
 static float softmax_packed(float *p, int64_t n, float best) {
     const int64_t lanes = (n + 7) / 8 * 8;
     for (int64_t i = n; i < lanes; i++)
@@ -816,10 +816,8 @@ void qd_argmax_rows(const float *x, int64_t rows, int64_t n, int64_t stride, int
                     at = j + __builtin_ctz((unsigned)hit);
             }
             for (int64_t j = n / 8 * 8; at == n && j < n; j++)
-                if (row[j] == best)
+                if (row[j] == best) /* (a row of -inf: best is -inf, found at 0, as torch gives) */
                     at = j;
-            if (at == n) /* a row of -inf only: torch gives 0 */
-                at = 0;
         }
         out[r] = at;
     }
