@@ -18,6 +18,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "exp_poly.h"
+
 /* nq queries (<= 4) and cn 16-float slices (<= 4) of the output: constants where inlined. */
 static inline __attribute__((always_inline)) void slice_sum(const float *const *w, int64_t kv_len, int nq,
                                                             const float *values, int64_t d, int cn,
@@ -174,23 +176,8 @@ void qd_scores_avx512(const float *const *q, int nq, const float *keys, int64_t 
     }
 }
 
-/* layer_ops.c's exp8 in 16 lanes: the same operations lane by lane, so the same results. */
-static inline __attribute__((always_inline)) __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f)), _mm512_set1_ps(-88.3762626647949f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
-}
+/* layer_ops.c's exp8 in 16 lanes (exp_poly.h): the same operations lane by lane. */
+static inline __attribute__((always_inline)) __m512 exp16(__m512 x) { return QD_EXP(512, _mm512_roundscale_ps, x); }
 
 /* layer_ops.c's softmax_packed over lanes (a multiple of 8) entries of p, the numerators
  * 16 at a time: e^(p - best), 0 for -inf, stored in place; their 8 lane sums in *total,

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "exp_poly.h"
 #include "qmatmul.h"
 
 static inline float lanes_sum(__m256 v) {
@@ -97,24 +98,8 @@ static float dot(const float *a, const float *b, int64_t n) {
     return lanes_sum(acc);
 }
 
-/* e^x to ~1 ulp over float's range (Cephes' expf: x = n ln2 + r, a degree-5 polynomial
- * in r, 2^n through the exponent bits); x below -88 gives 0 or a tiny value. */
-static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f)), _mm256_set1_ps(-88.3762626647949f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
-}
+/* e^x in 8 lanes (exp_poly.h). */
+static inline __m256 exp8(__m256 x) { return QD_EXP(256, _mm256_round_ps, x); }
 
 void qd_rms_norm(const float *x, int64_t m, int64_t k, const float *w, float eps, float *y) {
     for (int64_t r = 0; r < m; r++) {
