@@ -365,7 +365,7 @@ def greedy_choices(rules: Sequence[AcceptanceRule], logits: Sequence[torch.Tenso
     greedy = [i for i, rule in enumerate(rules) if isinstance(rule, GreedyAcceptance)]
     if not greedy:
         return {}
-    flat = argmax_ids(torch.cat([logits[i] for i in greedy]))
+    flat = argmax_ids([logits[i] for i in greedy])  # (no copy of the logits into one tensor)
     out, at = {}, 0
     for i in greedy:
         n = logits[i].shape[0]

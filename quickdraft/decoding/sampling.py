@@ -124,12 +124,16 @@ def draw(probs: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tenso
     return ids
 
 
-def argmax_ids(logits: torch.Tensor) -> list[int]:
-    """``logits.argmax(dim=-1).tolist()`` (rows ``[..., V]``): our kernel on the CPU in
-    float32 (torch's took ~100 us for a 13-token verify pass over 8,192 ids), torch's
-    elsewhere; the same ids either way (the first maximum, the first NaN)."""
-    ids = cpu_kernels.argmax_rows(logits)
-    return ids if ids is not None else logits.argmax(dim=-1).reshape(-1).tolist()
+def argmax_ids(logits: torch.Tensor | Sequence[torch.Tensor]) -> list[int]:
+    """The argmax of every row of ``logits`` (``[..., V]``, or several such tensors, their
+    rows one after another) as host ints: our kernel on the CPU in float32 (torch's took
+    ~100 us for a 13-token verify pass over 8,192 ids), torch's elsewhere, read from the
+    device once for all of them; the same ids either way (the first maximum, the first NaN)."""
+    parts = [logits] if isinstance(logits, torch.Tensor) else list(logits)
+    ids = [cpu_kernels.argmax_rows(part) for part in parts]
+    if all(i is not None for i in ids):
+        return [token for part in ids for token in part]
+    return torch.cat([part.argmax(dim=-1).reshape(-1) for part in parts]).tolist()
 
 
 def choose(
