@@ -560,3 +560,45 @@ def test_argmax_rows_picks_what_torch_argmax_picks():
     view = torch.randn(6, 40, generator=gen)[::2, 3:33]  # strided rows
     assert cpu_kernels.argmax_rows(view) == view.argmax(-1).tolist()
     assert cpu_kernels.argmax_rows(x.double()) is None  # other dtypes: torch's
+
+
+def spread_argmax(logits: torch.Tensor, ids: torch.Tensor | None, vocab: int) -> int:
+    """torch.argmax over ``logits`` spread into the vocabulary (-inf elsewhere, ids at or
+    beyond ``vocab`` dropped): what a greedy chain's head must pick (of a head all -inf, its
+    smallest id)."""
+    full = torch.full((vocab,), float("-inf"))
+    names = torch.arange(logits.numel()) if ids is None else ids
+    keep = names < vocab
+    full[names[keep]] = logits[keep]
+    if keep.any() and bool((logits[keep] == float("-inf")).all()):
+        return int(names[keep].min())
+    return int(full.argmax())
+
+
+@pytest.mark.skipif(cpu_kernels.library() is None, reason="needs the compiled kernels")
+def test_chain_argmax_picks_the_smallest_id_of_the_maximum():
+    """A chain's head argmax (qd_argmax_ids: a vector sweep for the maximum, then the ids
+    holding it) is torch.argmax over the logits spread into the vocabulary: ties go to the
+    smaller id whatever order the head's rows name them in, a NaN is above all (the smallest
+    NaN id), ids at or beyond the vocabulary never win, a tail past the sweep counts."""
+    gen = torch.Generator().manual_seed(0)
+    vocab = 600
+    for n in (2048, 517, 13, 7):
+        ids = torch.randperm(vocab, generator=gen)[:n] if n < vocab else None
+        logits = torch.randn(n, generator=gen)
+        cases = [logits.clone() for _ in range(6)]
+        cases[1][[3, n - 1]] = 9.0  # a tie, one in the tail
+        cases[2][[1, n - 2]] = float("nan")
+        cases[3][:] = float("-inf")
+        cases[4][[0, 5, n - 1]] = 5.0
+        cases[5] = cases[5].round()  # many ties
+        for x in cases:
+            for table, v in ((ids, vocab), (None, n), (None, n - 3)):
+                if table is None and v >= n + 1:
+                    continue
+                assert cpu_kernels.chain_argmax(x, table, v) == spread_argmax(x, table, v)
+    # the maximum only at ids the vocabulary drops: the largest logit among the counted ones
+    x = torch.tensor([1.0, 7.0, 3.0, 7.0, 2.0, 0.0, 0.0, 0.0, 0.0, 7.0])
+    ids = torch.tensor([4, 900, 2, 901, 0, 5, 6, 7, 8, 902])
+    assert cpu_kernels.chain_argmax(x, ids, 600) == 2 == spread_argmax(x, ids, 600)
+    assert cpu_kernels.chain_argmax(torch.tensor([3.0, 3.0]), torch.tensor([700, 800]), 600) == 0  # none counts

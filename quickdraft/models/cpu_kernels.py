@@ -111,6 +111,8 @@ def library() -> ctypes.CDLL | None:
     lib.qd_rms_norm.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr]
     lib.qd_silu_mul.argtypes = [_ptr, _c_int64, _c_int64, _ptr]
     lib.qd_argmax_rows.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _ptr]
+    lib.qd_argmax_ids.argtypes = [_ptr, _c_int64, _ptr, _c_int64]
+    lib.qd_argmax_ids.restype = _c_int64
     lib.qd_attend.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64,
                               _c_int64, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, _c_int]
     lib.qd_block.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _c_float, _ptr, _ptr, _ptr, _ptr, _c_int64,
@@ -514,6 +516,18 @@ def argmax_rows(logits: torch.Tensor) -> list[int] | None:
     out = torch.empty(rows.shape[0], dtype=torch.int64)
     library().qd_argmax_rows(rows.data_ptr(), rows.shape[0], rows.shape[1], rows.stride(0), out.data_ptr())
     return out.tolist()
+
+
+def chain_argmax(logits: torch.Tensor, ids: torch.Tensor | None, vocab: int) -> int:
+    """The token a greedy chain (:func:`greedy_chain`, :func:`eagle_chain`) takes from a head's
+    ``logits`` ``[n]``: the id (``ids[j]`` names logit ``j``; None: ``j``) of the largest
+    logit among ids below ``vocab``, the smaller id on a tie, a NaN above everything (a head
+    of -inf: its smallest id; none counting: 0): ``torch.argmax`` over the logits spread
+    into the vocabulary."""
+    logits = logits.float().contiguous()
+    table = None if ids is None else ids.to(torch.int64).contiguous()
+    return library().qd_argmax_ids(logits.data_ptr(), logits.numel(), None if table is None else table.data_ptr(),
+                                   vocab)
 
 
 def silu_mul(h: torch.Tensor) -> torch.Tensor:
