@@ -482,8 +482,7 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
     const int64_t width = (hq + 2 * hkv) * d, group = hq / hkv;
     float *q = malloc((size_t)(t * (hq + (kv16 ? hkv : 0)) * d) * sizeof(float));
     float *rotated = q + t * hq * d; /* kv16: a token's rotated keys before they are rounded */
-#pragma omp parallel for num_threads(threads) schedule(static) if (t >= MANY_ROWS && threads > 1)
-    for (int64_t j = 0; j < t; j++) {
+    QD_FOR_IF(t >= MANY_ROWS && threads > 1, j, t, {
         const float *row = qkv + j * width;
         const int64_t slot = slots ? slots[j] : start + j;
         for (int64_t h = 0; h < hq + hkv; h++) {
@@ -503,7 +502,7 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
             else
                 memcpy((float *)v_cache + at, row + (hq + hkv + h) * d, (size_t)d * sizeof(float));
         }
-    }
+    });
     const float scale = 1.0f / sqrtf((float)d);
     /* Threads only where the work outweighs waking them; the result is the same either way. */
     const int parallel = threads > 1 && t * hq * kv_len * d >= (1 << 17);
@@ -575,12 +574,11 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
     }
     const float *keys = wide ? wide : (const float *)k_cache, *values = wide ? wide + hkv * kv_len * d : v_cache;
     const int64_t stride = wide ? kv_len : max_len;
-#pragma omp parallel for num_threads(threads) schedule(static) if (parallel)
-    for (int64_t task = 0; task < t * hq; task++) {
+    QD_FOR_IF(parallel, task, t * hq, {
         const int64_t j = task / hq, h = task % hq, kvh = h / group;
         attend_one(q + task * d, d, keys + kvh * stride * d, values + kvh * stride * d, kv_len,
                    mask ? mask + j * mask_stride : NULL, scale, out + (j * hq + h) * d);
-    }
+    });
     free(wide);
     free(q);
 }
@@ -654,9 +652,7 @@ static void block_rows(const float *x, int64_t t, int64_t hidden, const float *a
         widest = hidden;
     float *a = malloc((size_t)(t * widest) * sizeof(float)), *b = malloc((size_t)(t * widest) * sizeof(float));
     const int split = t >= MANY_ROWS && threads > 1; /* a prefill: per-row work shared too (same result) */
-#pragma omp parallel for num_threads(threads) schedule(static) if (split)
-    for (int64_t r = 0; r < t; r++)
-        qd_rms_norm(x + r * hidden, 1, hidden, attn_norm, eps, a + r * hidden);
+    QD_FOR_IF(split, r, t, { qd_rms_norm(x + r * hidden, 1, hidden, attn_norm, eps, a + r * hidden); });
     linear(wqkv, a, t, b, threads);
     if (n_rows != 1 || rows[0].offset != 0 || rows[0].tokens != t)
         memset(a, 0, (size_t)(t * hq * d) * sizeof(float));
@@ -669,21 +665,16 @@ static void block_rows(const float *x, int64_t t, int64_t hidden, const float *a
                   threads);
     }
     linear(wo, a, t, b, threads);
-#pragma omp parallel for num_threads(threads) schedule(static) if (split)
-    for (int64_t r = 0; r < t; r++) {
+    QD_FOR_IF(split, r, t, {
         for (int64_t i = r * hidden; i < (r + 1) * hidden; i++)
             y[i] = x[i] + b[i];
         qd_rms_norm(y + r * hidden, 1, hidden, mlp_norm, eps, a + r * hidden);
-    }
+    });
     linear(w_in, a, t, b, threads);
     const int64_t inner = w_in->out / 2;
-#pragma omp parallel for num_threads(threads) schedule(static) if (split)
-    for (int64_t r = 0; r < t; r++)
-        qd_silu_mul(b + r * 2 * inner, 1, inner, a + r * inner);
+    QD_FOR_IF(split, r, t, { qd_silu_mul(b + r * 2 * inner, 1, inner, a + r * inner); });
     linear(w_out, a, t, b, threads);
-#pragma omp parallel for num_threads(threads) schedule(static) if (split)
-    for (int64_t i = 0; i < t * hidden; i++)
-        y[i] = y[i] + b[i];
+    QD_FOR_IF(split, i, t * hidden, { y[i] = y[i] + b[i]; });
     free(a);
     free(b);
 }

@@ -41,8 +41,7 @@
  * operations only (max, divide, round, convert), so every instruction set gets the same
  * bytes. */
 static void q8a8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, float *dx, int threads) {
-#pragma omp parallel for num_threads(threads) schedule(static) if (M >= MANY_ROWS && threads > 1)
-    for (int64_t i = 0; i < M * K / GROUP; i++) {
+    QD_FOR_IF(M >= MANY_ROWS && threads > 1, i, M * K / GROUP, {
         const float *v = x + i * GROUP;
         __m256 amax = _mm256_setzero_ps();
         const __m256 sign = _mm256_set1_ps(-0.0f);
@@ -62,7 +61,7 @@ static void q8a8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, floa
         const __m256i b = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w16, z16),
                                                       _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
         _mm256_storeu_si256((__m256i *)(xq + i * GROUP), b);
-    }
+    });
 }
 
 /* The activations' side of an int8 or int4 product: x quantized (xq [M, K], dx [M, G])
@@ -77,12 +76,11 @@ static QInput q_input(const float *x, int64_t M, int64_t K, int sums, int thread
     QInput in = {malloc((size_t)(M * K)), malloc((size_t)(M * groups) * sizeof(float)),
                  sums ? malloc((size_t)(M * groups) * sizeof(float)) : NULL};
     q8a8_quantize(x, M, K, in.xq, in.dx, threads);
-#pragma omp parallel for num_threads(threads) schedule(static) if (sums && M >= MANY_ROWS && threads > 1)
-    for (int64_t i = 0; i < (sums ? M * groups : 0); i++) {
+    QD_FOR_IF(sums && M >= MANY_ROWS && threads > 1, i, sums ? M * groups : 0, {
         int32_t sum = 0;
         for (int j = 0; j < GROUP; j++) sum += in.xq[i * GROUP + j];
         in.sx[i] = in.dx[i] * (float)sum;
-    }
+    });
     return in;
 }
 

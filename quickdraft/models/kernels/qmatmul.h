@@ -14,6 +14,22 @@
  * alone would, so the result is the same. */
 #define MANY_ROWS 64
 
+/* for (int64_t i = 0; i < n; i++) body, shared by `threads` threads (a variable of that
+ * name in scope) where cond holds, else run here without entering OpenMP: a region whose
+ * if clause is false still has libgomp set up a team of one (~0.35 us), and a one-row
+ * layer ran ~20 of them (per-row work below MANY_ROWS rows: an EAGLE drafter's level, a
+ * decode step's layer). */
+#define QD_FOR_IF(cond, i, n, ...)                                                     \
+    do {                                                                                \
+        const int64_t qd_for_count = (n);                                               \
+        if (cond) {                                                                     \
+            _Pragma("omp parallel for num_threads(threads) schedule(static)")           \
+            for (int64_t i = 0; i < qd_for_count; i++) __VA_ARGS__                      \
+        } else {                                                                        \
+            for (int64_t i = 0; i < qd_for_count; i++) __VA_ARGS__                      \
+        }                                                                               \
+    } while (0)
+
 /* Where a float weight's rows are (float32, bfloat16 or float16 values, [N, K]). */
 typedef struct {
     const void *q;

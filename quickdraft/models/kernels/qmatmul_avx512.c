@@ -391,8 +391,7 @@ void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, co
     const QInput in = q_input(x, M, K, 0, threads);
     const float *dx = in.dx;
     uint8_t *xu = (uint8_t *)in.xq; /* xq + 128 as unsigned bytes, in place: the sign bit flipped */
-#pragma omp parallel for num_threads(threads) schedule(static) if (M >= MANY_ROWS && threads > 1)
-    for (int64_t i = 0; i < M * K; i++) xu[i] ^= 0x80;
+    QD_FOR_IF(M >= MANY_ROWS && threads > 1, i, M * K, { xu[i] ^= 0x80; });
     const int pair = pair_tiles(M), pass = pair ? Q_PAIR_ROWS : Q_ONE_ROWS, step = pair ? 2 : 1;
 #define Q8_TILES(NB, R) \
     case R: q8_tiles(tiles, s, sh, NB, xu, dx, m, K, R, y + m * N + Q_TILE * t, N, live, ahead); break
