@@ -77,6 +77,35 @@ def test_attend_matches_pytorch_with_tree_slots_and_mask(hq, hkv, d, rope):
     torch.testing.assert_close(k_cache, ref_k)
 
 
+@pytest.mark.skipif(cpu_kernels.library() is None, reason="needs the compiled kernels")
+@pytest.mark.parametrize("hq,hkv,d,half", [(7, 7, 64, False), (6, 2, 64, True), (4, 4, 12, False)])
+def test_attend_without_a_mask_is_causal_bit_for_bit(hq, hkv, d, half):
+    """A pass with no mask (a chain or a prefill on our kernels: none is built) is causal,
+    each query seeing the slots up to its own, with the causal mask's result bit for bit:
+    contiguous slots and explicit ones, float32 and float16 caches, a head size that is not
+    a multiple of 8 (the one-query-at-a-time path), 2 threads. Attending to every slot
+    instead (what no mask meant before) fails it."""
+    gen = torch.Generator().manual_seed(hq * d)
+    context, t, max_len = 45, 13, 80
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen)
+    dtype = torch.float16 if half else torch.float32
+    base_k = torch.randn(hkv, max_len, d, generator=gen).to(dtype)
+    base_v = torch.randn(hkv, max_len, d, generator=gen).to(dtype)
+    tables = rope_tables(torch.arange(context, context + t), d)
+    causal = torch.ones(t, context + t, dtype=torch.bool).tril(context)
+    for slots in (context, torch.arange(context, context + t)):
+        got, want = torch.empty(t, hq * d), torch.empty(t, hq * d)
+        k, v = base_k.clone(), base_v.clone()
+        attend(qkv, tables, k, v, slots, context + t, additive_mask(causal, torch.float32), want, hq)
+        k2, v2 = base_k.clone(), base_v.clone()
+        attend(qkv, tables, k2, v2, slots, context + t, None, got, hq)
+        assert torch.equal(got, want) and torch.equal(k2, k) and torch.equal(v2, v)
+    # a one-token step without a mask still sees every slot
+    one = torch.empty(1, hq * d)
+    attend(qkv[:1], (tables[0][:1], tables[1][:1]), base_k.clone(), base_v.clone(), context, context + 1, None, one, hq)
+    assert torch.equal(one, want[:1])
+
+
 def test_a_tree_node_rounds_as_the_plain_step_after_its_path_is_accepted():
     """A tree node sees the cache and its ancestors at scattered slots; once its path is
     accepted, the same keys sit packed behind the cache and a one-query step attends over

@@ -470,11 +470,13 @@ class Transformer(nn.Module):
 
     def attention_inputs(
         self, positions: torch.Tensor | int, cache: KVCache, slots: torch.Tensor | int | None = None,
-        mask: torch.Tensor | None = None, shape: tuple[int, int] | None = None,
+        mask: torch.Tensor | None = None, shape: tuple[int, int] | None = None, kernel_causal: bool = False,
     ) -> tuple:
         """What every block of a pass shares: ``(rope, rows, mask [B, 1, T, S] or None,
         kv_len)`` for queries at ``positions`` written to ``slots`` (see :meth:`forward`).
-        ``shape`` is the pass's ``(B, T)``, needed when the positions are an int."""
+        ``shape`` is the pass's ``(B, T)``, needed when the positions are an int.
+        ``kernel_causal``: the pass runs on our kernels (``cpu_kernels.blocks``), whose
+        attention without a mask is causal: a contiguous pass builds none."""
         if slots is None:
             slots = positions
         if isinstance(positions, int) and shape is None:
@@ -485,7 +487,7 @@ class Transformer(nn.Module):
             mask = mask.unsqueeze(1) if mask.dim() == 3 else mask
         elif isinstance(slots, int):
             kv_len = slots + seqlen
-            if seqlen > 1:  # causal after the cached prefix, alike in every row: additive at once
+            if seqlen > 1 and not kernel_causal:  # causal after the cached prefix, alike in every row: additive at once
                 # (-inf above the diagonal; half the time of a boolean mask then converted)
                 mask = torch.full((seqlen, kv_len), float("-inf"), dtype=cache.dtype, device=cache.k.device)
                 mask = mask.triu_(slots + 1)[None, None]
@@ -638,9 +640,20 @@ class Transformer(nn.Module):
         else:
             x = hidden
         slots = positions if slots is None else slots
+        # The blocks in as few C calls as the states asked for allow (one, or one per
+        # stretch between them: EAGLE-3's fused layers): what the loop below does, bit for bit.
+        # A ragged pass (the batched engine's) too, its rows attending each on its own.
+        stacks = None
+        if (x.shape[0] == 1 and not any(start <= i < stop for i in (*skip_attn, *skip_mlp))
+                and cpu_kernels.fused_layers(x) and isinstance(cache.k, torch.Tensor)
+                and (ragged is None or cache.k.device.type not in PADDED_RAGGED_DEVICES)):  # (PaddedRows)
+            cuts = sorted({start, stop, *(i for i in output_hidden_states if start < i < stop)})
+            stacks = [self.block_stack(a, b) for a, b in zip(cuts, cuts[1:])]
+            stacks = stacks if all(stack is not None for stack in stacks) else None
         row_masks: list[tuple[RaggedRow, torch.Tensor | None]] | PaddedRows = []
         if ragged is None:
-            rope, rows, mask, kv_len = self.attention_inputs(positions, cache, slots, mask, x.shape[:2])
+            rope, rows, mask, kv_len = self.attention_inputs(positions, cache, slots, mask, x.shape[:2],
+                                                             kernel_causal=stacks is not None)
         else:
             rope, row_masks, kv_len = self.ragged_inputs(positions, cache, ragged)
             rows = None
@@ -648,16 +661,7 @@ class Transformer(nn.Module):
         states: dict[int, torch.Tensor] = {}
         if start in output_hidden_states:
             states[start] = x
-        # The blocks in as few C calls as the states asked for allow (one, or one per
-        # stretch between them: EAGLE-3's fused layers): what the loop below does, bit for bit.
-        # A ragged pass (the batched engine's) too, its rows attending each on its own.
-        stacks = None
-        if (not isinstance(row_masks, PaddedRows) and x.shape[0] == 1
-                and not any(start <= i < stop for i in (*skip_attn, *skip_mlp))
-                and cpu_kernels.fused_layers(x) and isinstance(cache.k, torch.Tensor)):
-            cuts = sorted({start, stop, *(i for i in output_hidden_states if start < i < stop)})
-            stacks = [self.block_stack(a, b) for a, b in zip(cuts, cuts[1:])]
-        if stacks is not None and all(stack is not None for stack in stacks):
+        if stacks is not None:
             for a, b, stack in zip(cuts, cuts[1:], stacks):
                 if ragged is None:
                     x = cpu_kernels.blocks(x, stack, self.layers[a].attn.n_heads, rope, cache.k, cache.v, a,

@@ -311,6 +311,13 @@ static int64_t visible_end(const float *mrow, int64_t kv_len) {
     return s;
 }
 
+/* 1 + the slot of query j (slots[j], or start + j where slots is NULL), below kv_len: the
+ * end of what it sees without a mask. */
+static int64_t causal_end(const int64_t *slots, int64_t start, int64_t j, int64_t kv_len) {
+    const int64_t end = (slots ? slots[j] : start + j) + 1;
+    return end < kv_len ? end : kv_len;
+}
+
 void qd_weighted_values_avx512(const float *const *w, int64_t kv_len, int nq, const float *values, int64_t d,
                                const float *inv, float *out, int64_t out_stride);
 void qd_scores_avx512(const float *const *q, int nq, const float *keys, int64_t n8, int64_t d, float *scores,
@@ -470,7 +477,10 @@ static int64_t block_size(int64_t n, int64_t b, int64_t n_blocks) {
  * (q heads, then k heads, then v heads). Stores the rotated keys and the values at cache
  * slots slots[j] (or start + j when slots is NULL) of k_cache / v_cache ([hkv, max_len, d],
  * this layer's and this row's), then attends: query j sees slot s < kv_len where mask
- * [t, mask_stride] (additive, -inf = hidden; NULL: every slot) allows it. cos / ssin:
+ * [t, mask_stride] (additive, -inf = hidden) allows it; without a mask (NULL), the slots
+ * up to its own (causal: a chain or a prefill after the cache, and a one-token step sees
+ * them all), with the result bit for bit that of the causal mask, which costs a pass
+ * building it (~30 us) and attention reading it. cos / ssin:
  * [t, d] or NULL (no rotation). out: [t, hq * d]. Query j with no visible slot gets 0.
  * kv16: the cache holds float16 (stored rounded to nearest even, read back exactly): each
  * thread widens a kv head's slots into float32 before attending over them, so attention
@@ -511,7 +521,7 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
          * them, and scoring the hidden rest doubled its attention's work. */
         int64_t *ends = malloc((size_t)t * sizeof(int64_t));
         for (int64_t j = 0; j < t; j++)
-            ends[j] = visible_end(mask ? mask + j * mask_stride : NULL, kv_len);
+            ends[j] = mask ? visible_end(mask + j * mask_stride, kv_len) : causal_end(slots, start, j, kv_len);
         /* Each thread takes an equal, contiguous share of the (head, query) pairs, head by
          * head, in blocks of at most QUERY_BLOCK queries of a head (each key read once for a
          * block, see attend_block). Whole blocks of 4 per task left 9 queries of 7 heads as
@@ -576,8 +586,9 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
     const int64_t stride = wide ? kv_len : max_len;
     QD_FOR_IF(parallel, task, t * hq, {
         const int64_t j = task / hq, h = task % hq, kvh = h / group;
-        attend_one(q + task * d, d, keys + kvh * stride * d, values + kvh * stride * d, kv_len,
-                   mask ? mask + j * mask_stride : NULL, scale, out + (j * hq + h) * d);
+        attend_one(q + task * d, d, keys + kvh * stride * d, values + kvh * stride * d,
+                   mask ? kv_len : causal_end(slots, start, j, kv_len), mask ? mask + j * mask_stride : NULL, scale,
+                   out + (j * hq + h) * d);
     });
     free(wide);
     free(q);
@@ -628,7 +639,8 @@ static void linear(const QdLinear *l, const float *x, int64_t m, float *y, int t
 /* The rows of a pass, each attending on its own: the row's tokens at offset .. offset +
  * tokens - 1 of the pass, its keys and values in the cache row `cache` elements into a
  * layer's cache, at `slots` (NULL: start, start + 1, ...), its queries attending over the
- * first kv_len slots with an additive mask of mask_stride floats a query (NULL: none). One
+ * first kv_len slots with an additive mask of mask_stride floats a query (NULL: causal, as
+ * qd_attend reads it). One
  * row is a plain pass; several are a ragged pass of the batched engine, which packs its
  * rows' tokens one after another (Transformer.forward(ragged=...)). */
 typedef struct {
@@ -892,21 +904,15 @@ int64_t qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, co
     int64_t count = n + 1;
     if (m > 0) {
         float *fx = malloc((size_t)(m * hidden) * sizeof(float));
-        /* Row j sees slots <= start - m + j (additive, as the model's causal mask); one row
-         * sees every slot below start, which the model passes as no mask at all. */
-        float *mask = m > 1 ? malloc((size_t)(m * start) * sizeof(float)) : NULL;
-        for (int64_t j = 0; j < m; j++) {
+        /* Row j sees slots <= start - m + j: causal, no mask (qd_attend) */
+        for (int64_t j = 0; j < m; j++)
             memcpy(fx + j * hidden, embed + feed[j] * hidden, (size_t)hidden * sizeof(float));
-            for (int64_t s = 0; mask && s < start; s++)
-                mask[j * start + s] = s <= start - m + j ? 0.0f : -INFINITY;
-        }
         qd_blocks(fx, m, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache, layer_stride,
-                  max_len, kv16, NULL, start - m, start, mask, mask ? start : 0, fx, threads);
+                  max_len, kv16, NULL, start - m, start, NULL, 0, fx, threads);
         qd_rms_norm(fx + (m - 1) * hidden, 1, hidden, final_norm, final_eps, h);
         linear(head, h, 1, logits, threads);
         tokens[0] = argmax_logits(logits, head->out, head_ids, vocab);
         free(fx);
-        free(mask);
     }
     for (int64_t i = 0; i < n; i++) {
         /* (With m = 0 the caller drew tokens[0]: its logits are not here to weigh.) */
@@ -969,7 +975,6 @@ int64_t qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, co
     float *h = malloc((size_t)hidden * sizeof(float)), *logits = malloc((size_t)head->out * sizeof(float));
     if (m > 0) {
         float *fin = malloc((size_t)(2 * m * hidden) * sizeof(float)), *fx = malloc((size_t)(m * hidden) * sizeof(float));
-        float *mask = malloc((size_t)(m * start) * sizeof(float)); /* row j sees slots <= start - m + j */
         float *mapped = NULL;
         if (feature_in != NULL) {
             float *unit = malloc((size_t)(m * feature_in->in) * sizeof(float));
@@ -979,19 +984,15 @@ int64_t qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, co
             free(unit);
             feed_features = mapped;
         }
-        for (int64_t j = 0; j < m; j++) {
+        for (int64_t j = 0; j < m; j++)
             eagle_input(embed, embed_scale, hidden, feed_tokens[j], feed_features + j * hidden, fin + j * 2 * hidden);
-            for (int64_t s = 0; s < start; s++)
-                mask[j * start + s] = s <= start - m + j ? 0.0f : -INFINITY;
-        }
         linear(fc, fin, m, fx, threads);
         qd_blocks(fx, m, hidden, 1, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache, layer_stride,
-                  max_len, kv16, NULL, start - m, start, mask, start, fx, threads);
+                  max_len, kv16, NULL, start - m, start, NULL, 0, fx, threads); /* causal (qd_attend) */
         memcpy(feature, fx + (m - 1) * hidden, (size_t)hidden * sizeof(float));
         free(mapped);
         free(fin);
         free(fx);
-        free(mask);
     }
     for (int64_t i = 0; i < n; i++) {
         qd_rms_norm(feature, 1, hidden, final_norm, final_eps, h);
