@@ -100,7 +100,8 @@ def decode(
             if decode_started is None:
                 decode_started = time.perf_counter()
                 stats.prefill_seconds = stats.time_to_first_token = decode_started - started
-            settled = (proposal.tokens[path].tolist() if path else []) + [verdict.next_token]
+            accepted = proposal.tokens[: len(path)] if proposal.is_chain else proposal.tokens[path]
+            settled = (accepted.tolist() if path else []) + [verdict.next_token]
             emitted, finish = emit(settled, proposal.depth, len(path), stop, sequence, length,
                                    target.context_length, stats)
             length += len(emitted)

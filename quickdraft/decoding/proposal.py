@@ -38,8 +38,8 @@ class Proposal:
     is_chain: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        n = self.tokens.shape[0]
-        self.is_chain = bool((self.parents == torch.arange(-1, n - 1)).all())
+        # (as lists: torch's elementwise == and all() took ~8 us a proposal, every round)
+        self.is_chain = self.parents.tolist() == list(range(-1, self.tokens.shape[0] - 1))
 
     @classmethod
     def chain(cls, tokens: torch.Tensor, probs: torch.Tensor | None = None) -> Proposal:

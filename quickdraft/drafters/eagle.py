@@ -90,6 +90,8 @@ class EagleDrafter:
         self.fed = 0  # positions whose tokens the drafter's cache holds (with target features)
         self.offset = 0  # the position in slot 0: the prompt tokens before it are not read
         self.prompt = torch.empty(0, dtype=torch.long)  # fed once the prefill has given its features
+        self.greedy_chains = False  # whether this sequence drafts greedy chains (_greedy_chain), set by join
+        self.call = None  # their C call (EagleHead.chain_call), where it runs
 
     def verify_width(self, k: int) -> int:
         return self.shape.width(k) + 1
@@ -112,6 +114,9 @@ class EagleDrafter:
             self.features = torch.zeros(max_len, width, dtype=weight.dtype, device=weight.device)
         self.known = self.fed = self.offset = 0
         self.prompt = prompt
+        self.greedy_chains = self._greedy_chain()
+        # (checked and set up once a sequence, not each round: ~30 us a round in the decode loop)
+        self.call = self.head.chain_call(self.target, self.cache) if self.greedy_chains else None
 
     @torch.inference_mode()
     def observe(self, slot: int, start: int, states: dict[int, torch.Tensor]) -> None:
@@ -146,7 +151,7 @@ class EagleDrafter:
         # Drafting needs the feature of every token but the last, which the prefill gives;
         # before it, a chain drafts blind and rides in the prefill pass.
         if self.known < sequence.shape[0] - 1:
-            return [self._draft_blind(sequence, k) if self.fed == 0 and self._greedy_chain() else EMPTY]
+            return [self._draft_blind(sequence, k) if self.fed == 0 and self.greedy_chains else EMPTY]
         return [self._draft(sequence, k)]
 
     @torch.inference_mode()
@@ -172,18 +177,25 @@ class EagleDrafter:
         return self._chain_proposal(tokens)
 
     @torch.inference_mode()
-    @row_dependent_rounding()  # the target decides what is accepted: the fastest kernels
     def _draft(self, sequence: torch.Tensor, k: int) -> Proposal:
         n = sequence.shape[0]
         states = self.features[self.fed - 1 : n - 1]  # position p: the target's state at p - 1 (fed >= 1)
         base = n - self.offset  # the slot of position n
         fed, self.fed = self.fed, n
-        chain = self._greedy_chain()
-        if chain:  # map, feed and chain in one C call where our kernels run
-            tokens = self.head.greedy_chain(sequence[fed:n], states, self._depth(k), n, self.cache,
-                                            self.target, base, raw=True, min_confidence=self._floor())
+        if self.greedy_chains:  # map, feed and chain in one C call where our kernels run
+            tokens = self.head.greedy_chain(sequence[fed:n], states, self._depth(k), n, self.cache, self.target,
+                                            base, raw=True, min_confidence=self._floor(), call=self.call)
             if tokens is not None:
                 return self._chain_proposal(tokens)
+        return self._draft_stepwise(sequence, k, states, fed, base)
+
+    @row_dependent_rounding()  # the target decides what is accepted: the fastest kernels
+    def _draft_stepwise(self, sequence: torch.Tensor, k: int, states: torch.Tensor, fed: int, base: int) -> Proposal:
+        """A round level by level in Python: the tree, or the chain where its C call cannot
+        run. ``states``: the target's states of the tokens to feed from ``fed``; ``base``:
+        the cache slot of the sequence's next position."""
+        n = sequence.shape[0]
+        chain = self.greedy_chains
         out = self.head.extend(sequence[fed:n], self.head.from_target(states), self.target, self.cache, fed,
                                fed - self.offset)
         if chain:
@@ -253,7 +265,7 @@ class EagleDrafter:
 
     def _chain_proposal(self, tokens: list[int]) -> Proposal:
         self._drafted = len(tokens)
-        return Proposal(torch.tensor(tokens), torch.arange(-1, len(tokens) - 1), None, None)
+        return Proposal.chain(torch.tensor(tokens))
 
     def verified(self, slot: int, length: int, path: list[int]) -> None:
         # (The tree's keys are overwritten next step by the accepted tokens, with the target's features.)

@@ -448,38 +448,62 @@ def _chain_args(head_ids: torch.Tensor | None, rope: tuple[torch.Tensor, torch.T
     return None if ids is None else ids.data_ptr(), cos, sin, (ids, tables)
 
 
-def eagle_chain(feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, embed: torch.Tensor,
-                embed_scale: float, fc: LinearSpec, stack: BlockStack, n_heads: int,
-                rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                start: int, final_norm: tuple[torch.Tensor, float], head: LinearSpec, head_ids: torch.Tensor | None,
-                vocab: int, feature_in: LinearSpec | None = None, min_confidence: float = 0.0,
-                feature_chunks: int = 1) -> list[int]:
-    """An EAGLE drafter's feed and greedy chain of ``n`` tokens in one call
-    (``qd_eagle_chain``). The feed: ``feed_tokens`` ``[m]``, each with ``feed_features``
-    ``[m, H]`` (the target's feature of the token before it), through ``fc`` (over the
-    scaled embedding and the unit-RMS feature) and the one block of ``stack`` at cache
-    slots ``start - m .. start - 1``, causally. Then each token is the argmax of ``head``
-    over the final-normed feature, the first from the feed's last output, each later one
-    from the output of one level fed the token before it at slot ``start + i``. ``rope``:
-    cos and signed sin for the ``m + n - 1`` positions fed. ``feature_in``: a narrow
-    drafter's map from the target's states, applied to ``feed_features`` first (as
-    ``EagleHead.from_target`` does: each of the ``feature_chunks`` states side by side in a
-    row at unit RMS, then the linear); None: they are mapped.
-    ``min_confidence`` > 0: the chain ends after the first token, before the ``n``-th, whose
-    softmax top-1 probability (over the head's tokens) is below it."""
-    tokens = torch.empty(n, dtype=torch.int64)
-    feed = feed_tokens.to(torch.int64).contiguous()
-    features = feed_features.float().contiguous()
-    feature = torch.empty(embed.shape[1], dtype=torch.float32)
-    ids, cos, sin, _alive = _chain_args(head_ids, rope)
-    _, _, n_kv_heads, max_len, head_dim = k_cache.shape
-    count = library().qd_eagle_chain(
-        embed.data_ptr(), embed_scale, embed.shape[1], ctypes.addressof(fc), stack.norms, stack.eps, stack.linears,
-        n_heads, n_kv_heads, head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len,
-        half_cache(k_cache), start, final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab, feature.data_ptr(),
-        feed.data_ptr(), features.data_ptr(), None if feature_in is None else ctypes.addressof(feature_in),
-        feature_chunks, feed.numel(), tokens.data_ptr(), n, min_confidence, torch.get_num_threads())
-    return tokens[:count].tolist()
+class EagleChain:
+    """An EAGLE drafter's feed and greedy chain in one call (``qd_eagle_chain``), its fixed
+    arguments (weights, head, KV cache) set up once: a round passes only what changes. Built
+    from scratch each round, the call's Python took ~100 us of a round in the decode loop
+    (where every PyTorch call runs on caches the verify pass has just evicted).
+
+    The weights: ``embed`` (the token embedding, scaled by ``embed_scale``), ``fc`` (over
+    the scaled embedding and the unit-RMS feature), the one block of ``stack``,
+    ``final_norm`` (weight, eps) and ``head`` over ``head_ids`` (None: all ids) of a
+    ``vocab``-token vocabulary; ``feature_in``: a narrow drafter's map from the target's
+    states (each of the ``feature_chunks`` states side by side in a row at unit RMS, then
+    the linear, as ``EagleHead.from_target`` does), or None. The tensors and specs must
+    outlive the object (it keeps references)."""
+
+    def __init__(self, embed: torch.Tensor, embed_scale: float, fc: LinearSpec, stack: BlockStack, n_heads: int,
+                 k_cache: torch.Tensor, v_cache: torch.Tensor, final_norm: tuple[torch.Tensor, float],
+                 head: LinearSpec, head_ids: torch.Tensor | None, vocab: int, feature_in: LinearSpec | None,
+                 feature_chunks: int) -> None:
+        ids = None if head_ids is None else head_ids.to(torch.int64).contiguous()
+        self._alive = (embed, fc, stack, k_cache, v_cache, final_norm[0], head, ids, feature_in)
+        _, _, n_kv_heads, max_len, head_dim = k_cache.shape
+        self._model = (embed.data_ptr(), embed_scale, embed.shape[1], ctypes.addressof(fc), stack.norms, stack.eps,
+                       stack.linears, n_heads, n_kv_heads, head_dim)
+        self._cache = (k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len, half_cache(k_cache))
+        self._head = (final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head),
+                      None if ids is None else ids.data_ptr(), vocab)
+        self.maps = feature_in is not None
+        self._feature_in = None if feature_in is None else ctypes.addressof(feature_in)
+        self._chunks = feature_chunks
+        self._feature = torch.empty(embed.shape[1], dtype=torch.float32)
+        self._tokens = torch.empty(16, dtype=torch.int64)
+
+    def __call__(self, feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int,
+                 rope: tuple[torch.Tensor, torch.Tensor], start: int, min_confidence: float = 0.0,
+                 raw: bool = False) -> list[int]:
+        """Feed ``feed_tokens`` ``[m]``, each with ``feed_features`` ``[m, H]`` (the target's
+        feature of the token before it; ``raw``: the target's own states, which
+        ``feature_in`` maps first), at cache slots ``start - m .. start - 1``, causally; then
+        ``n`` tokens: each the argmax of the head over the final-normed feature, the first
+        from the feed's last output, each later one from the output of one level fed the
+        token before it at slot ``start + i``. ``rope``: cos and signed sin of the ``m + n -
+        1`` positions fed (contiguous rows). ``min_confidence`` > 0: the chain ends after the
+        first token, before the ``n``-th, whose softmax top-1 probability (over the head's
+        tokens) is below it."""
+        feed = feed_tokens if feed_tokens.dtype == torch.int64 and feed_tokens.is_contiguous() else \
+            feed_tokens.to(torch.int64).contiguous()
+        features = feed_features if feed_features.dtype == torch.float32 and feed_features.is_contiguous() else \
+            feed_features.float().contiguous()
+        cos, sin = (t if t.is_contiguous() else t.contiguous() for t in rope)
+        if self._tokens.numel() < n:
+            self._tokens = torch.empty(n, dtype=torch.int64)
+        count = library().qd_eagle_chain(
+            *self._model, cos.data_ptr(), sin.data_ptr(), *self._cache, start, *self._head,
+            self._feature.data_ptr(), feed.data_ptr(), features.data_ptr(), self._feature_in if raw else None,
+            self._chunks, feed.numel(), self._tokens.data_ptr(), n, min_confidence, torch.get_num_threads())
+        return self._tokens.tolist()[:count]
 
 
 def fused_layers(x: torch.Tensor) -> bool:
@@ -519,7 +543,7 @@ def argmax_rows(logits: torch.Tensor) -> list[int] | None:
 
 
 def chain_argmax(logits: torch.Tensor, ids: torch.Tensor | None, vocab: int) -> int:
-    """The token a greedy chain (:func:`greedy_chain`, :func:`eagle_chain`) takes from a head's
+    """The token a greedy chain (:func:`greedy_chain`, :class:`EagleChain`) takes from a head's
     ``logits`` ``[n]``: the id (``ids[j]`` names logit ``j``; None: ``j``) of the largest
     logit among ids below ``vocab``, the smaller id on a tie, a NaN above everything (a head
     of -inf: its smallest id; none counting: 0): ``torch.argmax`` over the logits spread
@@ -548,7 +572,8 @@ def attend(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, k_
     ``v_cache`` (``[layers, rows, H_kv, max_len, D]``, contiguous) at ``slots`` (``[T]``, or an
     int: consecutive from it), then write softmax(q k^T / sqrt(D) + mask) v over the first
     ``kv_len`` slots into ``out`` (``T`` rows of ``H * D``, contiguous). ``mask``: additive,
-    ``T`` rows of ``kv_len`` (-inf hides a slot), or None (every query sees every slot).
+    ``T`` rows of ``kv_len`` (-inf hides a slot), or None: causal, each query sees the slots up
+    to its own (a one-token step: all of them), as the causal mask would show them, bit for bit.
     Leading dimensions of size 1 are fine everywhere: the caller passes its tensors as they
     are, without the views that would cost more than the arithmetic here."""
     args, _alive = _attention_args(n_heads, rope, k_cache, v_cache, layer, row, slots, kv_len, mask)

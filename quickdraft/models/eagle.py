@@ -242,8 +242,8 @@ class EagleHead(nn.Module):
 
     def greedy_chain(self, feed_tokens: torch.Tensor, feed_features: torch.Tensor, n: int, start: int,
                      cache: KVCache, target: Transformer, slot: int | None = None, raw: bool = False,
-                     min_confidence: float = 0.0) -> list[int] | None:
-        """Feed, then ``n`` greedy draft tokens, in one C call (``cpu_kernels.eagle_chain``).
+                     min_confidence: float = 0.0, call: cpu_kernels.EagleChain | None = None) -> list[int] | None:
+        """Feed, then ``n`` greedy draft tokens, in one C call (``cpu_kernels.EagleChain``).
 
         The feed: ``feed_tokens`` ``[m]`` (m >= 1), each with the target's feature of the
         token before it through :meth:`from_target` (``feed_features`` ``[m, feature_size]``;
@@ -256,46 +256,44 @@ class EagleHead(nn.Module):
         top-1 probability over the draft vocabulary is below it. None, with nothing written,
         where it cannot run (float32 CPU inference with a reduced head, our kernels running
         every linear, a Llama target, room in the cache): the caller feeds and steps in
-        Python."""
-        weight, slot, m = self.token_embedding(target).weight, start if slot is None else slot, feed_tokens.numel()
-        norm = self.final_norm(target)
-        if (self.vocab_head is None or target.pos_embed is not None or target._inv_freq is None
-                or not isinstance(norm, RMSNorm) or not cpu_kernels.fused_layers(feed_features)
-                or not weight.is_contiguous() or weight.dtype != torch.float32 or m < 1 or slot < m
-                or not isinstance(cache.k, torch.Tensor) or slot + n - 1 > cache.max_len):
+        Python. ``call``: :meth:`chain_call`'s for this target and cache, where the caller
+        keeps it (else looked up)."""
+        slot, m = start if slot is None else slot, feed_tokens.numel()
+        if m < 1 or slot < m or slot + n - 1 > cache.max_len or not cpu_kernels.fused_layers(feed_features):
             return None
-        specs = self._chain_specs()
-        if specs is None:
+        call = call if call is not None else self.chain_call(target, cache)
+        if call is None or (raw and self.own_width and not call.maps):
             return None
-        fc, stack, head, feature_in = specs
-        if raw and self.own_width and feature_in is None:
-            return None
-        cos, sin = target._rope(start - m, m + n - 1)
-        return cpu_kernels.eagle_chain(feed_tokens, feed_features, n, weight, float(self.embed_scale), fc, stack,
-                                       self.layer.attn.n_heads, (cos[0, 0], sin[0, 0]), cache.k, cache.v, slot,
-                                       (norm.weight, norm.eps), head, self.vocab_ids,
-                                       target.config.vocab_size, feature_in if raw and self.own_width else None,
-                                       min_confidence, len(self.feature_layers))
+        cos, sin = target._rope(start - m, m + n - 1)  # [1, 1, m + n - 1, D] slices of the table: contiguous
+        return call(feed_tokens, feed_features, n, (cos, sin), slot, min_confidence, raw and self.own_width)
 
-    def _chain_specs(self) -> tuple | None:
-        """(fc, the block as a one-layer stack, the reduced head, feature_in or None) for
-        ``qd_eagle_chain``, kept while the linears are the same objects (quantizing swaps
-        them)."""
+    def chain_call(self, target: Transformer, cache: KVCache) -> cpu_kernels.EagleChain | None:
+        """The chain call (``cpu_kernels.EagleChain``) for this target and cache, or None
+        where it cannot run (see :meth:`greedy_chain`); kept while the linears, the
+        embedding, the cache and the target are the same (quantizing swaps linears, moving
+        a model replaces its weights, training rescales the embedding)."""
+        weight, norm = self.token_embedding(target).weight, self.final_norm(target)
         mapping = getattr(self, "feature_in", None)
-        linears = (self.fc, self.vocab_head, mapping, *self.layer.linears())
-        known = getattr(self, "_specs", None)
-        if known is not None and all(a is b for a, b in zip(known[0], linears)):
-            return known[1]
-        block = self.layer.kernel_specs()
-        fc, head, feature_in = (getattr(m, "kernel_spec", lambda: None)()
-                                for m in (self.fc, self.vocab_head, mapping))
-        norms = (self.layer.attn_norm, self.layer.mlp_norm)
-        specs = None
-        if block is not None and fc is not None and head is not None and norms[0].eps == norms[1].eps:
-            stack = cpu_kernels.BlockStack([(norms[0].weight, norms[1].weight)], norms[0].eps, [block])
-            specs = (fc, stack, head, feature_in)
-        self._specs = (linears, specs)
-        return specs
+        parts = (target, cache.k, self.fc, self.vocab_head, mapping, *self.layer.linears())
+        values = (weight.data_ptr(), norm.weight.data_ptr(), float(self.embed_scale))
+        known = getattr(self, "_chain", None)
+        if (known is not None and known[1] == values and len(known[0]) == len(parts)
+                and all(a is b for a, b in zip(known[0], parts))):
+            return known[2]
+        call = None
+        if (self.vocab_head is not None and target.pos_embed is None and target._inv_freq is not None
+                and isinstance(norm, RMSNorm) and weight.is_contiguous() and weight.dtype == torch.float32
+                and isinstance(cache.k, torch.Tensor)):
+            block = self.layer.kernel_specs()
+            fc, head, feature_in = (getattr(m, "kernel_spec", lambda: None)() for m in (self.fc, self.vocab_head, mapping))
+            norms = (self.layer.attn_norm, self.layer.mlp_norm)
+            if block is not None and fc is not None and head is not None and norms[0].eps == norms[1].eps:
+                stack = cpu_kernels.BlockStack([(norms[0].weight, norms[1].weight)], norms[0].eps, [block])
+                call = cpu_kernels.EagleChain(weight, values[2], fc, stack, self.layer.attn.n_heads,
+                                              cache.k, cache.v, (norm.weight, norm.eps), head, self.vocab_ids,
+                                              target.config.vocab_size, feature_in, len(self.feature_layers))
+        self._chain = (parts, values, call)
+        return call
 
     def logits(self, hidden: torch.Tensor, target: Transformer) -> torch.Tensor:
         """Logits over the target's vocabulary: ``-inf`` outside the draft vocabulary."""
