@@ -170,7 +170,7 @@ class EagleDrafter:
         zeros = self.features.new_zeros(n - offset, self.head.feature_size)
         depth = self._depth(k)
         tokens = self.head.greedy_chain(sequence[offset:], zeros, depth, n, self.cache, self.target, n - offset,
-                                        min_confidence=self._floor())
+                                        min_confidence=self._floor(), call=self.call)
         if tokens is None:
             out = self.head.extend(sequence[offset:], zeros, self.target, self.cache, offset, 0)
             return self._chain(out[-1], n, n - offset, depth)

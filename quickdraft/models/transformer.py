@@ -646,7 +646,7 @@ class Transformer(nn.Module):
         stacks = None
         if (x.shape[0] == 1 and not any(start <= i < stop for i in (*skip_attn, *skip_mlp))
                 and cpu_kernels.fused_layers(x) and isinstance(cache.k, torch.Tensor)
-                and (ragged is None or cache.k.device.type not in PADDED_RAGGED_DEVICES)):  # (PaddedRows)
+                and (ragged is None or cache.k.device.type not in PADDED_RAGGED_DEVICES)):  # (not padded rows)
             cuts = sorted({start, stop, *(i for i in output_hidden_states if start < i < stop)})
             stacks = [self.block_stack(a, b) for a, b in zip(cuts, cuts[1:])]
             stacks = stacks if all(stack is not None for stack in stacks) else None
