@@ -25,6 +25,7 @@ import torch
 
 from ..decoding.drafter import EMPTY, Proposal, check_single_slot
 from ..decoding.sampling import SamplingParams
+from ..models import cpu_kernels
 from ..models.decode_linear import row_dependent_rounding, use_decode_linears
 from ..models.eagle import FILES as EAGLE_FILES
 from ..models.eagle import EagleConfig, EagleHead, load_eagle
@@ -115,8 +116,10 @@ class EagleDrafter:
         self.known = self.fed = self.offset = 0
         self.prompt = prompt
         self.greedy_chains = self._greedy_chain()
-        # (checked and set up once a sequence, not each round: ~30 us a round in the decode loop)
-        self.call = self.head.chain_call(self.target, self.cache) if self.greedy_chains else None
+        # (checked and set up once a sequence, not each round: ~30 us a round in the decode
+        # loop; only where our kernels run: elsewhere, say on a GPU, nothing to set up)
+        runs = self.greedy_chains and cpu_kernels.fused_layers(self.features)
+        self.call = self.head.chain_call(self.target, self.cache) if runs else None
 
     @torch.inference_mode()
     def observe(self, slot: int, start: int, states: dict[int, torch.Tensor]) -> None:
