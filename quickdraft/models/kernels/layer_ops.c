@@ -298,11 +298,10 @@ static inline __attribute__((always_inline)) void weighted_sum(const float *p, c
         _mm256_storeu_ps(o + 8 * c, _mm256_mul_ps(acc[c], scaled));
 }
 
-/* 1 + the last slot below kv_len that mask row mrow shows (0: none; NULL: kv_len). */
+/* 1 + the last slot below kv_len that mask row mrow shows (0: none); without a mask,
+ * causal_end. */
 static int64_t visible_end(const float *mrow, int64_t kv_len) {
     int64_t s = kv_len;
-    if (!mrow)
-        return s;
     const __m256 hidden = _mm256_set1_ps(-INFINITY);
     while (s >= 8 && _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(mrow + s - 8), hidden, _CMP_EQ_OQ)) == 0xff)
         s -= 8;
