@@ -389,17 +389,20 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
     """Flags shaping the tree, multi-draft and n-gram methods."""
     parser.add_argument("--tree", default=None,
                         help="tree, medusa and eagle: children per level (e.g. 2,2,1) or dynamic:N (best N nodes); "
-                        "default 2,2,1 (eagle: on the CPU a chain as long as the cost model finds pays, dynamic:10 on a GPU)")
+                        "default 2,2,1 (eagle: on the CPU a chain as long as the cost model finds pays, dynamic:10 on a GPU; "
+                        "hybrid-eagle: its EAGLE chain, 1,1)")
     parser.add_argument("--tree-children", choices=["sample", "top"], default="sample",
                         help="static tree children when sampling: i.i.d. draft samples (default) or the draft's top-k")
     parser.add_argument("--num-drafts", type=positive_int, default=3,
                         help="multi-draft: sequences sampled from the draft, merged into one tree (default 3)")
     parser.add_argument("--multi-draft-rule", choices=["mss", "spectr"], default="mss",
                         help="sampled verification: multi-step speculative sampling (default) or SpecTr K-SEQ")
-    parser.add_argument("--ngram-max", type=positive_int, default=3, help="n-gram: longest tail to look up (default 3)")
-    parser.add_argument("--ngram-min", type=positive_int, default=2, help="n-gram: shortest tail to look up (default 2)")
+    parser.add_argument("--ngram-max", type=positive_int, default=3,
+                        help="ngram, hybrid, hybrid-eagle: longest tail to look up (default 3)")
+    parser.add_argument("--ngram-min", type=positive_int, default=2,
+                        help="ngram, hybrid, hybrid-eagle: shortest tail to look up (default 2)")
     parser.add_argument("--draft-stop", default="fixed", metavar="POLICY",
-                        help="when a chain stops drafting (draft, layer-skip, hybrid, early-exit; eagle: all but "
+                        help="when a chain stops drafting (draft, layer-skip, hybrid, early-exit; eagle, hybrid-eagle: all but "
                         "cost): fixed (k tokens, default); "
                         "confidence:T (draft top-1 probability < T); dv (Draft & Verify's adaptive threshold); "
                         "heuristic (+2 after a fully accepted step, -1 otherwise); cost (while the cost model "
@@ -417,7 +420,7 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
                         "exit-head`; default: the size recorded there; 0 = all its tokens). A cheaper draft "
                         "step; output is the same")
     parser.add_argument("--heads", metavar="DIR",
-                        help="medusa, prophet, eagle: the heads directory (from `quickdraft train heads`; "
+                        help="medusa, prophet, eagle, hybrid-eagle: the heads directory (from `quickdraft train heads`; "
                         "default: those shipped for the target)")
     parser.add_argument("--no-share-kv", action="store_true",
                         help="early-exit: the draft keeps its own KV cache and verification recomputes every "

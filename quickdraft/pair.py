@@ -39,6 +39,7 @@ NATIVE_ONLY_METHODS = {
     "medusa": "its heads read the target's hidden states and it verifies a token tree",
     "prophet": "it reads the target's hidden states",
     "eagle": "its drafter reads the target's hidden states and it verifies a token tree",
+    "hybrid-eagle": "its EAGLE drafter reads the target's hidden states",
 }
 #: The methods the transformers backend runs, as the messages list them.
 HF_METHODS = "draft, hybrid, ngram or ar"

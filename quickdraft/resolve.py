@@ -4,7 +4,7 @@ resolved, for the Python API, the CLI, the server and the bench alike.
 ``auto`` becomes the method, k and tree the cost model picks (measured once, cached; a
 head method it picks gets its heads loaded as below);
 ``early-exit`` without a head shipped for the target gets the exit layer the cost model
-predicts fastest; ``medusa``, ``prophet`` and ``eagle`` get their heads loaded (once,
+predicts fastest; ``medusa``, ``prophet``, ``eagle`` and ``hybrid-eagle`` get their heads loaded (once,
 shared by every drafter of the plan); every other method is taken as given. The k a request decodes with is
 settled afterwards, once, by :meth:`~quickdraft.generator.SpeculativeGenerator.resolve_k`.
 """
@@ -75,7 +75,7 @@ def resolve_method(
 
         prophet = load_prophet_for(target, options.heads, options.draft_vocab)
         return MethodPlan(method, dataclasses.replace(options, heads=prophet))
-    if method == "eagle":
+    if method in ("eagle", "hybrid-eagle"):
         from .drafters.eagle import load_eagle_head
 
         head = load_eagle_head(target, options.heads, options.draft_vocab)

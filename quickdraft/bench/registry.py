@@ -171,11 +171,7 @@ def _eagle_rows(ctx, config, k):
     trees (EAGLE-2). Short chains are there for targets whose verify pass costs nearly k + 1
     times a step (SmolLM2's int4 kernels are compute-bound): there, one EAGLE token ahead
     gained 1.09x (chat) / 1.25x (code) over plain decoding where a chain of 5 lost."""
-    from ..drafters.eagle import shipped_eagle
-
-    if shipped_eagle(ctx.target) is None:
-        raise BenchError("--methods eagle needs an EAGLE drafter shipped for this target (the embedded target has "
-                         "one); train one with `quickdraft train heads --kind eagle --target ...`")
+    _need_shipped_eagle(ctx, "eagle")
     chains = sorted({1, 2, 5, max(k, 1)})  # and one as long as the run's k (the draft model's), when longer
     return _drafter_rows("eagle", [*({"tree": ",".join(["1"] * n), "k": n} for n in chains),
                                    {"draft_stop": "heuristic", "k": 12},  # a chain of 1-12, as acceptance goes
@@ -185,6 +181,26 @@ def _eagle_rows(ctx, config, k):
 
 
 register_method("eagle", _eagle_rows, help="an EAGLE feature drafter grows a dynamic token tree (EAGLE-2)")
+
+
+def _need_shipped_eagle(ctx, method: str) -> None:
+    from ..drafters.eagle import shipped_eagle
+
+    if shipped_eagle(ctx.target) is None:
+        raise BenchError(f"--methods {method} needs an EAGLE drafter shipped for this target (the embedded target "
+                         "has one); train one with `quickdraft train heads --kind eagle --target ...`")
+
+
+def _hybrid_eagle_rows(ctx, config, k):
+    """The n-gram's continuation (up to 4 or 6 tokens) where one matches, else the shipped
+    EAGLE drafter's chain of 1 or 2."""
+    _need_shipped_eagle(ctx, "hybrid-eagle")
+    return _drafter_rows("hybrid-eagle", [{"tree": "1", "k": 4}, {"tree": "1,1", "k": 4},
+                                          {"tree": "1,1", "k": 6}])(ctx, config, k)
+
+
+register_method("hybrid-eagle", _hybrid_eagle_rows,
+                help="n-gram continuation when one matches, else the EAGLE drafter's chain")
 
 ADAPTIVE_STOPS = ["confidence:0.7", "dv", "heuristic", "cost"]
 

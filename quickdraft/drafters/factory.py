@@ -76,6 +76,11 @@ METHODS: dict[str, MethodSpec] = {
                         needs="heads", chain=True, batched=True,
                         default_k="the cost model's chain length on the CPU (1-8, measured once, cached), else 6 "
                                   "(the tree's depth); batched: a chain of 6"),
+    "hybrid-eagle": MethodSpec("the n-gram continuation when one matches, else an EAGLE drafter's chain (--heads DIR, "
+                               "default: the drafter shipped for the target; --tree 1,...,1 sets the chain, "
+                               "default 1,1); the drafter catches up on the n-gram's tokens when it next drafts",
+                               needs="heads", chain=True,
+                               default_k="4 (the n-gram's most; the EAGLE chain is --tree's, at most k)"),
     "auto": MethodSpec("the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
                        needs="measured", default_k="the cost model's choice with the method"),
 }
@@ -181,16 +186,12 @@ def make_drafter(
 
         return ProphetDrafter(target, load_prophet_for(target, options.heads, options.draft_vocab))
     if method == "eagle":
-        from .eagle import EagleDrafter, eagle_shape, load_eagle_head
+        return _eagle_drafter(target, options, stop)
+    if method == "hybrid-eagle":
+        from .hybrid import HybridDrafter
 
-        device = getattr(target, "device", None)
-        adaptive = not isinstance(stop, FixedStop)
-        # No --tree on the CPU: a chain as long as the cost model finds pays (generate's k);
-        # with an adaptive --draft-stop, a chain as long as it may grow.
-        by_cost_model = options.tree is None and not (device is not None and device.type == "cuda") and not adaptive
-        tree = options.tree or (",".join(["1"] * ADAPTIVE_MAX_DEPTH) if adaptive else None)
-        return EagleDrafter(target, load_eagle_head(target, options.heads, options.draft_vocab),
-                            eagle_shape(tree, options.tree_children, device), by_cost_model, stop)
+        return HybridDrafter(NgramDrafter(options.ngram_max, options.ngram_min),
+                             _eagle_drafter(target, options, stop, hybrid=True))
     shape = draft_shape(method, options)
     if method == "layer-skip":
         from .layer_skip import LayerSkipLM, load_profile
@@ -206,3 +207,30 @@ def make_drafter(
 
         return HybridDrafter(NgramDrafter(options.ngram_max, options.ngram_min), model_drafter)
     return model_drafter
+
+
+#: The EAGLE chain of ``hybrid-eagle`` when no ``--tree`` is given. Short, because the
+#: n-gram takes the long runs: SmolLM2's 12 code prompts (128 tokens, one run, every
+#: output the plain one's), beside n-gram k=4 alone at 1.69x plain decoding: an EAGLE
+#: fallback chain of 1 1.78x, of 2 1.86x.
+HYBRID_EAGLE_TREE = "1,1"
+
+
+def _eagle_drafter(target: CausalLM | None, options: DraftOptions, stop, hybrid: bool = False) -> Drafter:
+    """``--method eagle``'s drafter (or ``hybrid-eagle``'s chain, ``hybrid``)."""
+    from .eagle import EagleDrafter, eagle_shape, load_eagle_head
+
+    device = getattr(target, "device", None)
+    adaptive = not isinstance(stop, FixedStop)
+    # No --tree on the CPU: a chain as long as the cost model finds pays (generate's k);
+    # with an adaptive --draft-stop, a chain as long as it may grow.
+    by_cost_model = (not hybrid and options.tree is None and not (device is not None and device.type == "cuda")
+                     and not adaptive)
+    tree = options.tree or (",".join(["1"] * ADAPTIVE_MAX_DEPTH) if adaptive else
+                            HYBRID_EAGLE_TREE if hybrid else None)
+    shape = eagle_shape(tree, options.tree_children, device)
+    if hybrid and not (isinstance(shape, StaticTree) and all(w == 1 for w in shape.widths)):
+        raise ValueError(f"--method hybrid-eagle drafts a chain: pass --tree 1,1,...,1 (one 1 per token), "
+                         f"not --tree {tree}")
+    return EagleDrafter(target, load_eagle_head(target, options.heads, options.draft_vocab), shape, by_cost_model,
+                        stop)

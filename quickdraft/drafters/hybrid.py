@@ -1,4 +1,5 @@
-"""Prompt lookup when it finds a match, the draft model otherwise."""
+"""Prompt lookup when it finds a match, a model's drafter otherwise (``hybrid``: a draft
+model; ``hybrid-eagle``: an EAGLE drafter)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,17 @@ class HybridDrafter:
     tokens it skipped in one pass the next time it proposes for the row.
 
     ``model`` is the draft model's drafter: ``DraftModelDrafter`` (one sequence) or
-    ``BatchedDraftModel`` (many rows); the hybrid serves the slots it serves.
+    ``BatchedDraftModel`` (many rows); the hybrid serves the slots it serves. Or an
+    ``EagleDrafter``, which reads the target's states: the hybrid asks for them
+    (``reads_hidden``) and hands every pass's on (``observe``), n-gram rounds' too, so the
+    drafter can feed the tokens it skipped, each with its own feature, when it next drafts.
     """
 
     def __init__(self, ngram: NgramDrafter, model: Drafter) -> None:
         self.ngram, self.model = ngram, model
         self.name = f"hybrid({ngram.name}+{model.name})"
         self._by_ngram: set[int] = set()  # slots whose last proposal was the n-gram's
+        self.reads_hidden = tuple(getattr(model, "reads_hidden", ()))  # the engine asks for these states
 
     def verify_width(self, k: int) -> int:
         return max(self.ngram.verify_width(k), self.model.verify_width(k))
@@ -53,6 +58,9 @@ class HybridDrafter:
         # is a prefix of the sequence still, and it catches up when it next proposes.
         if slot not in self._by_ngram:
             self.model.verified(slot, length, path)
+
+    def observe(self, slot: int, start: int, states: dict[int, torch.Tensor]) -> None:
+        self.model.observe(slot, start, states)  # only called when reads_hidden names states
 
     def leave(self, slot: int) -> None:
         self._by_ngram.discard(slot)
