@@ -103,7 +103,7 @@ def test_greedy_hybrid_eagle_equals_plain_and_its_drafter_catches_up():
     plain = SpeculativeGenerator.from_pretrained(method="ar")
     hybrid = SpeculativeGenerator.from_pretrained(method="hybrid-eagle")
     assert isinstance(hybrid.drafter, HybridDrafter) and hybrid.drafter.reads_hidden == hybrid.drafter.model.reads_hidden
-    assert hybrid.drafter.model.shape.depth(4) == 2  # the default chain under the n-gram's k = 4
+    assert hybrid.resolve_k() == (6, "default") and hybrid.drafter.model.shape.depth(6) == 2  # n-gram 6, chain 2
     rounds = record_rounds(hybrid.drafter)
     for prompt in PROMPTS:
         rounds.clear()

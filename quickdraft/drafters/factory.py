@@ -80,7 +80,7 @@ METHODS: dict[str, MethodSpec] = {
                                "default: the drafter shipped for the target; --tree 1,...,1 sets the chain, "
                                "default 1,1); the drafter catches up on the n-gram's tokens when it next drafts",
                                needs="heads", chain=True,
-                               default_k="4 (the n-gram's most; the EAGLE chain is --tree's, at most k)"),
+                               default_k="6 (the n-gram's most; the EAGLE chain is --tree's, at most k)"),
     "auto": MethodSpec("the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
                        needs="measured", default_k="the cost model's choice with the method"),
 }
@@ -191,7 +191,7 @@ def make_drafter(
         from .hybrid import HybridDrafter
 
         return HybridDrafter(NgramDrafter(options.ngram_max, options.ngram_min),
-                             _eagle_drafter(target, options, stop, hybrid=True))
+                             _eagle_drafter(target, options, stop, hybrid=True), own_k=(HYBRID_EAGLE_K, "default"))
     shape = draft_shape(method, options)
     if method == "layer-skip":
         from .layer_skip import LayerSkipLM, load_profile
@@ -209,11 +209,14 @@ def make_drafter(
     return model_drafter
 
 
-#: The EAGLE chain of ``hybrid-eagle`` when no ``--tree`` is given. Short, because the
-#: n-gram takes the long runs: SmolLM2's 12 code prompts (128 tokens, one run, every
-#: output the plain one's), beside n-gram k=4 alone at 1.69x plain decoding: an EAGLE
-#: fallback chain of 1 1.78x, of 2 1.86x.
+#: The EAGLE chain of ``hybrid-eagle`` when no ``--tree`` is given, and its k (the n-gram's
+#: most) when none is given. Short chains, because the n-gram takes the long runs:
+#: SmolLM2's 12 code prompts (128 tokens, one run, every output the plain one's), beside
+#: n-gram k=4 alone at 1.81x plain decoding: k=4 with an EAGLE chain of 1 1.82x, of 2
+#: 1.90x; k=6, chain of 2 1.98x (docs/smollm2/bench.md, "Session 37"). Beside the embedded
+#: target, whose EAGLE drafter is right far more often, EAGLE alone wins (chain of 8).
 HYBRID_EAGLE_TREE = "1,1"
+HYBRID_EAGLE_K = 6
 
 
 def _eagle_drafter(target: CausalLM | None, options: DraftOptions, stop, hybrid: bool = False) -> Drafter:
