@@ -2,6 +2,8 @@
 plain decoding for every method and shape; the KV cache after a tree step equals a fresh
 prefill of the accepted sequence; bad settings are one-line errors."""
 
+import random
+
 import pytest
 import torch
 
@@ -100,6 +102,31 @@ def test_ngram_proposes_the_continuation_of_the_latest_match():
     assert proposal.tokens.tolist() == [2, 3, 5]  # the latest earlier "5 6 7" with 3 tokens after it
     assert drafter.lookup(torch.tensor([1, 2, 3, 4]), 3).size == 0  # nothing matches: a plain step
     assert drafter.lookup(torch.tensor([4, 9, 4]), 3).tokens.tolist() == [9, 4]  # short continuation
+
+
+def test_ngram_lookup_follows_its_rule_on_random_sequences():
+    """The rule, spelled out: the longest tail (ngram_max down to ngram_min) with an earlier
+    occurrence; of those occurrences the latest with k tokens after it, else the earliest.
+    Ids of several bytes alike (the lookup searches the ids' bytes: a match straddling two
+    ids is none)."""
+    def rule(seq: list[int], k: int, most: int, least: int) -> list[int]:
+        length = len(seq)
+        for n in range(min(most, length - 1), least - 1, -1):
+            starts = [s for s in range(length - n) if seq[s : s + n] == seq[length - n :]]
+            full = [s for s in starts if s + n + k <= length]
+            if starts:
+                begin = (full[-1] if full else starts[0]) + n
+                return seq[begin : begin + k]
+        return []
+
+    rng = random.Random(0)
+    for _ in range(3000):
+        pool = rng.choice([[0, 1], [0, 1, 2, 3, 4], [1, 256, 257, 65536, 2**40, 2**40 + 1]])
+        seq = [rng.choice(pool) for _ in range(rng.randint(1, 30))]
+        most = rng.randint(1, 4)
+        least, k = rng.randint(1, most), rng.randint(1, 8)
+        proposal = NgramDrafter(most, least).lookup(torch.tensor(seq), k)
+        assert (proposal.tokens.tolist() if proposal.size else []) == rule(seq, k, most, least), (seq, k, most, least)
 
 
 def test_ngram_never_costs_a_wide_pass_without_a_match(models):
