@@ -374,15 +374,16 @@ def fused_copy(target, layers: tuple[int, ...], out) -> str:
     return str(out)
 
 
-@pytest.mark.parametrize("heads", [None, "qd-stdlib-target-eagle-wide", "fused"],
-                         ids=["shipped-256-wide", "448-wide", "fused-3-layers"])
+@pytest.mark.parametrize("heads", [None, "qd-stdlib-target-eagle-wide", "fused", "int4"],
+                         ids=["shipped-256-wide", "448-wide", "fused-3-layers", "int4-beside-int4-target"])
 def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch, tmp_path, heads):
     """``qd_eagle_chain`` feeds the accepted tokens and runs the chain's levels in C: the
     same tokens as the Python feed and levels, the same drafter cache bit for bit (both
     scale the feature to unit RMS with ``qd_rms_norm``: with 8-bit activations an ulp there
     had moved the cache by up to 0.01), and greedy output stays plain decoding's; for
     the shipped drafter at the draft model's width (its own embedding and norm), for the
-    one of the target's width, and for one fusing three of the target's layers (EAGLE-3)."""
+    one of the target's width, and for one fusing three of the target's layers (EAGLE-3);
+    and in int4 beside a target in int4."""
     from quickdraft.decoding.engine import decode
     from quickdraft.decoding.stats import GenerationStats
     from quickdraft.decoding.stopping import StopConditions
@@ -392,10 +393,15 @@ def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch, 
 
     if cpu_kernels.library() is None:
         pytest.skip("needs the compiled CPU kernels")
-    pair = load_pair(None, need_draft=False)
-    path = fused_copy(pair.target.model, (2, 5, 8), tmp_path / "fused") if heads == "fused" else heads
+    from quickdraft.models.placement import resolve_placement
+    from quickdraft.models.quant_linear import Int4Linear
+
+    pair = load_pair(None, need_draft=False, placement=resolve_placement(quantize="int4" if heads == "int4" else None))
+    path = (fused_copy(pair.target.model, (2, 5, 8), tmp_path / "fused") if heads == "fused" else
+            None if heads == "int4" else heads)
     head = load_eagle_head(pair.target, path and str(HEADS_DIR / path))
     assert head.own_width == (heads != "qd-stdlib-target-eagle-wide") and head.fused == (heads == "fused")
+    assert any(isinstance(m, Int4Linear) for m in head.modules()) == (heads == "int4")
     chained = EagleHead.greedy_chain
     runs = []
     for in_c in (True, False):

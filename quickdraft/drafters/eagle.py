@@ -311,13 +311,13 @@ def load_eagle_head(target: CausalLM | None, head: str | EagleHead | None,
         raise ValueError("--method eagle needs an EAGLE drafter for this target: pass --heads DIR (train one with "
                          "`quickdraft train heads --kind eagle --target ...`)")
     head = load_eagle(path, target.model, draft_vocab)
-    # int8 wherever our kernels run: a level reads the layer, fc and the reduced head (the
-    # embedded target's: 15 MB in float32, as much as 1.5 of its 8 layers); measured
-    # beside the float32 embedded target 1.14x / 1.16x the tokens/s of a chain of 5 /
-    # dynamic tree of 8 (tau 4.46 -> 4.40 / unchanged), and beside SmolLM2's int4 layers
-    # likewise. Its rounding never changes what the target accepts.
+    # int8 wherever our kernels run (int4 beside an int4 target): a level reads the layer,
+    # fc and the reduced head (the embedded target's: 15 MB in float32, as much as 1.5 of
+    # its 8 layers); measured beside the float32 embedded target 1.14x / 1.16x the tokens/s
+    # of a chain of 5 / dynamic tree of 8 (tau 4.46 -> 4.40 / unchanged), and beside
+    # SmolLM2's int4 layers likewise. Its rounding never changes what the target accepts.
     if head.embed_scale.dtype == torch.float32:
-        quantize_drafter(head)
+        quantize_drafter(head, beside=target.model)
     if target.decode_linears:  # the target's CPU decode kernels serve the drafter's few-row steps too
         use_decode_linears(head)
     return head
