@@ -85,7 +85,7 @@ def resolve_method(
     from .policy.method_choice import cached_method
 
     choice = cached_method(target, draft, tokenizer, remeasure=remeasure, log=log, kind=kind)
-    if choice.method in ("medusa", "prophet", "eagle"):  # their heads, loaded as above
+    if choice.method in ("medusa", "prophet", "eagle", "hybrid-eagle"):  # their heads, loaded as above
         plan = resolve_method(target, draft, tokenizer, choice.method, choice.options())
         return dataclasses.replace(plan, choice=choice)
     return MethodPlan(choice.method, choice.options(), choice)

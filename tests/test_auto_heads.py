@@ -37,7 +37,7 @@ def test_every_shipped_head_method_is_measured_with_the_engines_passes():
     assert name == "qd-stdlib-target-eagle" and [len(d) for d in digests.split("+")] == [16, 8]
     # Unit costs: a verify pass of any width costs 1, drafting is measured (> 0).
     costs = StepCosts(t_ar=1.0, t_draft=0.0, verify={n: 1.0 for n in range(1, 40)})
-    for method, k in (("eagle", 4), ("prophet", 2)):
+    for method, k in (("eagle", 4), ("prophet", 2), ("hybrid-eagle", 6)):
         speedup, tau = measure_head_method(method, k, gen.target, ids, outputs, costs, repeats=1)
         plan = resolve_method(gen.target, None, gen.tokenizer, method)
         passes = 0
@@ -58,7 +58,8 @@ def test_auto_weighs_the_head_methods_beside_the_draft_methods(tmp_path, monkeyp
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     gen = SpeculativeGenerator.from_pretrained(method="draft")
     choice = choose_method(gen.target, gen.draft, gen.tokenizer, prompts=PROMPTS[:1], new_tokens=24, max_k=4)
-    for label in ("medusa k=4", "prophet k=4", "eagle k=6", "eagle k=1 tree=1", "draft k=4", "tree 2,1"):
+    for label in ("medusa k=4", "prophet k=4", "eagle k=6", "eagle k=1 tree=1", "hybrid-eagle k=6 tree=1,1",
+                  "draft k=4", "tree 2,1"):
         assert label in choice.table
     assert choice.predicted == max(s for s, _ in choice.table.values())
 
@@ -85,5 +86,21 @@ def test_an_eagle_chain_of_one_resolves_to_its_shape_and_stays_lossless(monkeypa
     plan = resolve_method(gen.target, None, gen.tokenizer, "auto")
     assert plan.method == "eagle" and plan.k == 1 and plan.options.tree == "1"
     auto = SpeculativeGenerator(gen.target, gen.tokenizer, plan.drafter(None, gen.target))
+    for prompt, reference in zip(PROMPTS, outputs):
+        assert auto.generate(prompt, max_new_tokens=32, num_speculative_tokens=plan.k).token_ids == reference
+
+
+def test_a_chosen_hybrid_eagle_resolves_to_its_chain_and_stays_lossless(monkeypatch):
+    """Auto's hybrid-eagle candidate runs as measured: prompt lookup up to k, else the
+    shipped EAGLE drafter's chain of 2 (what auto picks for SmolLM2's completions)."""
+    gen, ids, outputs = embedded()
+    choice = MethodChoice("hybrid-eagle", 6, (1, 1), 2.1, {"hybrid-eagle k=6 tree=1,1": (2.1, 3.1)})
+    assert choice.options().tree == "1,1"
+    monkeypatch.setattr(method_choice, "cached_method", lambda *a, **kw: choice)
+    plan = resolve_method(gen.target, None, gen.tokenizer, "auto")
+    assert plan.method == "hybrid-eagle" and plan.k == 6 and plan.options.heads is not None
+    drafter = plan.drafter(None, gen.target)
+    assert drafter.model.shape.depth(6) == 2
+    auto = SpeculativeGenerator(gen.target, gen.tokenizer, drafter)
     for prompt, reference in zip(PROMPTS, outputs):
         assert auto.generate(prompt, max_new_tokens=32, num_speculative_tokens=plan.k).token_ids == reference

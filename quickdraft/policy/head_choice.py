@@ -23,7 +23,7 @@ import torch
 from ..decoding.engine import decode
 from ..decoding.stats import GenerationStats
 from ..decoding.stopping import StopConditions
-from ..drafters.factory import DraftOptions, make_drafter
+from ..drafters.factory import HYBRID_EAGLE_K, HYBRID_EAGLE_TREE, DraftOptions, make_drafter
 from ..drafters.per_row import HEAD_BATCH_K
 from ..models.draft_vocab import VOCAB_FILE
 from ..models.lm import CausalLM, NativeLM, eos_token_ids
@@ -45,6 +45,16 @@ HEAD_KS = {method: (k,) for method, k in HEAD_BATCH_K.items()}
 HEAD_SHAPES: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
     method: tuple((k, ()) for k in ks) for method, ks in HEAD_KS.items()}
 HEAD_SHAPES["eagle"] += ((1, (1,)), (5, (1, 1, 1, 1, 1)))
+#: Prompt lookup, else the EAGLE drafter's chain, at its defaults: SmolLM2's code prompts
+#: 2.07-2.17x plain decoding where the n-gram alone made 1.74-1.84x (docs/smollm2/bench.md,
+#: "Session 37").
+HEAD_SHAPES["hybrid-eagle"] = ((HYBRID_EAGLE_K, tuple(int(w) for w in HYBRID_EAGLE_TREE.split(","))),)
+
+
+def head_methods_weighed(shipped: dict[str, str]) -> list[str]:
+    """The head methods auto runs for a target with ``shipped`` heads
+    (:func:`shipped_head_methods`): each of them, and hybrid-eagle beside an EAGLE drafter."""
+    return [*shipped, *(["hybrid-eagle"] if "eagle" in shipped else [])]
 
 
 def shipped_head_methods(target: CausalLM) -> dict[str, str]:

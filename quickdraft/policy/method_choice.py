@@ -12,9 +12,9 @@ follows exactly from the ranks, with the correlation between neighbouring positi
   tree holds the top-w children of the accepted path's node, whichever path it was);
 - prompt lookup replays :class:`~quickdraft.drafters.ngram.NgramDrafter` on the reference;
 - hybrid takes the n-gram proposal when there is one, else the draft chain;
-- the head methods with heads shipped for the target (Medusa, prophet, EAGLE) cannot be
-  replayed from ranks: they are run on the same prompts, their drafting timed
-  (:mod:`.head_choice`).
+- the head methods with heads shipped for the target (Medusa, prophet, EAGLE, and beside
+  an EAGLE drafter hybrid-eagle) cannot be replayed from ranks: they are run on the same
+  prompts, their drafting timed (:mod:`.head_choice`).
 
 Each replayed step costs what the engine will spend on it: the draft passes
 (:meth:`StepCosts.t_drafting`) plus one target pass over the proposal + 1, from costs
@@ -50,7 +50,12 @@ from ..models.lm import CausalLM, eos_token_ids
 from . import cache
 from .autok import CALIBRATION_PROMPTS, measure_quiet_step_costs, measurement_source
 from .cost_model import StepCosts
-from .head_choice import HEAD_KS, HEAD_SHAPES, measure_head_method, shipped_head_methods
+from .head_choice import (
+    HEAD_SHAPES,
+    head_methods_weighed,
+    measure_head_method,
+    shipped_head_methods,
+)
 from .timing import Noise
 
 #: Static tree shapes auto considers (the chain is ``draft``).
@@ -76,12 +81,13 @@ def calibration_ids(tokenizer, kind: str = "completion") -> list[list[int]]:
     if kind == "chat":
         return [chat_prompt_ids(tokenizer, [{"role": "user", "content": text}]) for text in CHAT_CALIBRATION]
     return [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
-CACHE_VERSION = 10  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
+CACHE_VERSION = 11  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
 #                   4: no token trees for a transformers-backend pair; 5: shipped head methods weighed;
 #                   6: EAGLE one token ahead weighed too (HEAD_SHAPES); 7: an int8 EAGLE
 #                   drafter, its chains without tree masks, and its chain of 5 weighed;
 #                   8: plain steps timed after plain steps, verify passes after draft bursts;
-#                   9: n-gram lookups of 2+ tokens; 10: plain steps timed after 16 plain steps
+#                   9: n-gram lookups of 2+ tokens; 10: plain steps timed after 16 plain steps;
+#                   11: hybrid-eagle weighed beside a shipped EAGLE drafter
 
 
 @dataclass(frozen=True)
@@ -222,7 +228,7 @@ class MethodChoice:
     def options(self) -> DraftOptions:
         """The chosen method's options (a tree's children: the draft's top-w, as replayed; a
         head method's defaults, as measured)."""
-        if self.method in HEAD_KS:
+        if self.method in HEAD_SHAPES:
             return DraftOptions(tree=",".join(map(str, self.tree)) if self.tree else None)
         return DraftOptions(tree=",".join(map(str, self.tree)) or "2,2,1", tree_children="top")
 
@@ -287,7 +293,7 @@ def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer,
     table = {c.label: replay_speedup(c, traces, costs, ngram) for c in weighed}
     # Head methods cannot be replayed from ranks: they are run (policy/head_choice.py).
     prompt_ids = [torch.tensor(tr.prompt, dtype=torch.long) for tr in traces]
-    for method in shipped_head_methods(target):
+    for method in head_methods_weighed(shipped_head_methods(target)):
         for k, tree in HEAD_SHAPES[method]:
             head = Candidate(method, k, tree)
             weighed.append(head)
