@@ -1,8 +1,8 @@
 """``--method hybrid-eagle``: the n-gram's continuation where one matches, else an EAGLE
 drafter's chain, which feeds the tokens it skipped (with the target's features) when it
 next drafts. Lossless (greedy equality, sampled output distributed as the target's where a
-wrong rule fails the same test), both drafters really propose, the drafter's catch-up
-drafts as well as a drafter that never skipped, and bad input is one line."""
+wrong rule fails the same test), both drafters really propose, the drafter's chain after
+a catch-up is the one a drafter fed everything at once drafts, and bad input is one line."""
 
 from __future__ import annotations
 
@@ -131,7 +131,7 @@ def test_hybrid_eagle_in_the_cli_and_its_one_line_errors(tiny_family, capsys):
     tiny = ["generate", "--model", str(tiny_family["target"]), "--prompt", "x", "--max-new-tokens", "4"]
     assert main([*tiny, "--method", "hybrid-eagle"]) != 0  # nothing shipped for it
     err = capsys.readouterr().err
-    assert "needs an EAGLE drafter" in err and "Traceback" not in err
+    assert "hybrid-eagle) needs an EAGLE drafter" in err and "Traceback" not in err
     assert main([*tiny, "--method", "hybrid-eagle", "--backend", "hf"]) != 0
     assert "native runtime" in capsys.readouterr().err
 

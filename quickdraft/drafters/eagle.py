@@ -308,8 +308,8 @@ def load_eagle_head(target: CausalLM | None, head: str | EagleHead | None,
         return head
     path = head or shipped_eagle(target)
     if path is None:
-        raise ValueError("--method eagle needs an EAGLE drafter for this target: pass --heads DIR (train one with "
-                         "`quickdraft train heads --kind eagle --target ...`)")
+        raise ValueError("--method eagle (and hybrid-eagle) needs an EAGLE drafter for this target: pass --heads DIR "
+                         "(train one with `quickdraft train heads --kind eagle --target ...`)")
     head = load_eagle(path, target.model, draft_vocab)
     # int8 wherever our kernels run (int4 beside an int4 target): a level reads the layer,
     # fc and the reduced head (the embedded target's: 15 MB in float32, as much as 1.5 of
