@@ -215,7 +215,8 @@ def make_drafter(
 #: n-gram k=4 alone at 1.81x plain decoding: k=4 with an EAGLE chain of 1 1.82x, of 2
 #: 1.90x; k=6, chain of 2 1.98x (docs/smollm2/bench.md, "Session 37"). Beside the embedded
 #: target, whose EAGLE drafter is right far more often, EAGLE alone wins (chain of 8).
-HYBRID_EAGLE_TREE = "1,1"
+HYBRID_EAGLE_CHAIN = 2
+HYBRID_EAGLE_TREE = ",".join(["1"] * HYBRID_EAGLE_CHAIN)
 HYBRID_EAGLE_K = 6
 
 

@@ -27,9 +27,7 @@ class HybridDrafter:
 
     def __init__(self, ngram: NgramDrafter, model: Drafter, own_k: tuple[int, str] | None = None) -> None:
         """``own_k``: the k (and its source) the generator settles on when none is given."""
-        self.ngram, self.model = ngram, model
-        if own_k is not None:
-            self.own_k = own_k
+        self.ngram, self.model, self.own_k = ngram, model, own_k
         self.name = f"hybrid({ngram.name}+{model.name})"
         self._by_ngram: set[int] = set()  # slots whose last proposal was the n-gram's
         self.reads_hidden = tuple(getattr(model, "reads_hidden", ()))  # the engine asks for these states

@@ -23,7 +23,7 @@ import torch
 from ..decoding.engine import decode
 from ..decoding.stats import GenerationStats
 from ..decoding.stopping import StopConditions
-from ..drafters.factory import HYBRID_EAGLE_K, HYBRID_EAGLE_TREE, DraftOptions, make_drafter
+from ..drafters.factory import HYBRID_EAGLE_CHAIN, HYBRID_EAGLE_K, DraftOptions, make_drafter
 from ..drafters.per_row import HEAD_BATCH_K
 from ..models.draft_vocab import VOCAB_FILE
 from ..models.lm import CausalLM, NativeLM, eos_token_ids
@@ -48,7 +48,7 @@ HEAD_SHAPES["eagle"] += ((1, (1,)), (5, (1, 1, 1, 1, 1)))
 #: Prompt lookup, else the EAGLE drafter's chain, at its defaults: SmolLM2's code prompts
 #: 2.07-2.17x plain decoding where the n-gram alone made 1.74-1.84x (docs/smollm2/bench.md,
 #: "Session 37").
-HEAD_SHAPES["hybrid-eagle"] = ((HYBRID_EAGLE_K, tuple(int(w) for w in HYBRID_EAGLE_TREE.split(","))),)
+HEAD_SHAPES["hybrid-eagle"] = ((HYBRID_EAGLE_K, (1,) * HYBRID_EAGLE_CHAIN),)
 
 
 def head_methods_weighed(shipped: dict[str, str]) -> list[str]:
