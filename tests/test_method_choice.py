@@ -85,7 +85,26 @@ def test_choice_is_the_best_prediction_and_is_cached(models, tmp_path, monkeypat
     again = cached_method(target, drafts["copy"], tok, log=logged.append)
     assert len(logged) == 1 and first.measured and not again.measured
     assert (again.method, again.k, again.tree) == (first.method, first.k, first.tree)
+    assert again.free_costs.verify == first.free_costs.verify != first.costs.verify  # both regimes cached
     assert json.loads(first.path.read_text())["method"] == first.method
+
+
+def test_each_candidate_is_priced_in_the_regime_it_decodes_in(models):
+    """The draft model's candidates are priced with verify passes timed after a draft
+    burst, prompt lookup with passes timed after plain steps (it never runs the draft)."""
+    tok, target, drafts = models
+    draft = drafts["perturbed"]
+    choice = choose_method(target, draft, tok, prompts=PROMPTS, new_tokens=32, max_k=4)
+    assert choice.costs.draft_burst and not choice.free_costs.draft_burst
+    eos = eos_token_ids(target, tok)
+    traces = [record_trace(target, draft, torch.tensor(tok(p)["input_ids"]), 32, eos) for p in PROMPTS]
+    told_apart = False
+    for candidate in [c for c in CANDIDATES if c.label in choice.table]:
+        own, other = ((choice.free_costs, choice.costs) if candidate.method == "ngram"
+                      else (choice.costs, choice.free_costs))
+        assert choice.table[candidate.label] == pytest.approx(replay_speedup(candidate, traces, own)), candidate
+        told_apart |= replay_speedup(candidate, traces, own) != pytest.approx(replay_speedup(candidate, traces, other))
+    assert told_apart  # the regimes' prices differ, so the check above could fail
 
 
 def test_cli_auto_is_lossless_and_says_what_it_chose(tiny_family, tmp_path, monkeypatch, capsys):

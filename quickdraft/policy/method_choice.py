@@ -19,7 +19,11 @@ follows exactly from the ranks, with the correlation between neighbouring positi
 Each replayed step costs what the engine will spend on it: the draft passes
 (:meth:`StepCosts.t_drafting`) plus one target pass over the proposal + 1, from costs
 measured on this machine
-(:func:`~quickdraft.policy.autok.measure_step_costs`). The candidate with the highest
+(:func:`~quickdraft.policy.autok.measure_step_costs`), each in the regime the candidate
+decodes in (:func:`regime`): a draft model's candidates with verify passes timed after a
+draft burst (which evicts the target's weights from the CPU caches: SmolLM2's 2-token pass
+1.30 plain steps there, 0.98-1.06 after plain steps), prompt lookup and the head methods
+with passes timed after plain steps. The candidate with the highest
 predicted speedup wins. Sampled decoding accepts less than greedy: the choice is made for
 greedy and used for both (docs/methods.md, "Choosing a method: `--method auto`").
 
@@ -81,13 +85,14 @@ def calibration_ids(tokenizer, kind: str = "completion") -> list[list[int]]:
     if kind == "chat":
         return [chat_prompt_ids(tokenizer, [{"role": "user", "content": text}]) for text in CHAT_CALIBRATION]
     return [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
-CACHE_VERSION = 11  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
+CACHE_VERSION = 12  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
 #                   4: no token trees for a transformers-backend pair; 5: shipped head methods weighed;
 #                   6: EAGLE one token ahead weighed too (HEAD_SHAPES); 7: an int8 EAGLE
 #                   drafter, its chains without tree masks, and its chain of 5 weighed;
 #                   8: plain steps timed after plain steps, verify passes after draft bursts;
 #                   9: n-gram lookups of 2+ tokens; 10: plain steps timed after 16 plain steps;
-#                   11: hybrid-eagle weighed beside a shipped EAGLE drafter
+#                   11: hybrid-eagle weighed beside a shipped EAGLE drafter;
+#                   12: n-gram and head methods priced with draft-free step costs
 
 
 @dataclass(frozen=True)
@@ -193,6 +198,17 @@ def replay_speedup(candidate: Candidate, traces: Sequence[Trace], costs: StepCos
     return tokens * costs.t_ar / seconds, tokens / passes
 
 
+#: The methods whose steps run a draft model: their verify passes follow a draft burst.
+DRAFT_MODEL_METHODS = frozenset({"draft", "hybrid", "tree"})
+
+
+def regime(method: str) -> str:
+    """Which step costs price ``method``: ``"draft"`` (passes timed after a draft model's
+    burst) for the methods that run the draft model, ``"free"`` (after plain steps) for
+    prompt lookup and the head methods, which never touch it."""
+    return "draft" if method in DRAFT_MODEL_METHODS else "free"
+
+
 def candidates(max_k: int = MAX_K, with_draft: bool = True, trees: bool = True) -> list[Candidate]:
     """What auto weighs: n-gram, and with a draft the chain, hybrid and (``trees``: only the
     native runtime verifies a tree) token trees, at each k up to ``max_k``."""
@@ -214,7 +230,8 @@ class MethodChoice:
     tree: tuple[int, ...]
     predicted: float
     table: dict[str, tuple[float, float]] = field(default_factory=dict)
-    costs: StepCosts | None = None
+    costs: StepCosts | None = None  # the draft-model candidates' (without a draft: every candidate's)
+    free_costs: StepCosts | None = None  # prompt lookup's and the head methods' (:func:`regime`)
     measured: bool = True
     path: Path | None = None
     noise: Noise | None = None  # how noisy the step-cost timings were (None: read from the cache)
@@ -254,13 +271,15 @@ class MethodChoice:
     def to_json(self) -> dict:
         return {"method": self.method, "k": self.k, "tree": list(self.tree), "predicted": self.predicted,
                 "table": {k: list(v) for k, v in self.table.items()},
-                "step_costs": self.costs.to_dict() if self.costs else None}
+                "step_costs": self.costs.to_dict() if self.costs else None,
+                "free_step_costs": self.free_costs.to_dict() if self.free_costs else None}
 
     @classmethod
     def from_json(cls, data: dict, path: Path | None = None) -> MethodChoice:
         return cls(str(data["method"]), int(data["k"]), tuple(int(w) for w in data["tree"]),
                    float(data["predicted"]), {k: (float(v[0]), float(v[1])) for k, v in data["table"].items()},
                    StepCosts.from_dict(data["step_costs"]) if data.get("step_costs") else None,
+                   StepCosts.from_dict(data["free_step_costs"]) if data.get("free_step_costs") else None,
                    measured=False, path=path, measured_at=data.get("measured_at"))
 
 
@@ -287,10 +306,16 @@ def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer,
     context = torch.tensor(longest.prompt + longest.output, dtype=torch.long)
     trees = all(lm.backend == "native" for lm in (target, draft) if lm is not None)
     weighed = candidates(max_k, draft is not None, trees)
-    widths = {c.nodes + 1 for c in weighed}  # every full tree's pass
-    costs, noise = measure_quiet_step_costs(target, draft, context, sorted({*range(1, max_k + 2), *widths}),
-                                            repeats=5, log=log)
-    table = {c.label: replay_speedup(c, traces, costs, ngram) for c in weighed}
+    widths = sorted({*range(1, max_k + 2), *(c.nodes + 1 for c in weighed)})  # every full tree's pass
+    # Each candidate is priced in the regime it decodes in (:func:`regime`): timed after a
+    # draft burst, a verify pass can cost a third more than after plain steps.
+    costs, noise = measure_quiet_step_costs(target, draft, context, widths, repeats=5, log=log)
+    free_costs = costs
+    if draft is not None:
+        free_costs, free_noise = measure_quiet_step_costs(target, None, context, widths, repeats=5, log=log)
+        noise = max(noise, free_noise, key=lambda n: n.spread / n.limit)
+    priced = {"draft": costs, "free": free_costs}
+    table = {c.label: replay_speedup(c, traces, priced[regime(c.method)], ngram) for c in weighed}
     # Head methods cannot be replayed from ranks: they are run (policy/head_choice.py).
     prompt_ids = [torch.tensor(tr.prompt, dtype=torch.long) for tr in traces]
     for method in head_methods_weighed(shipped_head_methods(target)):
@@ -298,12 +323,13 @@ def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer,
             head = Candidate(method, k, tree)
             weighed.append(head)
             table[head.label] = measure_head_method(method, k, target, prompt_ids, [tr.output for tr in traces],
-                                                    costs, tree=tree)
+                                                    priced[regime(method)], tree=tree)
     table["ar"] = (1.0, 1.0)
     by_label = {c.label: c for c in weighed}
     best = max(table, key=lambda label: table[label][0])
     chosen = by_label.get(best, Candidate("ar", 0))
-    return MethodChoice(chosen.method, chosen.k, chosen.tree, table[best][0], table, costs, noise=noise)
+    return MethodChoice(chosen.method, chosen.k, chosen.tree, table[best][0], table, costs, free_costs,
+                        noise=noise)
 
 
 def cached_method(target: CausalLM, draft: CausalLM | None, tokenizer, remeasure: bool = False,
