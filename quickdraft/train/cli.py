@@ -206,7 +206,9 @@ def _configure_data(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--shard-jobs", type=positive_int, default=64,
                    help="prompts per shard (default 64): the unit written atomically and resumed")
     p.add_argument("--temperature", type=float, default=0.8,
-                   help="sampling temperature for diversity (default 0.8; 0 = greedy)")
+                   help="sampling temperature for diversity (default 0.8; 0 = greedy: the text greedy "
+                        "decoding verifies, where SmolLM2's EAGLE drafter gained most, docs/smollm2/bench.md; "
+                        "self-instruct questions are sampled at 1.0 either way)")
     p.add_argument("--max-new-tokens", type=positive_int, default=160,
                    help="tokens the target writes per answer or completion (default 160)")
     p.add_argument("--seed", type=int, default=0, help="which prompts and samples (default 0)")
