@@ -64,7 +64,7 @@ def test_shards_hold_the_targets_own_greedy_tokens(data):
 def test_jobs_are_a_fixed_mix_and_reruns_with_other_settings_refuse(data, capsys):
     assert [job_kind(j) for j in range(10)] == ["chat"] * 4 + ["self-instruct"] * 2 + ["code"] * 4
     meta = json.loads((data / shards.META_FILE).read_text())
-    assert meta["temperature"] == 0 and meta["shard_jobs"] == 5
+    assert meta["temperature"] == 0 and meta["shard_jobs"] == 5 and meta["fresh_instructions"] is True
     capsys.readouterr()
     assert make_data(data, 10_000, "--temperature", "0.8") == 2  # other settings: one line, exit 2
     err = capsys.readouterr().err.strip()
@@ -139,6 +139,34 @@ def test_a_draft_from_the_target_is_its_embeddings_and_evenly_spaced_layers():
         student_from_target(teacher, Arch(width // 2, 2, 4, 64), seed=0)
 
 
+def test_greedy_chat_jobs_never_repeat_an_instruction():
+    """At temperature 0 an instruction always gets the same answer: with fresh instructions
+    each chat job has one no earlier chat job had (a repeat becomes a self-instruct job)."""
+    jobs = range(4000)
+    plain = [instruction(j) for j in jobs if job_kind(j) == "chat"]
+    fresh = [instruction(j) for j in jobs if job_kind(j, True) == "chat"]
+    assert len(set(plain)) < len(plain)  # the built-in list repeats
+    assert len(fresh) == len(set(fresh)) == len(set(plain))  # each instruction once, none lost
+    changed = [j for j in jobs if job_kind(j, True) != job_kind(j)]
+    assert changed and all(job_kind(j) == "chat" and job_kind(j, True) == "self-instruct" for j in changed)
+
+
+def test_a_greedy_shard_asks_no_instruction_twice():
+    from quickdraft.generator import SpeculativeGenerator
+    from quickdraft.train.selfdistill import DataSettings, ShardMaker
+
+    first = min(j for j in range(1000) if job_kind(j, True) != job_kind(j))
+    settings = DataSettings(target=TARGET, temperature=0, shard_jobs=10, max_new_tokens=4, question_tokens=4,
+                            fresh_instructions=True)
+    gen = SpeculativeGenerator.from_pretrained(TARGET, method="ar")
+    docs = ShardMaker(gen, settings, batch_size=10).make(first // 10)
+    kinds: dict[int, set[str]] = {}
+    for _, rec in docs:
+        kinds.setdefault(rec["job"], set()).add(rec["kind"])
+    assert "chat" not in kinds[first] and "self-instruct-question" in kinds[first]
+    assert all(("chat" in kinds[j]) == (job_kind(j, True) == "chat") for j in kinds)
+
+
 def test_data_records_its_precision_and_reads_older_shards_as_float32(data, tmp_path, capsys):
     import shutil
 
@@ -147,6 +175,7 @@ def test_data_records_its_precision_and_reads_older_shards_as_float32(data, tmp_
     shutil.copytree(data, older)
     meta = json.loads((older / shards.META_FILE).read_text())
     del meta["dtype"]  # written before the record had it: made on the CPU, in float32
+    del meta["fresh_instructions"]  # likewise: such a directory keeps repeating instructions
     (older / shards.META_FILE).write_text(json.dumps(meta))
     capsys.readouterr()
     assert make_data(older, 1, "--temperature", "0") == 0

@@ -208,7 +208,8 @@ def _configure_data(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.8,
                    help="sampling temperature for diversity (default 0.8; 0 = greedy: the text greedy "
                         "decoding verifies, where SmolLM2's EAGLE drafter gained most, docs/smollm2/bench.md; "
-                        "self-instruct questions are sampled at 1.0 either way)")
+                        "self-instruct questions are sampled at 1.0 either way, and a greedy directory asks "
+                        "each built-in instruction once: a repeat becomes a self-instruct job)")
     p.add_argument("--max-new-tokens", type=positive_int, default=160,
                    help="tokens the target writes per answer or completion (default 160)")
     p.add_argument("--seed", type=int, default=0, help="which prompts and samples (default 0)")

@@ -10,6 +10,12 @@ own output. Each job is one of:
 - ``code``: a cut of a stdlib file (the corpus' train split, never a file a bench prompt
   comes from) that the target continues.
 
+At temperature 0 a built-in instruction always gets the same answer, and the list
+repeats (its 20 code tasks from job 153 on, its 1,700 topic x task instructions after
+~2,000 jobs): a greedy directory (``fresh_instructions``) turns a chat job
+whose instruction an earlier chat job had into a self-instruct job (SmolLM2's first
+greedy set, made without it, repeats 565 of its 1,256 chat answers word for word).
+
 Jobs are numbered; job ``j`` depends only on ``(seed, j)``, and shard ``s`` holds jobs
 ``s * shard_jobs ...``. Generation goes through the batched engine (plain decoding,
 sampled at ``temperature`` for diversity, each job its own seed), shards are written
@@ -48,15 +54,44 @@ class DataSettings:
     top_p: float = 1.0  # nucleus sampling sorts the vocabulary per row: 1.5x slower on this CPU
     max_new_tokens: int = 160
     question_tokens: int = 48
+    fresh_instructions: bool = False  # chat jobs never repeat a built-in instruction (greedy directories)
 
 
-def job_kind(job: int) -> str:
+def _mix_kind(job: int) -> str:
     slot = job % sum(n for _, n in MIX)
     for kind, n in MIX:
         if slot < n:
             return kind
         slot -= n
     raise AssertionError
+
+
+def job_kind(job: int, fresh_instructions: bool = False) -> str:
+    """What job ``job`` writes (``MIX``); with ``fresh_instructions`` a chat job whose
+    instruction an earlier chat job had is a self-instruct job instead."""
+    kind = _mix_kind(job)
+    if kind == "chat" and fresh_instructions and _repeats_instruction(job):
+        return "self-instruct"
+    return kind
+
+
+class _FirstChatJobs:
+    """Which chat job first has each built-in instruction, scanned as far as asked."""
+
+    def __init__(self) -> None:
+        self.first: dict[str, int] = {}
+        self.scanned = 0
+
+    def __call__(self, job: int) -> bool:
+        """Whether an earlier chat job has chat job ``job``'s instruction."""
+        while self.scanned <= job:
+            if _mix_kind(self.scanned) == "chat":
+                self.first.setdefault(instruction(self.scanned), self.scanned)
+            self.scanned += 1
+        return self.first[instruction(job)] != job
+
+
+_repeats_instruction = _FirstChatJobs()
 
 
 def code_prompt(files: list[tuple[str, str]], rng: np.random.Generator) -> tuple[str, str]:
@@ -91,7 +126,7 @@ def check_settings(out: Path, settings: DataSettings, target_dir: Path, dtype: s
               "mix": dict(MIX), "dtype": dtype}
     path = out / shards.META_FILE
     if path.exists():
-        old = {"dtype": "float32", **shards.read_meta(out)}
+        old = {"dtype": "float32", "fresh_instructions": False, **shards.read_meta(out)}
         changed = [f"{k}: {old.get(k)} -> {v}" for k, v in record.items()
                    if k != "target_path" and old.get(k) != v]
         if changed:
@@ -133,7 +168,8 @@ class ShardMaker:
         jobs = range(index * s.shard_jobs, (index + 1) * s.shard_jobs)
         chat = lambda text: gen.chat_ids([{"role": "user", "content": text}])  # noqa: E731
         # Stage 0: the target writes the self-instruct jobs' instructions.
-        seeds = [j for j in jobs if job_kind(j) == "self-instruct"]
+        kinds = {j: job_kind(j, s.fresh_instructions) for j in jobs}
+        seeds = [j for j in jobs if kinds[j] == "self-instruct"]
         asks = [chat(self_instruct_seed(j)) for j in seeds]
         questions = self._run([self._request(p, s.question_tokens, j, 0) for p, j in zip(asks, seeds)])
         docs: list[tuple[list[int], dict]] = []
@@ -146,7 +182,7 @@ class ShardMaker:
         # Stage 1: answers and completions.
         prompts, meta = [], []
         for j in jobs:
-            kind = job_kind(j)
+            kind = kinds[j]
             if kind == "chat":
                 prompts.append((chat(instruction(j)), s.max_new_tokens))
                 meta.append((j, kind, f"instruction {j}"))
@@ -184,9 +220,13 @@ def run_train_data(args, log=print) -> int:
     device = resolve_device(args.device)
     dtype = str(resolve_dtype(None, device)).removeprefix("torch.")  # the runtime's default there
     target_dir = resolve_model_dir(args.target)
+    # A new greedy directory never repeats a built-in instruction; a directory keeps the
+    # plan it was made with (older ones recorded none: they repeat).
+    recorded = shards.read_meta(out) if (out / shards.META_FILE).exists() else None
+    fresh = args.temperature == 0 if recorded is None else bool(recorded.get("fresh_instructions", False))
     settings = DataSettings(target=str(args.target), seed=args.seed, shard_jobs=args.shard_jobs,
                             temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                            question_tokens=min(48, args.max_new_tokens))
+                            question_tokens=min(48, args.max_new_tokens), fresh_instructions=fresh)
     check_settings(out, settings, target_dir, dtype)
     have = shards.totals(out)
     if have["generated"] >= args.tokens:
