@@ -11,8 +11,8 @@ import torch
 
 from quickdraft import cli
 from quickdraft.train import shards
-from quickdraft.train.instructions import instruction
-from quickdraft.train.selfdistill import job_kind
+from quickdraft.train.instructions import catalogue, instruction
+from quickdraft.train.selfdistill import MIX, DataSettings, JobPlan
 
 TARGET = "qd-stdlib-target"  # the embedded target: it has a chat template
 
@@ -47,11 +47,12 @@ def test_shards_hold_the_targets_own_greedy_tokens(data):
     kinds = {rec["kind"] for rec, _ in docs}
     assert kinds == {"chat", "self-instruct-question", "self-instruct", "code"}
     plain = SpeculativeGenerator.from_pretrained(TARGET, method="ar")
+    plan = JobPlan(DataSettings(target=TARGET, temperature=0))
     checked = 0
     for rec, ids in docs:
         assert ids.size == rec["prompt_tokens"] + rec["new_tokens"] and rec["new_tokens"] > 0
         if rec["kind"] == "chat":  # a built-in instruction through the chat template, then the answer
-            prompt = plain.chat_ids([{"role": "user", "content": instruction(rec["job"])}])
+            prompt = plain.chat_ids([{"role": "user", "content": plan.instruction(rec["job"])}])
             assert ids[: len(prompt)].tolist() == prompt
             out = plain.generate(prompt, max_new_tokens=12)
             assert ids[len(prompt):].tolist() == out.token_ids and rec["text"] == out.text
@@ -62,9 +63,11 @@ def test_shards_hold_the_targets_own_greedy_tokens(data):
 
 
 def test_jobs_are_a_fixed_mix_and_reruns_with_other_settings_refuse(data, capsys):
-    assert [job_kind(j) for j in range(10)] == ["chat"] * 4 + ["self-instruct"] * 2 + ["code"] * 4
+    plan = JobPlan(DataSettings(target=TARGET, temperature=0))
+    assert [plan.kind(j) for j in range(10)] == ["chat"] * 4 + ["self-instruct"] * 2 + ["code"] * 4
     meta = json.loads((data / shards.META_FILE).read_text())
-    assert meta["temperature"] == 0 and meta["shard_jobs"] == 5 and meta["fresh_instructions"] is True
+    assert meta["temperature"] == 0 and meta["shard_jobs"] == 5 and meta["instructions"] == "catalogue"
+    assert meta["mix"] == dict(MIX)
     capsys.readouterr()
     assert make_data(data, 10_000, "--temperature", "0.8") == 2  # other settings: one line, exit 2
     err = capsys.readouterr().err.strip()
@@ -139,32 +142,66 @@ def test_a_draft_from_the_target_is_its_embeddings_and_evenly_spaced_layers():
         student_from_target(teacher, Arch(width // 2, 2, 4, 64), seed=0)
 
 
-def test_greedy_chat_jobs_never_repeat_an_instruction():
-    """At temperature 0 an instruction always gets the same answer: with fresh instructions
-    each chat job has one no earlier chat job had (a repeat becomes a self-instruct job)."""
+def test_greedy_chat_jobs_ask_every_instruction_once():
+    """At temperature 0 an instruction always gets the same answer: a new directory's chat
+    jobs walk the catalogue, each instruction once, and the chat jobs after it are
+    self-instruct jobs; sampled, they go round again. The first plan (older directories)
+    is kept: job j asks instruction(j), which repeats."""
+    greedy = JobPlan(DataSettings(target=TARGET, temperature=0, mix=(("chat", 6), ("self-instruct", 3), ("code", 1))))
     jobs = range(4000)
-    plain = [instruction(j) for j in jobs if job_kind(j) == "chat"]
-    fresh = [instruction(j) for j in jobs if job_kind(j, True) == "chat"]
-    assert len(set(plain)) < len(plain)  # the built-in list repeats
-    assert len(fresh) == len(set(fresh)) == len(set(plain))  # each instruction once, none lost
-    changed = [j for j in jobs if job_kind(j, True) != job_kind(j)]
-    assert changed and all(job_kind(j) == "chat" and job_kind(j, True) == "self-instruct" for j in changed)
+    chats = [j for j in jobs if greedy.kind(j) == "chat"]
+    asked = [greedy.instruction(j) for j in chats]
+    assert sorted(asked) == sorted(catalogue()) and len(set(asked)) == len(asked)  # each once, none lost
+    assert greedy.kind(10 * 320) == "self-instruct" and greedy.kind(10 * 320 + 9) == "code"  # past the end
+    sampled = JobPlan(DataSettings(target=TARGET, temperature=0.8))
+    again = [sampled.instruction(j) for j in range(2 * 5000) if sampled.kind(j) == "chat"]
+    assert len(again) == 4000 and again[len(catalogue()):2 * len(catalogue())] == list(catalogue())
+    old = JobPlan(DataSettings(target=TARGET, temperature=0, instructions="cycle"))
+    assert [old.instruction(j) for j in range(30)] == [instruction(j) for j in range(30)]
+    assert all(old.kind(j) == ("chat" if j % 10 < 4 else "self-instruct" if j % 10 < 6 else "code") for j in jobs)
 
 
-def test_a_greedy_shard_asks_no_instruction_twice():
+def test_no_built_in_instruction_is_a_bench_chat_prompt():
+    """The bench's chat prompts are held out: the drafter must not be trained on them."""
+    from quickdraft.bench.prompts import builtin_prompts
+
+    bench = {p.prompt.strip().lower() for p in builtin_prompts(("chat",))}
+    assert len(bench) == 8 and not bench & {t.strip().lower() for t in catalogue()}
+
+
+def test_a_greedy_shard_past_the_catalogue_asks_no_instruction():
     from quickdraft.generator import SpeculativeGenerator
-    from quickdraft.train.selfdistill import DataSettings, ShardMaker
+    from quickdraft.train.selfdistill import ShardMaker
 
-    first = min(j for j in range(1000) if job_kind(j, True) != job_kind(j))
     settings = DataSettings(target=TARGET, temperature=0, shard_jobs=10, max_new_tokens=4, question_tokens=4,
-                            fresh_instructions=True)
+                            mix=(("chat", 7), ("self-instruct", 0), ("code", 3)))
+    plan = JobPlan(settings)
+    index = len(catalogue()) // 7  # the shard where the catalogue runs out
+    assert len(catalogue()) % 7, "pick a chat count that the catalogue's size is no multiple of"
     gen = SpeculativeGenerator.from_pretrained(TARGET, method="ar")
-    docs = ShardMaker(gen, settings, batch_size=10).make(first // 10)
+    docs = ShardMaker(gen, settings, batch_size=10).make(index)
     kinds: dict[int, set[str]] = {}
     for _, rec in docs:
         kinds.setdefault(rec["job"], set()).add(rec["kind"])
-    assert "chat" not in kinds[first] and "self-instruct-question" in kinds[first]
-    assert all(("chat" in kinds[j]) == (job_kind(j, True) == "chat") for j in kinds)
+    jobs = range(index * 10, index * 10 + 10)
+    assert {plan.kind(j) for j in jobs} == {"chat", "self-instruct", "code"}
+    assert all(("chat" in kinds[j]) == (plan.kind(j) == "chat") for j in jobs)
+    assert all(("self-instruct-question" in kinds[j]) == (plan.kind(j) == "self-instruct") for j in jobs)
+
+
+def test_mix_is_parsed_recorded_and_kept(tmp_path, capsys):
+    out = tmp_path / "d"
+    assert make_data(out, 1, "--temperature", "0", "--mix", "chat=3,code=2") == 0
+    assert json.loads((out / shards.META_FILE).read_text())["mix"] == {"chat": 3, "self-instruct": 0, "code": 2}
+    docs = shards.read_shard(out, 0)
+    assert [rec["kind"] for rec, _ in docs] == ["chat"] * 3 + ["code"] * 2
+    assert make_data(out, 10_000, "--temperature", "0", "--mix", "chat=4") == 2  # another mix: refused
+    assert "other settings" in capsys.readouterr().err
+    for bad in ("chat=x", "poems=3", "chat=1,chat=2", "chat=0"):
+        assert make_data(tmp_path / "e", 1, "--mix", bad) == 2
+        err = capsys.readouterr().err.strip()
+        assert "--mix" in err and "\n" not in err
+    assert not (tmp_path / "e").exists()
 
 
 def test_data_records_its_precision_and_reads_older_shards_as_float32(data, tmp_path, capsys):
@@ -175,11 +212,16 @@ def test_data_records_its_precision_and_reads_older_shards_as_float32(data, tmp_
     shutil.copytree(data, older)
     meta = json.loads((older / shards.META_FILE).read_text())
     del meta["dtype"]  # written before the record had it: made on the CPU, in float32
-    del meta["fresh_instructions"]  # likewise: such a directory keeps repeating instructions
+    del meta["instructions"]  # likewise: such a directory keeps the first plan (cycle)
     (older / shards.META_FILE).write_text(json.dumps(meta))
     capsys.readouterr()
     assert make_data(older, 1, "--temperature", "0") == 0
     assert "nothing to do" in capsys.readouterr().err
+    meta["fresh_instructions"] = True  # a greedy plan this version no longer writes: one line, exit 2
+    (older / shards.META_FILE).write_text(json.dumps(meta))
+    assert make_data(older, 1, "--temperature", "0") == 2
+    err = capsys.readouterr().err.strip()
+    assert "new --out" in err and "\n" not in err
 
 
 def test_data_on_a_missing_device_is_one_line(tmp_path, capsys):

@@ -209,7 +209,13 @@ def _configure_data(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="sampling temperature for diversity (default 0.8; 0 = greedy: the text greedy "
                         "decoding verifies, where SmolLM2's EAGLE drafter gained most, docs/smollm2/bench.md; "
                         "self-instruct questions are sampled at 1.0 either way, and a greedy directory asks "
-                        "each built-in instruction once: a repeat becomes a self-instruct job)")
+                        "each of the ~1,900 built-in instructions once: its later chat jobs are self-instruct "
+                        "jobs)")
+    p.add_argument("--mix", default=None,
+                   help="jobs of each kind out of every sum, e.g. chat=6,self-instruct=3,code=1 (default: "
+                        "the directory's own, else chat=4,self-instruct=2,code=4). chat: a built-in "
+                        "instruction answered; self-instruct: the target asks, then answers; code: it "
+                        "continues a stdlib file")
     p.add_argument("--max-new-tokens", type=positive_int, default=160,
                    help="tokens the target writes per answer or completion (default 160)")
     p.add_argument("--seed", type=int, default=0, help="which prompts and samples (default 0)")

@@ -10,11 +10,13 @@ own output. Each job is one of:
 - ``code``: a cut of a stdlib file (the corpus' train split, never a file a bench prompt
   comes from) that the target continues.
 
-At temperature 0 a built-in instruction always gets the same answer, and the list
-repeats (its 20 code tasks from job 153 on, its 1,700 topic x task instructions after
-~2,000 jobs): a greedy directory (``fresh_instructions``) turns a chat job
-whose instruction an earlier chat job had into a self-instruct job (SmolLM2's first
-greedy set, made without it, repeats 565 of its 1,256 chat answers word for word).
+Which instruction a chat job asks (``instructions``): a new directory walks the
+:func:`~.instructions.catalogue` of distinct instructions, its n-th chat job asking the
+n-th (round again when sampled; at temperature 0 an instruction always gets the same
+answer, so a greedy directory's chat jobs past the end are self-instruct jobs). Older
+directories (no ``instructions`` in their record) keep the first plan, ``cycle``: job
+``j`` asks :func:`~.instructions.instruction` ``(j)``, which reached only 784 distinct
+instructions in SmolLM2's first greedy set and repeated 565 of its 1,256 chat answers.
 
 Jobs are numbered; job ``j`` depends only on ``(seed, j)``, and shard ``s`` holds jobs
 ``s * shard_jobs ...``. Generation goes through the batched engine (plain decoding,
@@ -35,11 +37,13 @@ import numpy as np
 from ..sources import bench_source_files
 from . import shards
 from .corpus import load_corpus
-from .instructions import instruction, self_instruct_seed
+from .instructions import catalogue, instruction, self_instruct_seed
 from .textdata import TrainInputError
 
-#: Jobs out of every 10: chat, self-instruct, code.
+#: Jobs out of every 10: chat, self-instruct, code (the default ``--mix``).
 MIX = (("chat", 4), ("self-instruct", 2), ("code", 4))
+KINDS = tuple(kind for kind, _ in MIX)
+PLANS = ("catalogue", "cycle")  # which instruction a chat job asks (the module's docstring)
 CODE_PROMPT_CHARS = (300, 1200)  # a code prompt's length, drawn in this range
 
 
@@ -54,44 +58,54 @@ class DataSettings:
     top_p: float = 1.0  # nucleus sampling sorts the vocabulary per row: 1.5x slower on this CPU
     max_new_tokens: int = 160
     question_tokens: int = 48
-    fresh_instructions: bool = False  # chat jobs never repeat a built-in instruction (greedy directories)
+    mix: tuple[tuple[str, int], ...] = MIX
+    instructions: str = "catalogue"
 
 
-def _mix_kind(job: int) -> str:
-    slot = job % sum(n for _, n in MIX)
-    for kind, n in MIX:
-        if slot < n:
-            return kind
-        slot -= n
-    raise AssertionError
+def parse_mix(text: str) -> tuple[tuple[str, int], ...]:
+    """``"chat=6,self-instruct=3,code=1"`` -> ``MIX``-shaped pairs (kinds in ``KINDS`` order)."""
+    counts: dict[str, int] = {}
+    for part in text.split(","):
+        kind, _, n = part.partition("=")
+        kind = kind.strip()
+        if kind not in KINDS or not n.strip().isdigit() or kind in counts:
+            raise TrainInputError(f"--mix {text!r}: give each of {', '.join(KINDS)} at most once as KIND=N "
+                                  "(jobs out of every sum), e.g. chat=6,self-instruct=3,code=1")
+        counts[kind] = int(n)
+    if not sum(counts.values()):
+        raise TrainInputError(f"--mix {text!r} asks for no jobs; give at least one kind a count above 0")
+    return tuple((kind, counts.get(kind, 0)) for kind in KINDS)
 
 
-def job_kind(job: int, fresh_instructions: bool = False) -> str:
-    """What job ``job`` writes (``MIX``); with ``fresh_instructions`` a chat job whose
-    instruction an earlier chat job had is a self-instruct job instead."""
-    kind = _mix_kind(job)
-    if kind == "chat" and fresh_instructions and _repeats_instruction(job):
-        return "self-instruct"
-    return kind
+class JobPlan:
+    """What each job of a directory writes: its kind and, for a chat job, its instruction."""
 
+    def __init__(self, settings: DataSettings):
+        self.mix, self.plan, self.greedy = settings.mix, settings.instructions, settings.temperature == 0
+        self.period = sum(n for _, n in self.mix)
 
-class _FirstChatJobs:
-    """Which chat job first has each built-in instruction, scanned as far as asked."""
+    def _slot(self, job: int) -> tuple[str, int]:
+        """Job ``job``'s kind in the mix and its ordinal among the jobs of that kind."""
+        slot, first = job % self.period, 0
+        for kind, n in self.mix:
+            if slot < first + n:
+                return kind, (job // self.period) * n + slot - first
+            first += n
+        raise AssertionError
 
-    def __init__(self) -> None:
-        self.first: dict[str, int] = {}
-        self.scanned = 0
+    def kind(self, job: int) -> str:
+        """``chat``, ``self-instruct`` or ``code``."""
+        kind, ordinal = self._slot(job)
+        if kind == "chat" and self.plan == "catalogue" and self.greedy and ordinal >= len(catalogue()):
+            return "self-instruct"  # every instruction asked once: a repeat would repeat its answer
+        return kind
 
-    def __call__(self, job: int) -> bool:
-        """Whether an earlier chat job has chat job ``job``'s instruction."""
-        while self.scanned <= job:
-            if _mix_kind(self.scanned) == "chat":
-                self.first.setdefault(instruction(self.scanned), self.scanned)
-            self.scanned += 1
-        return self.first[instruction(job)] != job
-
-
-_repeats_instruction = _FirstChatJobs()
+    def instruction(self, job: int) -> str:
+        """The built-in instruction chat job ``job`` asks."""
+        if self.plan == "cycle":
+            return instruction(job)
+        _, ordinal = self._slot(job)
+        return catalogue()[ordinal % len(catalogue())]
 
 
 def code_prompt(files: list[tuple[str, str]], rng: np.random.Generator) -> tuple[str, str]:
@@ -123,10 +137,10 @@ def check_settings(out: Path, settings: DataSettings, target_dir: Path, dtype: s
     """Write ``selfdistill.json``, or check that the shards already there match it (``dtype``:
     the target's precision, which changes what it samples; older files made in float32)."""
     record = {"format": shards.FORMAT, **asdict(settings), "target_path": str(target_dir),
-              "mix": dict(MIX), "dtype": dtype}
+              "mix": dict(settings.mix), "dtype": dtype}
     path = out / shards.META_FILE
     if path.exists():
-        old = {"dtype": "float32", "fresh_instructions": False, **shards.read_meta(out)}
+        old = {"dtype": "float32", "instructions": "cycle", **shards.read_meta(out)}  # older records: the first plan
         changed = [f"{k}: {old.get(k)} -> {v}" for k, v in record.items()
                    if k != "target_path" and old.get(k) != v]
         if changed:
@@ -168,7 +182,8 @@ class ShardMaker:
         jobs = range(index * s.shard_jobs, (index + 1) * s.shard_jobs)
         chat = lambda text: gen.chat_ids([{"role": "user", "content": text}])  # noqa: E731
         # Stage 0: the target writes the self-instruct jobs' instructions.
-        kinds = {j: job_kind(j, s.fresh_instructions) for j in jobs}
+        plan = JobPlan(s)
+        kinds = {j: plan.kind(j) for j in jobs}
         seeds = [j for j in jobs if kinds[j] == "self-instruct"]
         asks = [chat(self_instruct_seed(j)) for j in seeds]
         questions = self._run([self._request(p, s.question_tokens, j, 0) for p, j in zip(asks, seeds)])
@@ -184,7 +199,7 @@ class ShardMaker:
         for j in jobs:
             kind = kinds[j]
             if kind == "chat":
-                prompts.append((chat(instruction(j)), s.max_new_tokens))
+                prompts.append((chat(plan.instruction(j)), s.max_new_tokens))
                 meta.append((j, kind, f"instruction {j}"))
             elif kind == "self-instruct" and j in written:
                 prompts.append((chat(written[j]), s.max_new_tokens))
@@ -207,6 +222,25 @@ class ShardMaker:
                  "new_tokens": len(out.token_ids), "text": out.text})
 
 
+def _mix_for(text: str | None, recorded: dict | None) -> tuple[tuple[str, int], ...]:
+    """``--mix``, else the directory's own, else ``MIX``."""
+    if text is not None:
+        return parse_mix(text)
+    if recorded is not None and isinstance(recorded.get("mix"), dict):
+        return tuple((kind, int(recorded["mix"].get(kind, 0))) for kind in KINDS)
+    return MIX
+
+
+def _plan_for(out: Path, recorded: dict | None) -> str:
+    """A directory keeps the plan it was made with; a new one walks the catalogue."""
+    if recorded is None:
+        return "catalogue"
+    if recorded.get("fresh_instructions"):  # made between sessions 38 and 39 (no such set was shipped)
+        raise TrainInputError(f"{out} was made by an older quickdraft's greedy plan, which this version no "
+                              "longer writes; pass a new --out")
+    return recorded.get("instructions", "cycle")
+
+
 def run_train_data(args, log=print) -> int:
     """Run ``quickdraft train data``; returns the exit code."""
     from tqdm import tqdm
@@ -220,13 +254,11 @@ def run_train_data(args, log=print) -> int:
     device = resolve_device(args.device)
     dtype = str(resolve_dtype(None, device)).removeprefix("torch.")  # the runtime's default there
     target_dir = resolve_model_dir(args.target)
-    # A new greedy directory never repeats a built-in instruction; a directory keeps the
-    # plan it was made with (older ones recorded none: they repeat).
     recorded = shards.read_meta(out) if (out / shards.META_FILE).exists() else None
-    fresh = args.temperature == 0 if recorded is None else bool(recorded.get("fresh_instructions", False))
     settings = DataSettings(target=str(args.target), seed=args.seed, shard_jobs=args.shard_jobs,
                             temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-                            question_tokens=min(48, args.max_new_tokens), fresh_instructions=fresh)
+                            question_tokens=min(48, args.max_new_tokens),
+                            mix=_mix_for(args.mix, recorded), instructions=_plan_for(out, recorded))
     check_settings(out, settings, target_dir, dtype)
     have = shards.totals(out)
     if have["generated"] >= args.tokens:
