@@ -43,7 +43,6 @@ from .textdata import TrainInputError
 #: Jobs out of every 10: chat, self-instruct, code (the default ``--mix``).
 MIX = (("chat", 4), ("self-instruct", 2), ("code", 4))
 KINDS = tuple(kind for kind, _ in MIX)
-PLANS = ("catalogue", "cycle")  # which instruction a chat job asks (the module's docstring)
 CODE_PROMPT_CHARS = (300, 1200)  # a code prompt's length, drawn in this range
 
 
