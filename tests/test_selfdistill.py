@@ -161,6 +161,16 @@ def test_greedy_chat_jobs_ask_every_instruction_once():
     assert all(old.kind(j) == ("chat" if j % 10 < 4 else "self-instruct" if j % 10 < 6 else "code") for j in jobs)
 
 
+def test_the_catalogue_is_frozen():
+    """Directories resume by chat-job ordinal: a changed catalogue would ask a committed
+    directory's later shards other questions. Add instructions as a new plan instead."""
+    import hashlib
+
+    text = "\n".join(catalogue())
+    assert len(catalogue()) == 1908
+    assert hashlib.sha256(text.encode()).hexdigest() == "ea675c604422cdc292d7884c1d3617f8bc0cf8872a5c1227921169b91b2bcaf9"
+
+
 def test_no_built_in_instruction_is_a_bench_chat_prompt():
     """The bench's chat prompts are held out: the drafter must not be trained on them."""
     from quickdraft.bench.prompts import builtin_prompts

@@ -193,14 +193,16 @@ def self_instruct_seed(index: int) -> str:
 
 
 def _mixed(texts: list[str]) -> tuple[str, ...]:
-    """A fixed order that mixes the kinds (by a hash of the text: stable across versions)."""
+    """A fixed order that mixes the kinds (by a hash of the text, not Python's salted ``hash``)."""
     return tuple(sorted(set(texts), key=lambda t: hashlib.sha256(t.encode()).hexdigest()))
 
 
 @cache
 def catalogue() -> tuple[str, ...]:
     """Every distinct built-in instruction, in a fixed mixed order (the ``catalogue`` plan:
-    the n-th chat job of a directory asks the n-th)."""
+    the n-th chat job of a directory asks the n-th). Frozen: directories made with it
+    (data/selfdistill/smollm2-135m-greedy2) resume by position, so more instructions need
+    a plan of their own, recorded in ``selfdistill.json`` beside ``catalogue``."""
     texts = [task.format(t=topic) for topic in TOPICS for task in TASKS]
     texts += CODE_TASKS
     texts += [p.format(a=a) for a in PYTHON_HOWTOS for p in HOWTO_PHRASINGS]
