@@ -50,10 +50,12 @@ def _batch_method(drafter) -> tuple[str, object, DraftOptions]:
     if isinstance(drafter, NoDrafter):
         return "ar", None, DraftOptions()
     if isinstance(drafter, NgramDrafter):
-        return "ngram", None, DraftOptions(ngram_max=drafter.ngram_max, ngram_min=drafter.ngram_min)
+        return "ngram", None, DraftOptions(ngram_max=drafter.ngram_max, ngram_min=drafter.ngram_min,
+                                           datastore=drafter.datastore or "none")
     if isinstance(drafter, HybridDrafter) and type(drafter.model.shape) is Shape:
         ngram = drafter.ngram
-        return "hybrid", drafter.model.model, DraftOptions(ngram_max=ngram.ngram_max, ngram_min=ngram.ngram_min)
+        return "hybrid", drafter.model.model, DraftOptions(ngram_max=ngram.ngram_max, ngram_min=ngram.ngram_min,
+                                                           datastore=ngram.datastore or "none")
     if isinstance(drafter, DraftModelDrafter) and type(drafter.shape) is Shape:
         return "draft", drafter.model, DraftOptions()
     if isinstance(drafter, EarlyExitDrafter):  # batched early exit keeps its own cache (no sharing)

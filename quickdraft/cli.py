@@ -330,7 +330,7 @@ def draft_options(args: argparse.Namespace):
     try:
         return DraftOptions(args.tree, args.tree_children, args.num_drafts, args.ngram_max, args.ngram_min,
                             args.draft_stop, args.skip_profile, exit_layer=args.exit_layer,
-                            share_kv=not args.no_share_kv, heads=args.heads)
+                            share_kv=not args.no_share_kv, heads=args.heads, datastore=args.datastore)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
@@ -399,8 +399,14 @@ def add_method_options(parser: argparse.ArgumentParser) -> None:
                         help="sampled verification: multi-step speculative sampling (default) or SpecTr K-SEQ")
     parser.add_argument("--ngram-max", type=positive_int, default=3,
                         help="ngram, hybrid, hybrid-eagle: longest tail to look up (default 3)")
-    parser.add_argument("--ngram-min", type=positive_int, default=2,
-                        help="ngram, hybrid, hybrid-eagle: shortest tail to look up (default 2)")
+    parser.add_argument("--ngram-min", type=positive_int, default=None,
+                        help="ngram, hybrid, hybrid-eagle: shortest tail to look up (default 2; hybrid-eagle 3, "
+                        "where a shorter match would displace the EAGLE drafter's better guess)")
+    parser.add_argument("--datastore", metavar="DIR", default=None,
+                        help="ngram, hybrid, hybrid-eagle: when the tail occurs nowhere earlier, look it up in this "
+                        "datastore of text the target wrote (from `quickdraft train datastore`) and propose the "
+                        "continuation most matches share; 'none' turns it off. Default: ngram and hybrid use the "
+                        "one shipped for the target (SmolLM2 has one), hybrid-eagle none")
     parser.add_argument("--draft-stop", default="fixed", metavar="POLICY",
                         help="when a chain stops drafting (draft, layer-skip, hybrid, early-exit; eagle, hybrid-eagle: all but "
                         "cost): fixed (k tokens, default); "

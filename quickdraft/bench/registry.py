@@ -123,14 +123,28 @@ def _bound(drafter, ctx, k):
     return drafter
 
 
-register_method("ngram", _drafter_rows("ngram", [{"ngram_max": 3}]),
-                help="prompt lookup over prompt + output (no draft model)")
+def _with_datastore_off(method: str) -> MethodFactory:
+    """``method``'s row, and beside a target with a shipped datastore the row without it."""
+
+    def factory(ctx, config, k):
+        from ..drafters.datastore import shipped_datastore
+
+        variants = [{"ngram_max": 3}]
+        if shipped_datastore(ctx.target) is not None:
+            variants.append({"ngram_max": 3, "datastore": "none"})
+        return _drafter_rows(method, variants)(ctx, config, k)
+
+    return factory
+
+
+register_method("ngram", _with_datastore_off("ngram"),
+                help="prompt lookup over prompt + output, else the target's datastore (no draft model)")
 register_method("tree", _drafter_rows("tree", [{"tree": "2,1,1"}, {"tree": "2,2,1"}, {"tree": "dynamic:6"}]),
                 help="the draft model expands a token tree")
 register_method("multi-draft", _drafter_rows("multi-draft", [{"num_drafts": 2}, {"num_drafts": 2, "rule": "spectr"}]),
                 help="sampled drafts merged into one tree (mss; spectr when sampling)")
-register_method("hybrid", _drafter_rows("hybrid", [{"ngram_max": 3}]),
-                help="n-gram continuation when one matches, else the draft model")
+register_method("hybrid", _with_datastore_off("hybrid"),
+                help="n-gram continuation (prompt, else datastore) when one matches, else the draft model")
 
 
 

@@ -41,9 +41,8 @@ from ..models.ragged import Feed, ragged_forward
 from ..models.transformer import RaggedRow
 from .draft_model import present_logits
 from .early_exit import check_exit_layer, resolve_exit_head, step_head
-from .factory import BATCH_METHODS, DraftOptions
+from .factory import BATCH_METHODS, DraftOptions, ngram_drafter
 from .hybrid import HybridDrafter
-from .ngram import NgramDrafter
 from .per_row import HEAD_BATCH_K, per_row_head_drafter
 
 
@@ -217,7 +216,7 @@ def make_batch_drafter(method: str, draft: NativeLM | None, target: NativeLM, ma
     if method == "ar":
         return NoDrafter()
     if method == "ngram":
-        return NgramDrafter(options.ngram_max, options.ngram_min)
+        return ngram_drafter(method, options, target)
     if method not in BATCH_METHODS:
         raise ValueError(f"method {method!r} does not batch; batched decoding supports {', '.join(BATCH_METHODS)} "
                          "(token trees, multi-draft and layer skip are batch 1)")
@@ -232,5 +231,5 @@ def make_batch_drafter(method: str, draft: NativeLM | None, target: NativeLM, ma
         raise ValueError("batched decoding needs the native runtime for the draft (--backend native)")
     model = BatchedDraftModel(draft, target.vocab_size, max_batch_size, max_len)
     if method == "hybrid":
-        return HybridDrafter(NgramDrafter(options.ngram_max, options.ngram_min), model)
+        return HybridDrafter(ngram_drafter(method, options, target), model)
     return model

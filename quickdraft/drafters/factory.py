@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..decoding.drafter import Drafter, NoDrafter
 from ..models.lm import CausalLM
+from .datastore import Datastore, resolve_datastore
 from .draft_model import DraftModelDrafter
 from .draft_stop import ADAPTIVE_MAX_DEPTH, FixedStop, parse_draft_stop
 from .ngram import NgramDrafter
@@ -50,13 +52,14 @@ METHODS: dict[str, MethodSpec] = {
                         default_k="the cost model's k in the CLI and server (measured once per pair and "
                                   "machine, cached); 4 in the API until tune_num_speculative_tokens(); "
                                   "batched: the batch policy's k"),
-    "ngram": MethodSpec("prompt lookup: continue an earlier match of the last n tokens (no model)",
-                        needs="nothing", batched=True),
+    "ngram": MethodSpec("prompt lookup: continue an earlier match of the last n tokens (no model); else, "
+                        "beside a target with a datastore of its own text (--datastore), the continuation "
+                        "most of the tail's matches there share", needs="nothing", batched=True),
     "tree": MethodSpec("the draft model expands a token tree (--tree), verified in one pass",
                        default_k="4"),
     "multi-draft": MethodSpec("--num-drafts sequences from the draft merged into one tree", default_k="4"),
-    "hybrid": MethodSpec("the n-gram continuation when one matches, else the draft model", chain=True,
-                         batched=True),
+    "hybrid": MethodSpec("the n-gram continuation (prompt, then datastore) when one matches, else the draft "
+                         "model", chain=True, batched=True),
     "layer-skip": MethodSpec("the target drafts for itself with sub-layers skipped (--skip-profile; no draft model)",
                              needs="target", chain=True, default_k="the k its skip profile was tuned at"),
     "early-exit": MethodSpec("self-speculation: the target's first --exit-layer layers + an exit head draft, "
@@ -76,7 +79,7 @@ METHODS: dict[str, MethodSpec] = {
                         needs="heads", chain=True, batched=True,
                         default_k="the cost model's chain length on the CPU (1-8, measured once, cached), else 6 "
                                   "(the tree's depth); batched: a chain of 6"),
-    "hybrid-eagle": MethodSpec("the n-gram continuation when one matches, else an EAGLE drafter's chain (--heads DIR, "
+    "hybrid-eagle": MethodSpec("the n-gram continuation when 3+ tokens match, else an EAGLE drafter's chain (--heads DIR, "
                                "default: the drafter shipped for the target; --tree 1,...,1 sets the chain, "
                                "default 1,1); the drafter catches up on the n-gram's tokens when it next drafts",
                                needs="heads", chain=True,
@@ -99,10 +102,7 @@ class DraftOptions:
     tree_children: str = "sample"  # sample (i.i.d. from q when sampling) or top (top-k, one-hot q)
     num_drafts: int = 3
     ngram_max: int = 3
-    # A one-token tail matches too often by chance: measured (session 32, docs/bench/
-    # ngram_min_ab.py) 2 beat 1 on every category of both shipped targets (embedded
-    # 1.47/1.18/1.49x -> 1.54/1.28/1.56x; SmolLM2 chat 0.86 -> 0.97x, code 1.45 -> 1.51x; k = 4).
-    ngram_min: int = 2
+    ngram_min: int | None = None  # None: the method's own (ngram_min_default)
     draft_stop: str = "fixed"  # when a chain stops drafting (drafters/draft_stop.py)
     skip_profile: str | None = None  # layer-skip: a JSON skip profile (default: the shipped one)
     exit_layer: int | None = None  # early exit: None = the head's layer (shipped head) or the default
@@ -113,6 +113,10 @@ class DraftOptions:
     # eagle / prophet / early exit: how many of the head's most frequent tokens it scores (its
     # draft_vocab.json; None: the file's default, 0: all). A draft model's is load_pair's.
     draft_vocab: int | None = None
+    # ngram / hybrid / hybrid-eagle: a retrieval datastore searched when the sequence's tail
+    # occurs nowhere earlier in it (a directory, a loaded one, "none" (off) or None: the one
+    # shipped for the target, if any; drafters/datastore.py)
+    datastore: str | Datastore | None = None
 
     def __post_init__(self) -> None:
         """One-line errors for bad settings, before any model is loaded."""
@@ -123,10 +127,13 @@ class DraftOptions:
             raise ValueError(f"tree children must be sample or top, got {self.tree_children!r}")
         if self.num_drafts < 1:
             raise ValueError(f"--num-drafts must be >= 1, got {self.num_drafts}")
-        if not 1 <= self.ngram_min <= self.ngram_max:
+        if self.ngram_min is not None and not 1 <= self.ngram_min <= self.ngram_max:
             raise ValueError(
                 f"n-gram sizes need 1 <= --ngram-min <= --ngram-max, got {self.ngram_min} and {self.ngram_max}"
             )
+        if isinstance(self.datastore, str) and self.datastore != "none" and not Path(self.datastore).is_dir():
+            raise ValueError(f"--datastore {self.datastore}: no such directory (build one with `quickdraft "
+                             f"train datastore`, or pass none)")
         if self.exit_layer is not None and self.exit_layer < 1:
             raise ValueError(f"--exit-layer must be >= 1, got {self.exit_layer}")
         if self.draft_vocab is not None and self.draft_vocab < 0:
@@ -172,7 +179,7 @@ def make_drafter(
                              "yet; use fixed, confidence:T, dv or heuristic")
         return early_exit_drafter(target, options, stop)
     if method == "ngram":
-        return NgramDrafter(options.ngram_max, options.ngram_min)
+        return ngram_drafter(method, options, target)
     if method == "medusa":
         from .medusa import medusa_drafter
 
@@ -190,7 +197,7 @@ def make_drafter(
     if method == "hybrid-eagle":
         from .hybrid import HybridDrafter
 
-        return HybridDrafter(NgramDrafter(options.ngram_max, options.ngram_min),
+        return HybridDrafter(ngram_drafter(method, options, target),
                              _eagle_drafter(target, options, stop, hybrid=True), own_k=(HYBRID_EAGLE_K, "default"))
     shape = draft_shape(method, options)
     if method == "layer-skip":
@@ -205,8 +212,38 @@ def make_drafter(
     if method == "hybrid":
         from .hybrid import HybridDrafter
 
-        return HybridDrafter(NgramDrafter(options.ngram_max, options.ngram_min), model_drafter)
+        return HybridDrafter(ngram_drafter(method, options, target), model_drafter)
     return model_drafter
+
+
+#: The shortest tail prompt lookup matches, by method. A one-token tail matches too often by
+#: chance: 2 beat 1 on every category of both shipped targets (session 32, docs/bench/
+#: ngram_min_ab.py: embedded 1.47/1.18/1.49x -> 1.54/1.28/1.56x; SmolLM2 chat 0.86 -> 0.97x,
+#: code 1.45 -> 1.51x; k = 4). Beside an EAGLE drafter a two-token match on chat displaces a
+#: better guess: 3 took SmolLM2's chat from 1.21-1.23x to 1.27-1.28x plain decoding in two
+#: paired runs, code level (1.80-1.81x -> 1.78-1.82x; docs/smollm2/datastore.md).
+NGRAM_MIN = {"hybrid-eagle": 3}
+NGRAM_MIN_DEFAULT = 2
+#: The methods that search the target's shipped datastore when no --datastore is given.
+#: Beside SmolLM2 it took ngram (k=4) from 1.02x to 1.18x plain decoding on chat (code
+#: level) and hybrid with the draft model from 0.72x / 1.25x to 0.92x / 1.30x (chat / code);
+#: beside the EAGLE drafter it cost 2-4% on code and gained at most that on chat, so
+#: hybrid-eagle takes one only when named (docs/smollm2/datastore.md).
+DATASTORE_BY_DEFAULT = frozenset({"ngram", "hybrid"})
+
+
+def ngram_min_default(method: str, ngram_max: int) -> int:
+    return min(NGRAM_MIN.get(method, NGRAM_MIN_DEFAULT), ngram_max)
+
+
+def ngram_drafter(method: str, options: DraftOptions, target: CausalLM | None) -> NgramDrafter:
+    """``method``'s prompt lookup: ``options``' tail sizes (else the method's), and datastore
+    (else the one shipped for ``target`` where the method searches one by default)."""
+    low = options.ngram_min if options.ngram_min is not None else ngram_min_default(method, options.ngram_max)
+    store = options.datastore
+    if store is None and method not in DATASTORE_BY_DEFAULT:
+        store = "none"
+    return NgramDrafter(options.ngram_max, low, resolve_datastore(target, store))
 
 
 #: The EAGLE chain of ``hybrid-eagle`` when no ``--tree`` is given, and its k (the n-gram's

@@ -1,4 +1,5 @@
-"""Prompt lookup: propose what followed the last earlier occurrence of the sequence's tail."""
+"""Prompt lookup: propose what followed the last earlier occurrence of the sequence's tail
+(else, with a datastore, what followed it in text the target wrote before)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import torch
 
 from ..decoding.proposal import EMPTY, Proposal
 from ..decoding.sampling import SamplingParams
+from .datastore import Datastore
 
 
 class NgramDrafter:
@@ -18,13 +20,16 @@ class NgramDrafter:
     deterministic (one-hot q). When nothing matches it proposes nothing, so the step is a
     plain one and costs what plain decoding costs. It keeps no state, so it serves any
     number of rows (slots) alike.
+
+    With a ``datastore`` (:mod:`.datastore`), a tail that occurs nowhere earlier is looked up
+    there, and its continuation proposed when the store is confident of it.
     """
 
-    def __init__(self, ngram_max: int = 3, ngram_min: int = 2) -> None:
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 2, datastore: Datastore | None = None) -> None:
         if not 1 <= ngram_min <= ngram_max:
             raise ValueError(f"n-gram sizes need 1 <= ngram_min <= ngram_max, got {ngram_min} and {ngram_max}")
-        self.ngram_max, self.ngram_min = ngram_max, ngram_min
-        self.name = f"ngram({ngram_max}..{ngram_min})"
+        self.ngram_max, self.ngram_min, self.datastore = ngram_max, ngram_min, datastore
+        self.name = f"ngram({ngram_max}..{ngram_min})" + (f"+{datastore.name}" if datastore is not None else "")
 
     def verify_width(self, k: int) -> int:
         return k + 1
@@ -53,6 +58,10 @@ class NgramDrafter:
                 continue
             begin = start + n
             return Proposal.chain(sequence[begin : begin + k].clone())
+        if self.datastore is not None:
+            found = self.datastore.lookup(sequence.numpy(), k)
+            if self.datastore.confident(found):
+                return Proposal.chain(torch.tensor(found.tokens, dtype=torch.long))
         return EMPTY
 
     def verified(self, slot: int, length: int, path: list[int]) -> None:

@@ -48,7 +48,8 @@ import torch
 from ..chat import chat_prompt_ids, end_of_turn_ids
 from ..decoding.engine import decode
 from ..decoding.stopping import StopConditions
-from ..drafters.factory import DraftOptions
+from ..drafters.datastore import TOKENS_FILE, shipped_datastore
+from ..drafters.factory import DraftOptions, ngram_drafter
 from ..drafters.ngram import NgramDrafter
 from ..models.lm import CausalLM, eos_token_ids
 from . import cache
@@ -85,14 +86,16 @@ def calibration_ids(tokenizer, kind: str = "completion") -> list[list[int]]:
     if kind == "chat":
         return [chat_prompt_ids(tokenizer, [{"role": "user", "content": text}]) for text in CHAT_CALIBRATION]
     return [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
-CACHE_VERSION = 12  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
+CACHE_VERSION = 13  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
 #                   4: no token trees for a transformers-backend pair; 5: shipped head methods weighed;
 #                   6: EAGLE one token ahead weighed too (HEAD_SHAPES); 7: an int8 EAGLE
 #                   drafter, its chains without tree masks, and its chain of 5 weighed;
 #                   8: plain steps timed after plain steps, verify passes after draft bursts;
 #                   9: n-gram lookups of 2+ tokens; 10: plain steps timed after 16 plain steps;
 #                   11: hybrid-eagle weighed beside a shipped EAGLE drafter;
-#                   12: n-gram and head methods priced with draft-free step costs
+#                   12: n-gram and head methods priced with draft-free step costs;
+#                   13: n-gram and hybrid search the target's shipped datastore,
+#                   hybrid-eagle's n-gram matches 3+ tokens
 
 
 @dataclass(frozen=True)
@@ -293,6 +296,7 @@ def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer,
     end of turn). Step-cost timings too noisy to trust are taken again (``log`` gets a
     line each time); ``noise`` says how noisy the kept ones were."""
     eos = [*eos_token_ids(target, tokenizer), *stop_ids]
+    ngram = ngram or ngram_drafter("ngram", DraftOptions(), target)  # what --method ngram and hybrid search
     traces = []
     for prompt in prompts:
         text_ids = tokenizer(prompt, verbose=False)["input_ids"] if isinstance(prompt, str) else list(prompt)
@@ -332,6 +336,13 @@ def choose_method(target: CausalLM, draft: CausalLM | None, tokenizer,
                         noise=noise)
 
 
+def shipped_datastore_id(target: CausalLM) -> str | None:
+    """The datastore ``--method ngram`` and ``hybrid`` search beside ``target`` (name and
+    digest; part of auto's cache key), or None."""
+    path = shipped_datastore(target)
+    return None if path is None else f"{path.name}@{cache.file_digest(path / TOKENS_FILE)[:16]}"
+
+
 def cached_method(target: CausalLM, draft: CausalLM | None, tokenizer, remeasure: bool = False,
                   log: Callable[[str], None] | None = None, kind: str = "completion") -> MethodChoice:
     """:func:`choose_method` for this pair and machine on the calibration prompts of
@@ -341,7 +352,8 @@ def cached_method(target: CausalLM, draft: CausalLM | None, tokenizer, remeasure
     log = log or (lambda msg: None)
     calibration = calibration_ids(tokenizer, kind)
     entry = cache.entry("method", CACHE_VERSION, {"target": target, "draft": draft if draft else "none"},
-                        calibration=cache.digest(calibration), heads=shipped_head_methods(target))
+                        calibration=cache.digest(calibration), heads=shipped_head_methods(target),
+                        datastore=shipped_datastore_id(target))
     if entry is not None and not remeasure:
         data = entry.load()
         if data is not None:

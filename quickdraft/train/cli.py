@@ -228,6 +228,21 @@ def _configure_data(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
+def _configure_datastore(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    p.add_argument("--target", required=True,
+                   help="the target that wrote the data (model name, HF directory or .gguf file; native runtime)")
+    p.add_argument("--data", nargs="+", required=True, type=Path, metavar="DIR",
+                   help="`quickdraft train data` output directories")
+    p.add_argument("--out", type=Path, required=True, help="the datastore directory to write")
+    p.add_argument("--max-ngram", type=positive_int, default=8,
+                   help="longest tail a lookup matches (default 8; at least 2)")
+    p.add_argument("--no-holdout", action="store_true",
+                   help="keep documents that ask a bench prompt (by default they are left out, so bench "
+                        "figures never measure copies of their own answers)")
+    p.add_argument("--force", action="store_true", help="allow --out inside the installed package")
+    return p
+
+
 def add_train_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``train`` sub-command (and ``train draft``) to an argparse ``subparsers``."""
     p = subparsers.add_parser(
@@ -235,7 +250,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0])
     _configure(p)
     p.set_defaults(func=run_train)
-    sub = p.add_subparsers(dest="train_command", metavar="{data,draft,exit-head,heads}")
+    sub = p.add_subparsers(dest="train_command", metavar="{data,datastore,draft,exit-head,heads}")
     g = sub.add_parser("data", help="the target writes its own training data (self-distillation shards)",
                        description="Self-distillation data: the target answers built-in instructions and "
                                    "instructions it writes itself through its chat template, and continues "
@@ -243,6 +258,13 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
                                    "Train a draft on them with `quickdraft train draft --data OUT`.")
     _configure_data(g)
     g.set_defaults(func=run_train_data)
+    s = sub.add_parser("datastore", help="a retrieval datastore from the target's own text (train data shards)",
+                       description="Store the documents a target wrote (`quickdraft train data` directories) for "
+                                   "retrieval drafting: --method ngram, hybrid and hybrid-eagle look a sequence's "
+                                   "tail up there when it occurs nowhere earlier in the sequence, and propose the "
+                                   "continuation most of its matches share. The bench's prompts are held out.")
+    _configure_datastore(s)
+    s.set_defaults(func=run_train_datastore)
     d = sub.add_parser("draft", help="distil a draft model for any target",
                        description="Distil a draft for a target: KL(target || draft) + CE on "
                                    "your text, with the target's tokenizer.")
@@ -291,6 +313,15 @@ def run_train_data(args) -> int:
 
     check_out(args.out, False)
     return run(args, log=lambda m: print(m, file=sys.stderr, flush=True))
+
+
+def run_train_datastore(args) -> int:
+    from .datastore import run_train_datastore as run
+
+    if args.max_ngram < 2:
+        raise TrainInputError(f"--max-ngram must be at least 2 (a lookup matches two tokens first), got {args.max_ngram}")
+    check_out(args.out, args.force)
+    return run(args, _command(args), log=lambda m: print(m, file=sys.stderr, flush=True))
 
 
 def run_train_draft(args) -> int:
