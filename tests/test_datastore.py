@@ -18,7 +18,7 @@ from quickdraft.drafters.factory import DraftOptions, make_drafter, ngram_drafte
 from quickdraft.drafters.ngram import NgramDrafter
 from quickdraft.generator import SpeculativeGenerator
 from quickdraft.train import shards
-from quickdraft.train.datastore import BENCH_PROMPTS_DIR, HOLDOUT_NGRAM, bench_holdout
+from quickdraft.train.holdout import BENCH_PROMPTS_DIR, HOLDOUT_NGRAM, bench_holdout
 
 TARGET = "qd-stdlib-target"
 
@@ -235,3 +235,22 @@ def test_method_defaults_and_the_shipped_datastore(own_text, tmp_path, monkeypat
     assert make_drafter("hybrid", gen.target, vocab, DraftOptions(), target=gen.target).ngram.datastore is not None
     monkeypatch.setattr(ds, "DATASTORES_DIR", tmp_path / "nothing")
     assert make_drafter("ngram", None, vocab, DraftOptions(), target=gen.target).datastore is None
+
+
+def test_training_leaves_out_shard_documents_that_ask_a_bench_prompt(tmp_path):
+    from quickdraft.train.distill import tokenize
+    from quickdraft.train.textdata import read_text_data
+
+    tok = SpeculativeGenerator.from_pretrained(TARGET, method="ar").tokenizer
+    docs = [("Write a Python function that returns the n-th Fibonacci number.", "def fib(n): ..."),
+            *[(f"Explain topic number {i} in simple terms.", f"Topic {i} is simple.") for i in range(30)]]
+    _write_shards(tmp_path / "data", docs, tok)
+    data = read_text_data([str(tmp_path / "data")])
+    assert len(data.train_ids) + len(data.heldout_ids) == 31
+    tokens = tokenize(data, tok, 8)
+    assert tokens.manifest["held_out"] == [{"document": "data/shard-00000#0", "why": "asks a bench chat prompt"}]
+    assert len(data.train_ids) + len(data.heldout_ids) == 30
+    fib = tok.encode(docs[0][0] + docs[0][1], add_special_tokens=False)
+    stream = np.concatenate([tokens.train, tokens.heldout])
+    assert not any(np.array_equal(stream[i : i + len(fib)], fib) for i in range(stream.size))
+    assert tokens.manifest["split"]["train_documents"] + tokens.manifest["split"]["heldout_documents"] == 30

@@ -88,7 +88,7 @@ def test_train_draft_reads_the_shards_as_token_ids(data, tmp_path):
     assert len(text.train_ids) + len(text.heldout_ids) == len(docs) and text.heldout_ids
     tok = load_tokenizer(resolve_model_dir(TARGET))
     tokens = tokenize(text, tok, 16)
-    stored = sum(ids.size for _, ids in docs)
+    stored = sum(ids.size for _, ids, _ in docs)
     assert tokens.train.size + tokens.heldout.size == stored + len(docs)  # one EOS before each
     first = dict(text.train_ids)[text.train_ids[0][0]]
     assert np.array_equal(tokens.train[1 : 1 + first.size], first)

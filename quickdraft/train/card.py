@@ -621,7 +621,9 @@ def training_and_data_sections(r: dict, out: Path) -> list[str]:
         f"{data['files']:,} files, {data['bytes']:,} bytes from {', '.join(data['sources'])}; "
         f"{data['split']['train_tokens']:,} train / {data['split']['heldout_tokens']:,} held-out tokens "
         f"(split: {data['split']['method']}; held-out documents are never trained on). "
-        "Every file: `data_manifest.json`.",
+        + (f"{len(data['held_out'])} documents that ask a bench prompt were left out (quickdraft/train/holdout.py). "
+           if data.get("held_out") else "")
+        + "Every file: `data_manifest.json`.",
         "",
     ]
 

@@ -20,6 +20,7 @@ import torch
 from ..models.loading import CheckpointError, read_hf_config, resolve_model_dir
 from ..pair import load_tokenizer
 from .data import encode_docs
+from .holdout import drop_bench_documents
 from .presets import Stage
 from .textdata import TextData, TrainInputError
 from .trainer import load_model_fp32, thread_tuner, train_loop
@@ -83,7 +84,9 @@ class TokenData:
 
 def tokenize(data: TextData, tok, seq_len: int) -> TokenData:
     """Encode both splits (``EOS doc EOS doc ...``; documents given as ids join as they
-    are); the train stream must hold a window."""
+    are); the train stream must hold a window. Self-distillation documents that ask a bench
+    prompt are left out first (:mod:`.holdout`; the manifest's ``held_out`` lists them)."""
+    held_out = drop_bench_documents(data, tok)
     train = join_ids(encode_docs(tok, [t for _, t in data.train]), data.train_ids, tok)
     heldout = join_ids(encode_docs(tok, [t for _, t in data.heldout]), data.heldout_ids, tok)
     if train.size < seq_len + 1:
@@ -92,6 +95,7 @@ def tokenize(data: TextData, tok, seq_len: int) -> TokenData:
             f"{seq_len + 1}; add data or lower --seq-len")
     manifest = data.manifest()
     manifest["split"].update(train_tokens=int(train.size), heldout_tokens=int(heldout.size))
+    manifest["held_out"] = held_out
     return TokenData(train, heldout, manifest)
 
 

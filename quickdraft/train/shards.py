@@ -84,8 +84,9 @@ def read_shard(root: Path, index: int) -> list[tuple[dict, np.ndarray]]:
     return docs
 
 
-def read_documents(root: Path) -> list[tuple[str, np.ndarray]]:
-    """Every document of the complete shards as ``(name, ids)``, named ``shard-NNNNN#i``."""
+def read_documents(root: Path) -> list[tuple[str, np.ndarray, int]]:
+    """Every document of the complete shards as ``(name, ids, prompt tokens)``, named
+    ``shard-NNNNN#i``."""
     root = Path(root)
     meta = read_meta(root)
     if meta.get("format") != FORMAT:
@@ -93,8 +94,8 @@ def read_documents(root: Path) -> list[tuple[str, np.ndarray]]:
                          f"format {FORMAT}; regenerate it with `quickdraft train data`")
     out = []
     for index in done_shards(root):
-        for i, (_, ids) in enumerate(read_shard(root, index)):
-            out.append((f"{shard_stem(index)}#{i}", ids))
+        for i, (rec, ids) in enumerate(read_shard(root, index)):
+            out.append((f"{shard_stem(index)}#{i}", ids, int(rec["prompt_tokens"])))
     return out
 
 

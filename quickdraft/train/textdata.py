@@ -47,6 +47,7 @@ class TextData:
     # documents given as token ids (self-distillation shards), split like the text
     train_ids: list[tuple[str, np.ndarray]] = field(default_factory=list)
     heldout_ids: list[tuple[str, np.ndarray]] = field(default_factory=list)
+    prompt_tokens: dict[str, int] = field(default_factory=dict)  # how many of a shard document's ids are its prompt
 
     def manifest(self) -> dict:
         """Sources, files, bytes and the sha256 of the documents (tokens are added later)."""
@@ -135,10 +136,11 @@ def read_text_data(sources: list[str]) -> TextData:
             if not docs:
                 raise TrainInputError(f"{src} holds no complete shard yet; generate some with "
                                       "`quickdraft train data --out` that directory")
-            for name, ids in docs:
+            for name, ids, prompt_tokens in docs:
                 name = f"{path.name}/{name}"
                 (data.heldout_ids if is_validation(name) else data.train_ids).append((name, ids))
-            data.files.append({"path": str(path), "bytes": sum(int(i.nbytes) for _, i in docs),
+                data.prompt_tokens[name] = prompt_tokens
+            data.files.append({"path": str(path), "bytes": sum(int(i.nbytes) for _, i, _ in docs),
                                "documents": len(docs), "shards": len(shards.done_shards(path))})
             continue
         files = _walk(path) if path.is_dir() else [path]
