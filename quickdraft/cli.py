@@ -322,8 +322,11 @@ def show_tree(gen) -> int:
 def draft_options(args: argparse.Namespace):
     """The method settings of ``generate`` (and bench) flags; checks them before loading."""
     from .drafters import DraftOptions
-    from .drafters.factory import CHAIN_METHODS
+    from .drafters.factory import CHAIN_METHODS, DATASTORE_METHODS
 
+    if args.datastore is not None and args.method not in DATASTORE_METHODS:
+        raise CliError(f"--datastore is searched by {', '.join(DATASTORE_METHODS)}'s prompt lookup; --method "
+                       f"{args.method} has none (drop --datastore)")
     if args.draft_stop != "fixed" and args.method not in CHAIN_METHODS:
         raise CliError(f"--draft-stop {args.draft_stop} stops chains; --method {args.method} does not draft one "
                        f"(use it with {', '.join(CHAIN_METHODS)})")

@@ -10,6 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from safetensors.numpy import load_file, save_file
 
 from quickdraft import cli
 from quickdraft.drafters import datastore as ds
@@ -124,7 +125,7 @@ def test_train_datastore_holds_the_bench_prompts_out_and_loads(tmp_path, capsys)
         return gen.tokenizer.encode(text, add_special_tokens=False)
 
     kept = [encode(docs[i][0]) + encode(docs[i][1]) for i in (1, 3)]  # as _write_shards stored them
-    stored = np.load(out / ds.TOKENS_FILE)
+    stored = load_file(out / ds.TOKENS_FILE)[ds.TOKENS_KEY]
     assert stored.dtype == np.uint16 and (stored == np.iinfo(np.uint16).max).sum() == 2
     store = Datastore.load(out)
     assert store.size == len(kept[0]) + len(kept[1])
@@ -150,10 +151,20 @@ def test_bad_input_is_one_line(tmp_path, capsys):
                          "--max-new-tokens", "4", "--prompt", "x"]) != 0
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and message in err, err
+    assert cli.main(["generate", "--model", TARGET, "--method", "ar", "--datastore", "none", "--prompt", "x"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--method ar has none" in err, err
     (tmp_path / ds.META_FILE).write_text('{"kind": "something else"}')
-    np.save(tmp_path / ds.TOKENS_FILE, np.zeros(3, dtype=np.uint16))
+    save_file({ds.TOKENS_KEY: np.zeros(3, dtype=np.uint16)}, tmp_path / ds.TOKENS_FILE)
     with pytest.raises(ValueError, match="is not a quickdraft datastore"):
         Datastore.load(tmp_path)
+    (tmp_path / ds.META_FILE).write_text(json.dumps({"kind": ds.KIND}))
+    save_file({ds.TOKENS_KEY: np.zeros(3, dtype=np.float32)}, tmp_path / ds.TOKENS_FILE)
+    with pytest.raises(ValueError, match="must be one row of uint16 or uint32"):
+        Datastore._read(tmp_path)
+    (tmp_path / ds.TOKENS_FILE).write_bytes(b"not safetensors")
+    with pytest.raises(ValueError, match="not a datastore's token file"):
+        Datastore._read(tmp_path)
 
 
 @pytest.fixture(scope="module")

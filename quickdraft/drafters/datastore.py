@@ -9,8 +9,8 @@ occurs, and proposes the continuation most of those occurrences share, token by 
 It proposes only when that continuation is well supported (``confident``): a weak
 retrieval costs a wider verify pass and would displace a model drafter's better guess.
 
-A datastore directory (``quickdraft train datastore``) holds ``tokens.npy`` (uint16, or
-uint32 for vocabularies past 65,535; documents end with the dtype's largest value),
+A datastore directory (``quickdraft train datastore``) holds ``tokens.safetensors`` (one
+uint16 tensor, uint32 for vocabularies past 65,535; documents end with the dtype's largest value),
 ``datastore.json`` (the target, its fingerprint, the sources) and a README card.
 """
 
@@ -22,12 +22,15 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file
 
 from ..models.exit_head import target_fingerprint
 from ..models.lm import CausalLM, NativeLM
 
 META_FILE = "datastore.json"
-TOKENS_FILE = "tokens.npy"
+TOKENS_FILE = "tokens.safetensors"  # one tensor, "tokens" (safetensors: no pickles, and git takes it as weights)
+TOKENS_KEY = "tokens"
 KIND = "quickdraft-datastore"
 DATASTORES_DIR = Path(__file__).resolve().parent.parent / "assets" / "datastores"
 
@@ -87,7 +90,7 @@ class Datastore:
     @classmethod
     def load(cls, path: str | Path) -> Datastore:
         """A datastore directory (one-line ValueError when it is not one); loaded once per
-        process (the index takes ~0.3 s and ~50 MB for 3M tokens; drafters share it)."""
+        process (the index takes ~0.6 s and ~50 MB for 3M tokens; drafters share it)."""
         return _load(Path(path).resolve())
 
     @classmethod
@@ -97,9 +100,14 @@ class Datastore:
             raise ValueError(f"{path} is not a datastore directory (no {META_FILE} and {TOKENS_FILE}); "
                              f"build one with `quickdraft train datastore`")
         meta = read_meta(path)
-        raw = np.load(tokens_path, allow_pickle=False)
-        if raw.dtype not in (np.uint16, np.uint32):
-            raise ValueError(f"{tokens_path}: token ids must be uint16 or uint32, not {raw.dtype}")
+        try:
+            raw = load_file(tokens_path)[TOKENS_KEY]
+        except (OSError, KeyError, SafetensorError) as err:
+            raise ValueError(f"{tokens_path}: not a datastore's token file ({err}); rebuild it with "
+                             f"`quickdraft train datastore`") from None
+        if raw.dtype not in (np.uint16, np.uint32) or raw.ndim != 1:
+            raise ValueError(f"{tokens_path}: token ids must be one row of uint16 or uint32, not {raw.dtype} "
+                             f"{list(raw.shape)}")
         tokens = raw.astype(np.int64)
         tokens[raw == np.iinfo(raw.dtype).max] = -1
         return cls(tokens, int(meta.get("max_ngram", 8)), name=path.name)

@@ -230,6 +230,7 @@ NGRAM_MIN_DEFAULT = 2
 #: beside the EAGLE drafter it cost 2-4% on code and gained at most that on chat, so
 #: hybrid-eagle takes one only when named (docs/smollm2/datastore.md).
 DATASTORE_BY_DEFAULT = frozenset({"ngram", "hybrid"})
+DATASTORE_METHODS = ("ngram", "hybrid", "hybrid-eagle")  # the methods whose prompt lookup can search one
 
 
 def ngram_min_default(method: str, ngram_max: int) -> int:

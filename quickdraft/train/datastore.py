@@ -13,8 +13,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import save_file
 
-from ..drafters.datastore import KIND, META_FILE, TOKENS_FILE, Datastore
+from ..drafters.datastore import KIND, META_FILE, TOKENS_FILE, TOKENS_KEY, Datastore
 from . import shards
 from .holdout import HOLDOUT_NGRAM, HOLDOUT_SHARE, Holdout, bench_holdout
 from .textdata import TrainInputError
@@ -60,7 +61,7 @@ def save(out: Path, tokens: np.ndarray, meta: dict, card: str) -> None:
     dtype = np.uint16 if tokens.max() < np.iinfo(np.uint16).max else np.uint32
     stored = tokens.astype(dtype)
     stored[tokens < 0] = np.iinfo(dtype).max
-    np.save(out / TOKENS_FILE, stored)
+    save_file({TOKENS_KEY: stored}, out / TOKENS_FILE)
     (out / META_FILE).write_text(json.dumps({"kind": KIND, **meta}, indent=1) + "\n")
     (out / "README.md").write_text(card)
 
