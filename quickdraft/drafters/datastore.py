@@ -169,13 +169,22 @@ def read_meta(path: Path) -> dict:
 
 def shipped_datastore(target: CausalLM) -> Path | None:
     """The packaged datastore built from ``target``'s own text (by fingerprint), if any."""
-    if not isinstance(target, NativeLM) or not DATASTORES_DIR.is_dir():
+    if not isinstance(target, NativeLM):
         return None
-    fingerprint = target_fingerprint(target.model)
-    for path in sorted(DATASTORES_DIR.iterdir()):
-        if (path / META_FILE).is_file() and read_meta(path).get("target_fingerprint") == fingerprint:
-            return path
-    return None
+    return _shipped_by_fingerprint(DATASTORES_DIR).get(target_fingerprint(target.model))
+
+
+@lru_cache(maxsize=4)
+def _shipped_by_fingerprint(directory: Path) -> dict[str, Path]:
+    """The packaged stores by their target's fingerprint, read once per process (the server
+    builds a drafter per request; the package's files do not change under it)."""
+    if not directory.is_dir():
+        return {}
+    found: dict[str, Path] = {}
+    for path in sorted(directory.iterdir()):
+        if (path / META_FILE).is_file():
+            found.setdefault(read_meta(path).get("target_fingerprint"), path)
+    return found
 
 
 def resolve_datastore(target: CausalLM | None, choice: str | Path | Datastore | None) -> Datastore | None:
