@@ -41,8 +41,8 @@ def random_head(target: Transformer, vocab_ids=None, seed: int = 0, std: float =
 NARROW = {"hidden_size": 16, "n_heads": 2, "n_kv_heads": 1, "intermediate_size": 40}
 
 
-@pytest.mark.parametrize("layer, feature_layers", [(None, None), (NARROW, None), (NARROW, (1, 2))],
-                         ids=["target-width", "narrow", "narrow-fused"])
+@pytest.mark.parametrize("layer, feature_layers", [(None, None), (NARROW, None), (NARROW, (1, 2)), (None, (1, 2))],
+                         ids=["target-width", "narrow", "narrow-fused", "target-width-fused"])
 def test_unrolled_training_steps_compute_what_drafting_computes(layer, feature_layers):
     """Step k at slot p of the training-time test == feeding slots 0..p-k with the target's
     features (mapped to the layer's width by ``from_target`` for a narrow drafter, several
@@ -73,6 +73,42 @@ def test_unrolled_training_steps_compute_what_drafting_computes(layer, feature_l
                 torch.testing.assert_close(out, unrolled[k][0, p], atol=1e-5, rtol=1e-4)
     logits = head.logits(unrolled[0], target)
     assert torch.isinf(logits[..., 1::2]).all() and torch.isfinite(logits[..., ::2]).all()
+
+
+def test_fused_layers_at_the_target_width_end_with_the_final_state():
+    """A drafter of the target's width stands for its final state, so fusing other layers
+    keeps that one, last; its map starts as the final state's identity: the fused drafter
+    computes what the drafter of the final state alone does."""
+    from quickdraft.models.eagle import check_feature_layers
+    from quickdraft.models.quant_linear import (
+        Int4Linear,
+        Int8Linear,
+        native_kernels,
+        quantize_drafter,
+    )
+
+    with pytest.raises(ValueError, match="end them with 3"):
+        check_feature_layers((1, 2), 3, own_width=False)
+    assert check_feature_layers((1, 3), 3, own_width=False) == (1, 3)
+    assert check_feature_layers((1, 2), 3, own_width=True) == (1, 2)
+    torch.manual_seed(0)
+    cfg = ModelConfig(family="llama", model_type="llama", vocab_size=50, hidden_size=32, n_layers=2, n_heads=4,
+                      n_kv_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=64)
+    target = Transformer(cfg).eval()
+    alone = random_head(target, torch.arange(0, 50, 2), std=0.2)
+    fused = EagleHead(target, torch.arange(0, 50, 2), None, (1, 2)).eval()
+    state = fused.state_dict()
+    state.update(alone.state_dict())
+    fused.load_state_dict(state)
+    tokens, final = torch.randint(0, 50, (1, 9)), torch.randn(1, 9, 32) * 5
+    both = torch.cat([torch.randn(1, 9, 32), final], dim=-1)
+    with torch.no_grad():
+        for a, b in zip(alone.unrolled(tokens, final, target, 3), fused.unrolled(tokens, both, target, 3)):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+    if native_kernels():  # beside an int4 target the layers go int4, the map (an identity at first) int8
+        beside = torch.nn.Sequential(Int4Linear.from_weight(torch.randn(32, 32)))
+        assert quantize_drafter(fused, beside) > 1
+        assert isinstance(fused.feature_in, Int8Linear) and isinstance(fused.fc, Int4Linear)
 
 
 @pytest.mark.slow
@@ -357,32 +393,33 @@ def test_a_greedy_chain_proposes_what_the_tree_loop_proposes(monkeypatch):
     assert [t for step in runs[0][0] for t in step] == plain
 
 
-def fused_copy(target, layers: tuple[int, ...], out) -> str:
-    """The shipped drafter reading ``layers`` of ``target`` (its final state among them):
-    its map for the final state as it is, random columns for the others (so the fused
-    states change what it drafts), saved to ``out``."""
+def fused_copy(target, layers: tuple[int, ...], out, start: str = "qd-stdlib-target-eagle") -> str:
+    """A shipped drafter reading ``layers`` of ``target`` (its final state among them): its
+    map for the final state as it is (at the target's width: the identity), random columns
+    for the others (so the fused states change what it drafts), saved to ``out``."""
     from quickdraft.train.heads import widened_map
 
-    start = load_eagle(HEADS_DIR / "qd-stdlib-target-eagle", target)
+    start = load_eagle(HEADS_DIR / start, target)
     head = EagleHead(target, start.vocab_ids, start.layer_shape, layers)
-    state = start.state_dict()
+    state = {**head.state_dict(), **start.state_dict()}
     torch.manual_seed(0)
-    weight = widened_map(start, layers)
+    weight = widened_map(start, layers) if start.maps_features else head.feature_in.weight.detach().clone()
     state["feature_in.weight"] = weight + (weight == 0) * torch.randn_like(weight) * weight.std()
     head.load_state_dict(state)
     save_eagle(head, target, "qd-stdlib-target", out)
     return str(out)
 
 
-@pytest.mark.parametrize("heads", [None, "qd-stdlib-target-eagle-wide", "fused", "int4"],
-                         ids=["shipped-256-wide", "448-wide", "fused-3-layers", "int4-beside-int4-target"])
+@pytest.mark.parametrize("heads", [None, "qd-stdlib-target-eagle-wide", "fused", "wide-fused", "int4"],
+                         ids=["shipped-256-wide", "448-wide", "fused-3-layers", "448-wide-fused-3-layers",
+                              "int4-beside-int4-target"])
 def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch, tmp_path, heads):
     """``qd_eagle_chain`` feeds the accepted tokens and runs the chain's levels in C: the
     same tokens as the Python feed and levels, the same drafter cache bit for bit (both
     scale the feature to unit RMS with ``qd_rms_norm``: with 8-bit activations an ulp there
     had moved the cache by up to 0.01), and greedy output stays plain decoding's; for
     the shipped drafter at the draft model's width (its own embedding and norm), for the
-    one of the target's width, and for one fusing three of the target's layers (EAGLE-3);
+    one of the target's width, and for each fusing three of the target's layers (EAGLE-3);
     and in int4 beside a target in int4."""
     from quickdraft.decoding.engine import decode
     from quickdraft.decoding.stats import GenerationStats
@@ -397,10 +434,12 @@ def test_the_chain_in_one_call_drafts_what_its_python_levels_draft(monkeypatch, 
     from quickdraft.models.quant_linear import Int4Linear
 
     pair = load_pair(None, need_draft=False, placement=resolve_placement(quantize="int4" if heads == "int4" else None))
+    wide = "qd-stdlib-target-eagle-wide"
     path = (fused_copy(pair.target.model, (2, 5, 8), tmp_path / "fused") if heads == "fused" else
+            fused_copy(pair.target.model, (2, 5, 8), tmp_path / "fused", wide) if heads == "wide-fused" else
             None if heads == "int4" else heads)
     head = load_eagle_head(pair.target, path and str(HEADS_DIR / path))
-    assert head.own_width == (heads != "qd-stdlib-target-eagle-wide") and head.fused == (heads == "fused")
+    assert head.own_width == (heads not in (wide, "wide-fused")) and head.fused == (heads in ("fused", "wide-fused"))
     assert any(isinstance(m, Int4Linear) for m in head.modules()) == (heads == "int4")
     chained = EagleHead.greedy_chain
     runs = []

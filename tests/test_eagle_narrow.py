@@ -155,13 +155,27 @@ def test_train_heads_from_a_draft(tmp_path, capsys):
                         (("--from-draft", str(tmp_path / "draft"), "--feature-layers", "1,3"), "from 1 to"),
                         (("--feature-layers", "2,1"), "increasing"),
                         (("--feature-layers", "1,x"), "separated by commas"),
-                        (("--feature-layers", "1,2"), "narrower than the target"),
                         (("--kind", "medusa", "--feature-layers", "1,2"), "is for --kind eagle")]:
         assert train("bad", *extra) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--feature-layers" in err and says in err and "Traceback" not in err
     assert train("again", "--init", str(tmp_path / "narrow"), "--blind-share", "1") == 2
     assert "--blind-share 1.0: a share of the windows" in capsys.readouterr().err
+    # At the target's width too: a drafter of the final state alone, widened to layers 1
+    # and 2, starts as it was (its map passes the final state through) and stays lossless.
+    assert train("wide", "--draft-vocab", "0") == 0
+    assert train("wide-fused", "--init", str(tmp_path / "wide"), "--feature-layers", "1,2") == 0
+    wide = json.loads((tmp_path / "wide" / "train_report.json").read_text())
+    wide_fused = json.loads((tmp_path / "wide-fused" / "train_report.json").read_text())
+    assert wide_fused["init_heldout_agreement"] == pytest.approx(wide["heldout_agreement"], abs=0.01)
+    head = load_eagle(tmp_path / "wide-fused", target)
+    assert head.fused and not head.own_width and head.feature_layers == (1, 2)
+    eagle = SpeculativeGenerator.from_pretrained(str(tmp_path / "target"), method="eagle",
+                                                 options=DraftOptions(heads=str(tmp_path / "wide-fused")))
+    assert eagle.drafter.reads_hidden == (1, 2)
+    for prompt in ["def f3(x):\n", "def f6(x):\n    return x"]:
+        assert eagle.generate(prompt, max_new_tokens=24, num_speculative_tokens=3).token_ids == \
+            plain.generate(prompt, max_new_tokens=24).token_ids
 
 
 def test_the_first_round_drafts_blind_and_leaves_nothing_behind(monkeypatch):

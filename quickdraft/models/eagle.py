@@ -22,6 +22,11 @@ then reads a draft model's bytes instead of a target layer's, and it can start a
 draft model (``from_draft``). Without a target-width output there is no feature to
 regress: it learns from the soft cross-entropy alone (as EAGLE-3 does).
 
+Either width may fuse several of the target's layers (``feature_layers``, EAGLE-3): each
+state at unit RMS, side by side, through ``feature_in``. At the target's width the final
+state is one of them, and the map starts as its identity (the other layers' columns zero),
+so a drafter of the final state alone can be widened without losing what it learned.
+
 Saved as ``config.json`` + ``model.safetensors`` with the target's fingerprint.
 """
 
@@ -67,15 +72,16 @@ class EagleConfig:
 
 def check_feature_layers(layers: Sequence[int] | None, n_layers: int, own_width: bool) -> tuple[int, ...]:
     """The target states a drafter reads, checked: ``layers`` (None: the final one,
-    ``n_layers``), each a layer's output ``1 .. n_layers``, increasing; several only for a
-    drafter narrower than the target, whose ``feature_in`` fuses them (EAGLE-3)."""
+    ``n_layers``), each a layer's output ``1 .. n_layers``, increasing; several are fused by
+    ``feature_in`` (EAGLE-3). A drafter of the target's width that fuses layers reads the
+    final one last: its output stands for that state (what it regresses and feeds back)."""
     chosen = (n_layers,) if not layers else tuple(int(i) for i in layers)
     if any(not 1 <= i <= n_layers for i in chosen) or list(chosen) != sorted(set(chosen)):
         raise ValueError(f"feature layers {','.join(map(str, chosen))}: increasing layer numbers from 1 to "
                          f"the target's {n_layers} (its final state), e.g. 2,5,{n_layers}")
-    if len(chosen) > 1 and not own_width:
-        raise ValueError("fusing several target layers needs a drafter narrower than the target (--from-draft), "
-                         "which maps them to its width")
+    if len(chosen) > 1 and not own_width and chosen[-1] != n_layers:
+        raise ValueError(f"feature layers {','.join(map(str, chosen))}: a drafter of the target's width fuses "
+                         f"them with the final state, whose place its output takes: end them with {n_layers}")
     return chosen
 
 
@@ -106,6 +112,11 @@ class EagleHead(nn.Module):
             self.norm = make_norm(self.layer_config)
             if vocab_ids is None:  # its rows are its own: all of them stored
                 vocab_ids = torch.arange(tc.vocab_size)
+        elif len(self.feature_layers) > 1:
+            self.feature_in = nn.Linear(len(self.feature_layers) * width, width, bias=False)
+            with torch.no_grad():  # the final state passes through at first: it starts as a drafter of it alone
+                self.feature_in.weight.zero_()
+                self.feature_in.weight[:, -width:].copy_(torch.eye(width))
         self.register_buffer("embed_scale", torch.ones(1))
         self.set_embed_scale(target)
         self.layer = Block(self.layer_config)
@@ -130,6 +141,11 @@ class EagleHead(nn.Module):
         return len(self.feature_layers) > 1
 
     @property
+    def maps_features(self) -> bool:
+        """Whether the target's states pass ``feature_in`` (a narrow or a fused drafter)."""
+        return self.own_width or self.fused
+
+    @property
     def feature_size(self) -> int:
         """The width of what ``fc`` reads beside a token: :meth:`from_target`'s output."""
         return self.layer_config.hidden_size
@@ -150,9 +166,9 @@ class EagleHead(nn.Module):
     def from_target(self, features: torch.Tensor) -> torch.Tensor:
         """The target's states ``[..., L * H]`` (its :attr:`feature_layers`, side by side) as
         this drafter reads them beside a token: the final state itself at the target's
-        width, else mapped to the layer's width (``feature_in``, each state at unit RMS
-        first, as ``fc`` sees both)."""
-        if not self.own_width:
+        width, else mapped to the layer's width or fused (``feature_in``, each state at
+        unit RMS first, as ``fc`` sees both)."""
+        if not self.maps_features:
             return features
         if (torch.is_grad_enabled() or features.device.type != "cpu" or features.dtype != torch.float32
                 or cpu_kernels.library() is None):
@@ -262,10 +278,10 @@ class EagleHead(nn.Module):
         if m < 1 or slot < m or slot + n - 1 > cache.max_len or not cpu_kernels.fused_layers(feed_features):
             return None
         call = call if call is not None else self.chain_call(target, cache)
-        if call is None or (raw and self.own_width and not call.maps):
+        if call is None or (raw and self.maps_features and not call.maps):
             return None
         cos, sin = target._rope(start - m, m + n - 1)  # [1, 1, m + n - 1, D] slices of the table: contiguous
-        return call(feed_tokens, feed_features, n, (cos, sin), slot, min_confidence, raw and self.own_width)
+        return call(feed_tokens, feed_features, n, (cos, sin), slot, min_confidence, raw and self.maps_features)
 
     def chain_call(self, target: Transformer, cache: KVCache) -> cpu_kernels.EagleChain | None:
         """The chain call (``cpu_kernels.EagleChain``) for this target and cache, or None

@@ -302,7 +302,9 @@ def quantize_drafter(module: nn.Module, beside: nn.Module | None = None) -> int:
     1.51x plain decoding on code, 1.12 -> 1.15x on chat, tau 1.99 -> 1.99 / 1.57 -> 1.53).
     A drafter's rounding never changes what the target accepts (greedy output stays plain
     decoding's, sampled output the target's distribution). Returns how many layers were
-    replaced."""
+    replaced. A fused drafter's feature map stays int8 beside int4: it maps only each
+    round's accepted states, and at the target's width it starts as the final state's
+    identity, which int4's 16 levels per group of 32 would blur."""
     if not native_kernels():
         return 0
     int4 = beside is not None and any(isinstance(m, Int4Linear) for m in beside.modules())
@@ -310,8 +312,8 @@ def quantize_drafter(module: nn.Module, beside: nn.Module | None = None) -> int:
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear and child.in_features % GROUP == 0 and child.weight.device.type == "cpu":
-                setattr(parent, name, Int4Linear.from_weight(child.weight, child.bias) if int4 else
-                        drafter_int8(child.weight, child.bias))
+                setattr(parent, name, Int4Linear.from_weight(child.weight, child.bias) if int4 and name != "feature_in"
+                        else drafter_int8(child.weight, child.bias))
                 count += 1
     return count
 

@@ -183,10 +183,10 @@ def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "head rows, the target's features mapped to its width; it starts as the draft (the same "
                         "proposals) and learns what the features add. A cheaper step; soft cross-entropy only")
     p.add_argument("--feature-layers", default=None, metavar="L1,L2,...",
-                   help="eagle, a narrow drafter: the target layers whose outputs it reads, fused through its "
-                        "feature map (EAGLE-3: low, middle and final, e.g. 2,5,8 of 8 layers; default: the final "
-                        "state alone). With --init, a new layer's share of the map starts at zero, so the drafter "
-                        "starts as it was")
+                   help="eagle: the target layers whose outputs it reads, fused through its feature map "
+                        "(EAGLE-3: low, middle and final, e.g. 2,5,8 of 8 layers; default: the final state alone; "
+                        "a drafter of the target's width ends them with the final layer). With --init, a new "
+                        "layer's share of the map starts at zero, so the drafter starts as it was")
     p.add_argument("--draft-vocab", type=non_negative_int, default=None, metavar="N",
                    help="eagle: its LM head scores the N most frequent tokens of the training text (default: "
                         "an eighth of the vocabulary, at least 1024; 0 = all)")

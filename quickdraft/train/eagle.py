@@ -61,7 +61,8 @@ def eagle_loss(head: EagleHead, target, tokens: torch.Tensor, t_logits: torch.Te
         ce = -(teacher[:, k:] * logp).sum(-1).mean()
         loss = ce_weight * ce
         if not head.own_width:  # a narrow layer's output is no target feature: nothing to regress
-            loss = loss + reg_weight * F.smooth_l1_loss(out[:, k:], unit_rms(features[:, k:]))  # the drafter's scale
+            final = features[:, k:, -out.shape[-1]:]  # a fused drafter's states end with the final one
+            loss = loss + reg_weight * F.smooth_l1_loss(out[:, k:], unit_rms(final))  # the drafter's scale
         total = total + STEP_DECAY ** k * loss
         logs[f"ce{k}"] = ce.item()
         # Top-1 agreement with the target (what greedy verification accepts): the soft CE

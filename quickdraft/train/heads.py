@@ -264,7 +264,8 @@ def _student(args, target, tokens, log):
         state = head.state_dict()
         state.update((k, v) for k, v in start.state_dict().items() if head.own_width or not k.startswith("vocab_"))
         if head.feature_layers != start.feature_layers:
-            state["feature_in.weight"] = widened_map(start, head.feature_layers)
+            if start.maps_features:  # else the new map is the final state's identity already
+                state["feature_in.weight"] = widened_map(start, head.feature_layers)
             log(f"[train heads] reading target layers {','.join(map(str, head.feature_layers))} (from "
                 f"{','.join(map(str, start.feature_layers))}): the new layers' share of the map starts at zero")
         head.load_state_dict(state)
