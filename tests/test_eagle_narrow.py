@@ -144,12 +144,16 @@ def test_train_heads_from_a_draft(tmp_path, capsys):
     fused = json.loads((tmp_path / "fused" / "train_report.json").read_text())
     assert fused["feature_layers"] == [1, 2] and fused["init_heldout_agreement"] == report["heldout_agreement"]
     assert load_eagle(tmp_path / "fused", target).feature_layers == (1, 2)
-    eagle = SpeculativeGenerator.from_pretrained(str(tmp_path / "target"), method="eagle",
-                                                 options=DraftOptions(heads=str(tmp_path / "fused")))
-    assert eagle.drafter.reads_hidden == (1, 2)
-    for prompt in ["def f3(x):\n", "def f6(x):\n    return x"]:
-        assert eagle.generate(prompt, max_new_tokens=24, num_speculative_tokens=3).token_ids == \
-            plain.generate(prompt, max_new_tokens=24).token_ids
+
+    def reads_both_layers_losslessly(heads: str) -> None:
+        eagle = SpeculativeGenerator.from_pretrained(str(tmp_path / "target"), method="eagle",
+                                                     options=DraftOptions(heads=str(tmp_path / heads)))
+        assert eagle.drafter.reads_hidden == (1, 2)
+        for prompt in ["def f3(x):\n", "def f6(x):\n    return x"]:
+            assert eagle.generate(prompt, max_new_tokens=24, num_speculative_tokens=3).token_ids == \
+                plain.generate(prompt, max_new_tokens=24).token_ids
+
+    reads_both_layers_losslessly("fused")
     capsys.readouterr()
     for extra, says in [(("--init", str(tmp_path / "fused"), "--feature-layers", "1"), "keep them"),
                         (("--from-draft", str(tmp_path / "draft"), "--feature-layers", "1,3"), "from 1 to"),
@@ -170,12 +174,7 @@ def test_train_heads_from_a_draft(tmp_path, capsys):
     assert wide_fused["init_heldout_agreement"] == pytest.approx(wide["heldout_agreement"], abs=0.01)
     head = load_eagle(tmp_path / "wide-fused", target)
     assert head.fused and not head.own_width and head.feature_layers == (1, 2)
-    eagle = SpeculativeGenerator.from_pretrained(str(tmp_path / "target"), method="eagle",
-                                                 options=DraftOptions(heads=str(tmp_path / "wide-fused")))
-    assert eagle.drafter.reads_hidden == (1, 2)
-    for prompt in ["def f3(x):\n", "def f6(x):\n    return x"]:
-        assert eagle.generate(prompt, max_new_tokens=24, num_speculative_tokens=3).token_ids == \
-            plain.generate(prompt, max_new_tokens=24).token_ids
+    reads_both_layers_losslessly("wide-fused")
 
 
 def test_the_first_round_drafts_blind_and_leaves_nothing_behind(monkeypatch):
