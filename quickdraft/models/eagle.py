@@ -112,7 +112,7 @@ class EagleHead(nn.Module):
             self.norm = make_norm(self.layer_config)
             if vocab_ids is None:  # its rows are its own: all of them stored
                 vocab_ids = torch.arange(tc.vocab_size)
-        elif len(self.feature_layers) > 1:
+        elif self.fused:
             self.feature_in = nn.Linear(len(self.feature_layers) * width, width, bias=False)
             with torch.no_grad():  # the final state passes through at first: it starts as a drafter of it alone
                 self.feature_in.weight.zero_()
