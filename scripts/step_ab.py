@@ -6,8 +6,9 @@ host's speed drifts between processes):
     python scripts/step_ab.py isa [MODEL]     # AVX-512 vs AVX2 int4 products
     python scripts/step_ab.py build [MODEL] --rev REV  # the kernels as of commit REV vs this tree's
                                                        # (float32 weights both ways, or --quantize's
-                                                       # from session 32 on; int8 / int4 layers
-                                                       # before it: docs/bench/tiles_ab.py)
+                                                       # from session 32 on, int4 in REV's layout
+                                                       # where it predates session 42's blocks; int8 /
+                                                       # int4 layers before 32: docs/bench/tiles_ab.py)
     python scripts/step_ab.py weights [MODEL]  # bf16/fp16-valued weights stored as float32 vs 16-bit
     python scripts/step_ab.py products [MODEL]  # bf16 weights times float32 inputs vs bf16 products
                                                 # (--dtype bfloat16 on an AVX512_BF16 CPU)
@@ -39,6 +40,7 @@ from quickdraft.models import cpu_kernels, transformer  # noqa: E402
 from quickdraft.models.decode_linear import DecodeLinear  # noqa: E402
 from quickdraft.models.lm import load_model  # noqa: E402
 from quickdraft.models.placement import resolve_placement  # noqa: E402
+from quickdraft.models.quant_linear import Int4Linear  # noqa: E402
 
 BLOCK_SPECS = transformer.Block.kernel_specs
 BLOCK_STACK = transformer.Transformer.block_stack
@@ -107,6 +109,44 @@ def use_library(lib) -> None:
     cpu_kernels.library = lambda: lib
 
 
+def int4_blocks_at(rev: str) -> bool:
+    """Whether commit ``rev``'s int4 kernels read session 42's blocks (nibbles and float16
+    scales in one stream) rather than nibbles, float32 scales and offsets in three arrays."""
+    header = subprocess.run(["git", "show", f"{rev}:quickdraft/models/kernels/q4a8.h"], capture_output=True,
+                            text=True, cwd=Path(__file__).resolve().parents[1]).stdout
+    return "Q4_BLOCK_BYTES" in header
+
+
+class Int4Arrays(torch.nn.Module):
+    """An int4 layer in the layout before session 42, for an older build's kernels: the
+    nibbles of its blocks, the scales and offsets (the same float16 values) as float32 arrays."""
+
+    def __init__(self, layer: Int4Linear) -> None:
+        super().__init__()
+        self.layer, side = layer, layer.tiles[..., cpu_kernels.Q4_NIBBLE_BYTES:].contiguous().view(torch.float16)
+        self.nibbles = layer.tiles[..., : cpu_kernels.Q4_NIBBLE_BYTES].contiguous()
+        self.scale = side[..., : cpu_kernels.Q_TILE].float().contiguous()
+        self.offset = side[..., cpu_kernels.Q_TILE :].float().contiguous()
+
+    def kernel_spec(self) -> cpu_kernels.LinearSpec:
+        return cpu_kernels.linear_spec("q4", self.layer.out_features, self.layer.in_features, self.nibbles,
+                                       self.scale, self.offset, self.layer.bias)
+
+
+def int4_ways(model: torch.nn.Module, theirs, ours, rev: str) -> list[tuple[str, Callable[[], None]]]:
+    """``build``'s two ways with every int4 layer of ``model`` in REV's layout for REV's kernels."""
+    places = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
+              if isinstance(child, Int4Linear)]
+    old = [Int4Arrays(child) for _, _, child in places]
+
+    def use(modules):
+        for (parent, name, _), module in zip(places, modules, strict=True):
+            setattr(parent, name, module)
+
+    return [(rev, lambda: (use_library(theirs), use(old))),
+            ("tree", lambda: (use_library(ours), use([c for _, _, c in places])))]
+
+
 def weight_ways(model: torch.nn.Module) -> list[tuple[str, Callable[[], None]]]:
     """Switch every 16-bit-stored decode linear of ``model`` to a float32 copy and back
     (other modules swapped in, so the cached block specs are rebuilt)."""
@@ -168,6 +208,8 @@ def main() -> None:
         WAYS["products"] = products_ways(lm.model)
     elif args.compare == "build" and not args.quantize:  # float32 weights both ways: an older build may not take 16-bit ones
         dict(weight_ways(lm.model))["float32"]()
+    if args.compare == "build" and not int4_blocks_at(args.rev):
+        WAYS["build"] = int4_ways(lm.model, theirs, ours, args.rev)
     ways = WAYS[args.compare]
     gen = torch.Generator().manual_seed(0)
     context = args.context

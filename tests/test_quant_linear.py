@@ -146,7 +146,8 @@ def test_int4_products_quantize_activations_as_llama_cpp_does():
     activations by the 4-bit weights, exact integer sums per group: the float64 reference
     to float32 rounding on both instruction sets, bit for bit alike, widths not a multiple
     of 16 (padded tiles); multiplying float32 activations instead is far outside that. The
-    tiles hold the weight exactly as given (unpacked: (q - 8) * scale + zero)."""
+    blocks hold the weight exactly as given where its scale and minimum are float16 values
+    (GGUF's Q4_1: d and m), and round them to float16 where they are not."""
     from quickdraft.models import cpu_kernels
 
     if not native_kernels():
@@ -155,17 +156,21 @@ def test_int4_products_quantize_activations_as_llama_cpp_does():
     try:
         for n, k in [(96, 64), (75, 1216), (7, 96), (17, 32)]:
             q = torch.randint(0, 16, (n, k))
-            scale, zero = torch.rand(n, k // 32) * 0.01, torch.randn(n, k // 32) * 0.01
+            scale, low = (torch.rand(n, k // 32) * 0.01).half().float(), (torch.randn(n, k // 32) * 0.01).half().float()
+            zero = low + 8 * scale
             packed = cpu_kernels.pack_q4(q, scale, zero)
+            assert all(torch.equal(a, b) for a, b in zip(cpu_kernels.q4_scales(packed, n), (scale, low), strict=True))
             weight = q4_weight(q, scale, zero)
-            torch.testing.assert_close(cpu_kernels.unpack_q4(*packed, n).double(), weight, rtol=1e-6, atol=1e-7)
+            torch.testing.assert_close(cpu_kernels.unpack_q4(packed, n).double(), weight, rtol=1e-6, atol=1e-7)
+            wide = torch.rand(n, k // 32) * 0.01  # not float16 values: rounded on the way in
+            assert torch.equal(cpu_kernels.q4_scales(cpu_kernels.pack_q4(q, wide, zero), n)[0], wide.half().float())
             x = torch.randn(9, k) * torch.rand(9, k // 32).repeat_interleave(32, 1) * 4
             x[0, :32] = 0  # an all-zero group: d = 0
             expected = quantized_activations(x) @ weight.t()
             results = []
             for isa in ("avx2", cpu_kernels.kernel_isa(None)):
                 cpu_kernels.kernel_isa(isa)
-                results.append(cpu_kernels.q4_matmul(x, *packed, n))
+                results.append(cpu_kernels.q4_matmul(x, packed, n))
                 torch.testing.assert_close(results[-1].double(), expected, rtol=1e-5,
                                            atol=1e-5 * expected.abs().max().item())
             assert torch.equal(results[0], results[-1])
@@ -340,7 +345,7 @@ def test_avx512_and_avx2_products_agree_bit_for_bit():
     try:
         for n, k in [(96, 64), (75, 96), (50, 1216)]:
             scale, zero, weight = torch.rand(n, k // 32), torch.randn(n, k // 32), torch.randn(n, k)
-            q4 = (*cpu_kernels.pack_q4(torch.randint(0, 16, (n, k)), scale, zero), n)
+            q4 = (cpu_kernels.pack_q4(torch.randint(0, 16, (n, k)), scale, zero), n)
             q8 = (*cpu_kernels.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8), scale), n)
             products = {"q4": (cpu_kernels.q4_matmul, q4), "q8": (cpu_kernels.q8_matmul, q8),
                         "f32": (cpu_kernels.f32_matmul, (weight,)), "bf16": (cpu_kernels.half_matmul, (weight.bfloat16(),)),

@@ -34,8 +34,8 @@ def int4_rows(layer: Int4Linear) -> Int4Linear:
     """A twin of ``layer`` in the layout older kernels read: nibbles in GGUF's block order
     (byte j of a group: q[j] low, q[j + 16] high), [out, groups] scales and zeros."""
     n, groups = layer.out_features, layer.in_features // 32
-    scale, offset = (t.transpose(1, 2).reshape(-1, groups)[:n] for t in (layer.scale, layer.offset))
-    weight = cpu_kernels.unpack_q4(layer.tiles, layer.scale, layer.offset, n).view(n, groups, 32)
+    scale, offset = cpu_kernels.q4_scales(layer.tiles, n)
+    weight = cpu_kernels.unpack_q4(layer.tiles, n).view(n, groups, 32)
     safe = torch.where(scale == 0, torch.ones_like(scale), scale)
     q = ((weight - offset[..., None]) / safe[..., None]).round().clamp(0, 15).to(torch.uint8)
     halves = q.view(n, groups, 2, 16)

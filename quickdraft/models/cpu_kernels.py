@@ -101,7 +101,7 @@ def library() -> ctypes.CDLL | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     lib.qd_q8_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _ptr, _c_int64, _ptr, ctypes.c_int]
-    lib.qd_q4_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _ptr, _c_int64, _ptr, ctypes.c_int]
+    lib.qd_q4_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_f32_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_bf16_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_f16_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
@@ -219,17 +219,16 @@ def bf16_products(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return y
 
 
-def q4_matmul(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
-              out_features: int) -> torch.Tensor:
-    """``x @ W.T`` for the int4 weight :func:`pack_q4` laid out (``tiles``, ``scale``,
-    ``offset``), ``x`` quantized to 8 bits per group of 32 on the way (``kernels/q4a8.h``:
-    the rule, exact integer sums per group, each row rounded alike whatever the row count)."""
+def q4_matmul(x: torch.Tensor, blocks: torch.Tensor, out_features: int) -> torch.Tensor:
+    """``x @ W.T`` for the int4 weight :func:`pack_q4` laid out, ``x`` quantized to 8 bits
+    per group of 32 on the way (``kernels/q4a8.h``: the rule, exact integer sums per group,
+    each row rounded alike whatever the row count)."""
     lib = library()
     assert lib is not None, "q4_matmul needs the compiled kernels (cpu_kernels.library())"
     x = x.contiguous()
     y = torch.empty(x.shape[0], out_features, dtype=torch.float32)
-    lib.qd_q4_matmul(x.data_ptr(), x.shape[0], x.shape[1], tiles.data_ptr(), scale.data_ptr(), offset.data_ptr(),
-                     out_features, y.data_ptr(), torch.get_num_threads())
+    lib.qd_q4_matmul(x.data_ptr(), x.shape[0], x.shape[1], blocks.data_ptr(), out_features, y.data_ptr(),
+                     torch.get_num_threads())
     return y
 
 
@@ -279,28 +278,40 @@ def unpack_q8(tiles: torch.Tensor, scale: torch.Tensor, out_features: int) -> tu
     return q[:out_features], _per_row(scale, out_features)
 
 
-def pack_q4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+#: Bytes of an int4 block (one tile's group of 32 weights): nibbles, then float16 scales and offsets.
+Q4_NIBBLE_BYTES, Q4_BLOCK_BYTES = 256, 320
+
+
+def pack_q4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
     """The int4 weight ``W = (q - 8) * scale + zero`` (``q`` ``[N, K]`` integers in 0..15,
-    ``scale`` and ``zero`` ``[N, K / 32]``) as :func:`q4_matmul` takes it: nibbles in tiles
-    of 16 weight rows (``[T, K / 32, 256]`` uint8, ``T = ceil(N / 16)``, missing rows zero)
-    and per tile and group the 16 rows' ``scale`` and ``offset = zero - 8 * scale``
-    (``[T, K / 32, 16]`` float32). ``kernels/q4a8.h`` documents the byte order."""
+    ``scale`` and ``zero`` ``[N, K / 32]``) as :func:`q4_matmul` takes it: ``[T, K / 32, 320]``
+    uint8 (``T = ceil(N / 16)``, missing rows zero), per tile of 16 weight rows and group
+    the nibbles, then the rows' ``scale`` and ``offset = zero - 8 * scale`` as float16, so
+    one stream holds everything a product reads. Both are rounded to float16 (exact for
+    GGUF's Q4_0/Q4_1, whose d and m are float16). ``kernels/q4a8.h`` documents the bytes."""
     groups = q.shape[1] // 32
     # q[16t + i][32g + 8h + 4j + b] -> [t, g, h, i, b, j]: j = 0 low nibble, 1 high.
     v = _padded_rows(q.to(torch.uint8)).reshape(-1, Q_TILE, groups, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
-    nibbles = (v[..., 0] | (v[..., 1] << 4)).reshape(-1, groups, 256).contiguous()
-    return nibbles, _tiled(scale), _tiled(zero.float() - 8 * scale.float())
+    nibbles = (v[..., 0] | (v[..., 1] << 4)).reshape(-1, groups, Q4_NIBBLE_BYTES)
+    side = torch.cat([_tiled(scale, torch.float16), _tiled(zero.float() - 8 * scale.float(), torch.float16)], -1)
+    return torch.cat([nibbles, side.view(torch.uint8)], -1).contiguous()
 
 
-def unpack_q4(tiles: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor,
-              out_features: int) -> torch.Tensor:
-    """The float32 weight ``q * scale + offset`` ``[N, K]`` that :func:`pack_q4`'s tiles hold
+def q4_scales(blocks: torch.Tensor, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-row ``scale`` and ``offset`` ``[N, K / 32]`` (float32) that :func:`pack_q4`'s blocks hold."""
+    side = blocks[..., Q4_NIBBLE_BYTES:].contiguous().view(torch.float16).float()
+    return _per_row(side[..., :Q_TILE], out_features), _per_row(side[..., Q_TILE:], out_features)
+
+
+def unpack_q4(blocks: torch.Tensor, out_features: int) -> torch.Tensor:
+    """The float32 weight ``q * scale + offset`` ``[N, K]`` that :func:`pack_q4`'s blocks hold
     (what :func:`q4_matmul` multiplies the quantized activations by)."""
-    t, groups = tiles.shape[:2]
-    v = torch.stack([tiles & 0x0F, tiles >> 4], -1).view(t, groups, 4, Q_TILE, 4, 2)
+    t, groups = blocks.shape[:2]
+    nibbles = blocks[..., :Q4_NIBBLE_BYTES]
+    v = torch.stack([nibbles & 0x0F, nibbles >> 4], -1).view(t, groups, 4, Q_TILE, 4, 2)
     q = v.permute(0, 3, 1, 2, 5, 4).reshape(t * Q_TILE, groups, 32)[:out_features].float()
-    weight = q * _per_row(scale, out_features)[..., None] + _per_row(offset, out_features)[..., None]
-    return weight.reshape(out_features, groups * 32)
+    scale, offset = q4_scales(blocks, out_features)
+    return (q * scale[..., None] + offset[..., None]).reshape(out_features, groups * 32)
 
 
 class LinearSpec(ctypes.Structure):
@@ -318,7 +329,7 @@ def linear_spec(kind: str, out_features: int, in_features: int, q: torch.Tensor,
                 zero: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> LinearSpec:
     """A ``LinearSpec`` pointing at these tensors (the layer that owns them must outlive it):
     ``kind`` ``f32`` / ``bf16`` / ``f16`` (``q`` is the weight in that format), ``q8`` or
-    ``q4`` (as :func:`q8_matmul` / :func:`q4_matmul` take them), ``bf16dp`` (a bfloat16 weight that
+    ``q4`` (as :func:`q8_matmul` / :func:`q4_matmul` take them: ``q4``'s scales are in ``q``), ``bf16dp`` (a bfloat16 weight that
     :func:`bf16_products` multiplies)."""
     def ptr(t: torch.Tensor | None) -> int | None:
         return None if t is None else t.data_ptr()

@@ -1,7 +1,7 @@
 """Quantized linear layers for CPU decoding: int4 in groups, int8 in groups or per channel.
 
 ``Int4Linear`` keeps 4-bit weights in groups of 32 along the input dimension, each group
-with a float32 scale and zero, ``w = (q - 8) * scale + zero`` for ``q`` in 0..15 (the
+with a scale and zero, ``w = (q - 8) * scale + zero`` for ``q`` in 0..15 (the
 convention of PyTorch's CPU kernel ``aten._weight_int4pack_mm_for_cpu``). GGUF's 32-value
 blocks map onto it exactly:
 
@@ -9,7 +9,8 @@ blocks map onto it exactly:
 * Q4_0 (``w = d * (q - 8)``): ``scale = d``, ``zero = 0``.
 
 (``tests/test_quant_linear.py`` checks both against the ``gguf`` package's dequantizer.)
-A float32 checkpoint is quantized the Q4_1 way: each group's minimum and maximum.
+A float32 checkpoint is quantized the Q4_1 way: each group's minimum and maximum. Our
+kernels keep the scale and ``zero - 8 * scale`` (Q4_1's ``m``) in float16, as GGUF does.
 
 On our kernels the nibbles are laid out in tiles of 16 output rows and the inputs are
 quantized to 8 bits per group of 32, as llama.cpp runs Q4_0/Q4_1 (``cpu_kernels.q4_matmul``,
@@ -110,8 +111,8 @@ class Int4Linear(WeightOnlyLinear):
         super().__init__()
         self.out_features, self.in_features = q.shape
         self.native = native_kernels()
-        if self.native:  # nibbles in tiles of 16 output rows, with their scales and offsets
-            self.tiles, self.scale, self.offset = cpu_kernels.pack_q4(q, scale, zero)
+        if self.native:  # nibbles in tiles of 16 output rows, each group's block with its scales
+            self.tiles = cpu_kernels.pack_q4(q, scale, zero)
         else:
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
             # The kernel's layout: [groups, out, 2] (scale, zero).
@@ -122,12 +123,18 @@ class Int4Linear(WeightOnlyLinear):
     @classmethod
     def from_weight(cls, weight: torch.Tensor, bias: torch.Tensor | None = None,
                     row_by_row: bool | None = None) -> Int4Linear:
-        """Quantize a float weight the Q4_1 way: per group of 32, 16 levels from min to max."""
+        """Quantize a float weight the Q4_1 way: per group of 32, 16 levels from min to max,
+        the scale and minimum rounded to float16 first (as llama.cpp's Q4_1 stores them, and
+        as our kernels read them: ``cpu_kernels.pack_q4``)."""
         out_features, in_features = weight.shape
         groups = weight.detach().float().reshape(out_features, in_features // GROUP, GROUP)
         low, high = groups.amin(-1), groups.amax(-1)
-        scale = (high - low) / 15
+        scale = ((high - low) / 15).half().float()
         scale = torch.where(scale == 0, torch.ones_like(scale), scale)  # a constant group: q = 0
+        low = low.half().float()
+        if not (scale.isfinite().all() and low.isfinite().all()):
+            raise ValueError("int4 keeps each group's scale and minimum in float16: this weight has values beyond "
+                             "its range (|w| > 65504); quantize it to int8 instead")
         q = ((groups - low[..., None]) / scale[..., None]).round().clamp(0, 15)
         return cls(q.reshape(out_features, in_features), scale, low + 8 * scale, bias, row_by_row)
 
@@ -135,19 +142,18 @@ class Int4Linear(WeightOnlyLinear):
         """The float32 weight these layers multiply by (on our kernels ``q * scale + offset``,
         times the 8-bit activations; else the identity matrix through PyTorch's kernel)."""
         if self.native:
-            return cpu_kernels.unpack_q4(self.tiles, self.scale, self.offset, self.out_features)
+            return cpu_kernels.unpack_q4(self.tiles, self.out_features)
         return self._mm(torch.eye(self.in_features)).t()
 
     def kernel_spec(self) -> cpu_kernels.LinearSpec | None:
         """This layer for ``cpu_kernels.block`` (None where our kernel does not run it)."""
         if not self.native or self.row_by_row:
             return None
-        return cpu_kernels.linear_spec("q4", self.out_features, self.in_features, self.tiles, self.scale,
-                                       self.offset, self.bias)
+        return cpu_kernels.linear_spec("q4", self.out_features, self.in_features, self.tiles, bias=self.bias)
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if self.native:
-            return cpu_kernels.q4_matmul(x, self.tiles, self.scale, self.offset, self.out_features)
+            return cpu_kernels.q4_matmul(x, self.tiles, self.out_features)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, GROUP, self.scales_and_zeros)
 
 

@@ -599,15 +599,14 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
  * saves is the Python and PyTorch calls between them (~100 us a layer). */
 void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, const int32_t *shift,
                   int64_t N, float *y, int threads);
-void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
-                  const float *zero, int64_t N, float *y, int threads);
+void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t N, float *y, int threads);
 void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads);
 void qd_bf16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads);
 void qd_f16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads);
 void qd_bf16dp_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads);
 
 /* One linear layer's weights: kind 0 float32 [out, in], 1 int8 tiles (+ scale, and in
- * `zero` the int32 shift: q8a8.h), 2 int4 tiles (+ scale, offset: q4a8.h), 3 bfloat16
+ * `zero` the int32 shift: q8a8.h), 2 int4 blocks (scales inside: q4a8.h), 3 bfloat16
  * [out, in], 4 float16 [out, in], 6 bfloat16 [out, in] times bfloat16-rounded x
  * (bf16_products.c); bias may be NULL. (5, a drafter's own int8 kernel, was retired.) */
 typedef struct {
@@ -628,7 +627,7 @@ static void linear(const QdLinear *l, const float *x, int64_t m, float *y, int t
     else if (l->kind == 6)
         qd_bf16dp_matmul(x, m, l->in, (const uint16_t *)l->q, l->out, y, threads);
     else
-        qd_q4_matmul(x, m, l->in, (const uint8_t *)l->q, l->scale, l->zero, l->out, y, threads);
+        qd_q4_matmul(x, m, l->in, (const uint8_t *)l->q, l->out, y, threads);
     if (l->bias)
         for (int64_t r = 0; r < m; r++)
             for (int64_t n = 0; n < l->out; n++)

@@ -15,14 +15,23 @@
  * lossless speculative decoding needs), and AVX2 and VNNI give the same bits.
  *
  * Layout (cpu_kernels.pack_q4 writes it): weight rows in tiles of 16 as int8's (q8a8.h; N
- * padded with zero rows to a multiple of 16), tile t and group g at byte (t * G + g) * 256, G = K / 32:
- * four chunks of 64 bytes, chunk h byte 4 * i + b = q[16t + i][32g + 8h + b] (low nibble)
+ * padded with zero rows to a multiple of 16), one block of Q4_BLOCK_BYTES (320) per tile t
+ * and group g, at byte (t * G + g) * 320, G = K / 32. Its first 256 bytes: four chunks of
+ * 64 bytes, chunk h byte 4 * i + b = q[16t + i][32g + 8h + b] (low nibble)
  * | q[16t + i][32g + 8h + 4 + b] << 4 (high nibble). A chunk's low nibbles are one
  * 16-lane vector of 4 weights per row (lane i: row 16t + i), its high nibbles the next 4,
  * so a group is 8 byte products per lane (vpdpbusd: each lane 4 weights times 4 bytes of
- * x, broadcast), summed into I before any float work. scale and c: [T][G][16] floats.
+ * x, broadcast), summed into I before any float work. Then the 16 rows' scale and c as
+ * float16 (32 bytes each): GGUF's Q4_0 / Q4_1 blocks hold float16 d and m (c = m for Q4_1,
+ * -8 d for Q4_0), so a file's weights are kept exactly; quantizing a float weight rounds
+ * its scale and minimum to float16 first (quant_linear.Int4Linear.from_weight).
  *
- * Why: the layout this replaced (GGUF's own blocks, one weight row after another) took
+ * Why one block with float16 scales (session 42): the nibbles, scales and offsets were
+ * three streams, the scales float32 (0.75 bytes a weight); a one-row step is bound by
+ * reading them. One stream of 0.625 bytes a weight (Q4_1's own size): SmolLM2's int4
+ * products 0.80x the time at one and three rows (docs/quantization.md).
+ *
+ * Why tiles: the layout they replaced (GGUF's own blocks, one weight row after another) took
  * float32 x and dequantized each weight (a 16-entry table), then 2 FMAs per 32 weights
  * and row: a verify pass of k+1 rows was bound by float arithmetic (~1.15 ms per extra
  * row over SmolLM2's layers). Here a row's 32 weights of 16 outputs cost 8 integer
@@ -33,6 +42,8 @@
 
 #include "q8a8.h"
 
-#define Q4_TILE_BYTES (Q_TILE * GROUP / 2)
+#define Q4_TILE_BYTES (Q_TILE * GROUP / 2)       /* a tile's nibbles of one group */
+#define Q4_SIDE_BYTES (Q_TILE * 2)               /* its 16 float16 scales (then as many offsets) */
+#define Q4_BLOCK_BYTES (Q4_TILE_BYTES + 2 * Q4_SIDE_BYTES)
 
 #endif

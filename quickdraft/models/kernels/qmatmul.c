@@ -286,11 +286,11 @@ DEFINE_HALF_MATMUL(qd_f16_matmul, qd_f16_matmul_avx512, f16_weights)
 #undef DEFINE_HALF_MATMUL
 
 
-/* Lanes 8h .. 8h + 7 of a tile (weight rows 16t + 8h ..; `tile`, `scale` and `offset`
- * point at that half of tile t's group 0) against rows 0 .. rows - 1 of the quantized x,
+/* Lanes 8h .. 8h + 7 of a tile (weight rows 16t + 8h ..; `tile` and `side` point at that
+ * half's nibbles and scales in tile t's group 0) against rows 0 .. rows - 1 of the quantized x,
  * q4a8.h's rule 8 lanes at a time: maddubs + madd give each lane the sum that one VNNI
  * instruction gives. The first `live` lanes go to y[r * ldy + i]. Constant `rows`. */
-static inline __attribute__((always_inline)) void q4_half(const uint8_t *tile, const float *scale, const float *offset,
+static inline __attribute__((always_inline)) void q4_half(const uint8_t *tile, const uint8_t *side,
                                                            const QInput *in, int64_t m, int64_t K, int rows,
                                                            float *y, int64_t ldy, int live) {
     const int64_t G = K / GROUP;
@@ -301,7 +301,7 @@ static inline __attribute__((always_inline)) void q4_half(const uint8_t *tile, c
         __m256i sum0[Q_ROWS], sum1[Q_ROWS];
         for (int r = 0; r < rows; r++) sum0[r] = sum1[r] = _mm256_setzero_si256();
         for (int h = 0; h < 4; h++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(tile + g * Q4_TILE_BYTES + 64 * h));
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(tile + g * Q4_BLOCK_BYTES + 64 * h));
             const __m256i lo = _mm256_and_si256(v, mask), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
             for (int r = 0; r < rows; r++) {
                 const int8_t *x8 = in->xq + (m + r) * K + g * GROUP + 8 * h; /* x's bytes 8h .. 8h + 7 */
@@ -309,7 +309,9 @@ static inline __attribute__((always_inline)) void q4_half(const uint8_t *tile, c
                 sum1[r] = _mm256_add_epi32(sum1[r], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, bytes4_x8(x8 + 4)), ones));
             }
         }
-        const __m256 s = _mm256_loadu_ps(scale + g * Q_TILE), c = _mm256_loadu_ps(offset + g * Q_TILE);
+        const uint8_t *sc = side + g * Q4_BLOCK_BYTES;
+        const __m256 s = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)sc)),
+                     c = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(sc + Q4_SIDE_BYTES)));
         for (int r = 0; r < rows; r++) {
             const __m256 i = _mm256_cvtepi32_ps(_mm256_add_epi32(sum0[r], sum1[r]));
             acc[r] = _mm256_fmadd_ps(i, _mm256_mul_ps(s, _mm256_set1_ps(in->dx[(m + r) * G + g])), acc[r]);
@@ -320,12 +322,11 @@ static inline __attribute__((always_inline)) void q4_half(const uint8_t *tile, c
     for (int r = 0; r < rows; r++) _mm256_maskstore_ps(y + r * ldy, lanes, acc[r]);
 }
 
-/* x [M, K] float32 (quantized to 8 bits per group of 32 on the way), q: int4 tiles, scale
- * and offset [T][K / 32][16] (q4a8.h, as cpu_kernels.pack_q4 lays them out) -> y [M, N]. */
-void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
-                  const float *offset, int64_t N, float *y, int threads) {
+/* x [M, K] float32 (quantized to 8 bits per group of 32 on the way), q: int4 blocks
+ * [T][K / 32][Q4_BLOCK_BYTES] (q4a8.h, as cpu_kernels.pack_q4 lays them out) -> y [M, N]. */
+void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t N, float *y, int threads) {
     if (qd_kernel_isa(-1) && qd_vnni_supported()) {
-        qd_q4_matmul_vnni(x, M, K, q, scale, offset, N, y, threads);
+        qd_q4_matmul_vnni(x, M, K, q, N, y, threads);
         return;
     }
     const QInput in = q_input(x, M, K, 1, threads);
@@ -336,11 +337,11 @@ void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, const 
         const int live = half_span(u, N, &t, &h, &first);
         if (live <= 0)
             continue;
-        const uint8_t *tile = q + t * G * Q4_TILE_BYTES + 32 * h;
-        const float *s = scale + t * G * Q_TILE + 8 * h, *c = offset + t * G * Q_TILE + 8 * h;
+        const uint8_t *tile = q + t * G * Q4_BLOCK_BYTES + 32 * h; /* lanes 8h ..: bytes 32h .. of a chunk */
+        const uint8_t *side = q + t * G * Q4_BLOCK_BYTES + Q4_TILE_BYTES + 16 * h; /* their 8 float16 scales */
         for (int64_t m = 0; m < M; m += Q_ROWS) {
 #define Q4_CASE(r) \
-    case r: q4_half(tile, s, c, &in, m, K, r, y + m * N + first, N, live); break
+    case r: q4_half(tile, side, &in, m, K, r, y + m * N + first, N, live); break
             switch (M - m < Q_ROWS ? M - m : Q_ROWS) { Q4_CASE(1); Q4_CASE(2); Q4_CASE(3); Q4_CASE(4); }
 #undef Q4_CASE
         }

@@ -409,11 +409,10 @@ void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, co
     q_input_free(in);
 }
 
-/* Tiles t .. t + nb - 1 (`tiles`, `scale`, `offset` at tile t's group 0) against rows
+/* Tiles t .. t + nb - 1 (`tiles` at tile t's group 0: q4a8.h's blocks) against rows
  * m .. m + rows - 1 of the quantized x, into y[r * ldy + 16 b + i]; the last tile's first
  * `live` lanes only. Constant nb and rows. */
-static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles, const float *scale,
-                                                            const float *offset, int nb, const QInput *in,
+static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles, int nb, const QInput *in,
                                                             int64_t m, int64_t K, int rows, float *y, int64_t ldy,
                                                             int live, const uint8_t *ahead) {
     const int64_t G = K / GROUP;
@@ -424,15 +423,15 @@ static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles,
     for (int64_t g = 0; g < G; g++) {
         if (ahead)
             for (int b = 0; b < nb; b++)
-                for (int h = 0; h < 4; h++)
-                    _mm_prefetch((const char *)(ahead + (b * G + g) * Q4_TILE_BYTES + 64 * h), _MM_HINT_T0);
+                for (int h = 0; h < Q4_BLOCK_BYTES / 64; h++)
+                    _mm_prefetch((const char *)(ahead + (b * G + g) * Q4_BLOCK_BYTES + 64 * h), _MM_HINT_T0);
         __m512i sum0[2][Q_ONE_ROWS], sum1[2][Q_ONE_ROWS];
         for (int b = 0; b < nb; b++)
             for (int r = 0; r < rows; r++) sum0[b][r] = sum1[b][r] = _mm512_setzero_si512();
         for (int h = 0; h < 4; h++) {
             __m512i lo[2], hi[2];
             for (int b = 0; b < nb; b++) {
-                const __m512i v = _mm512_loadu_si512(tiles + (b * G + g) * Q4_TILE_BYTES + 64 * h);
+                const __m512i v = _mm512_loadu_si512(tiles + (b * G + g) * Q4_BLOCK_BYTES + 64 * h);
                 lo[b] = _mm512_and_si512(v, mask);
                 hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
             }
@@ -446,8 +445,9 @@ static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles,
             }
         }
         for (int b = 0; b < nb; b++) {
-            const __m512 s = _mm512_loadu_ps(scale + (b * G + g) * Q_TILE);
-            const __m512 c = _mm512_loadu_ps(offset + (b * G + g) * Q_TILE);
+            const uint8_t *side = tiles + (b * G + g) * Q4_BLOCK_BYTES + Q4_TILE_BYTES;
+            const __m512 s = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)side)),
+                         c = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(side + Q4_SIDE_BYTES)));
             for (int r = 0; r < rows; r++) {
                 const __m512 i = _mm512_cvtepi32_ps(_mm512_add_epi32(sum0[b][r], sum1[b][r]));
                 acc[b][r] = _mm512_fmadd_ps(i, _mm512_mul_ps(s, _mm512_set1_ps(in->dx[(m + r) * G + g])), acc[b][r]);
@@ -461,20 +461,18 @@ static inline __attribute__((always_inline)) void q4_tiles(const uint8_t *tiles,
     }
 }
 
-void qd_q4_matmul_vnni(const float *x, int64_t M, int64_t K, const uint8_t *q, const float *scale,
-                       const float *offset, int64_t N, float *y, int threads) {
+void qd_q4_matmul_vnni(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t N, float *y, int threads) {
     const QInput in = q_input(x, M, K, 1, threads);
     const int64_t G = K / GROUP, T = (N + Q_TILE - 1) / Q_TILE;
     const int pair = pair_tiles(M), pass = pair ? Q_PAIR_ROWS : Q_ONE_ROWS, step = pair ? 2 : 1;
 #define Q4_TILES(NB, R) \
-    case R: q4_tiles(tiles, s, c, NB, &in, m, K, R, y + m * N + Q_TILE * t, N, live, ahead); break
+    case R: q4_tiles(tiles, NB, &in, m, K, R, y + m * N + Q_TILE * t, N, live, ahead); break
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t u = 0; u < (T + step - 1) / step; u++) {
         int nb, live;
         const int64_t t = tile_span(u, step, T, N, &nb, &live);
-        const uint8_t *tiles = q + t * G * Q4_TILE_BYTES;
-        const uint8_t *ahead = t + 2 * nb <= T ? tiles + nb * G * Q4_TILE_BYTES : NULL;
-        const float *s = scale + t * G * Q_TILE, *c = offset + t * G * Q_TILE;
+        const uint8_t *tiles = q + t * G * Q4_BLOCK_BYTES;
+        const uint8_t *ahead = t + 2 * nb <= T ? tiles + nb * G * Q4_BLOCK_BYTES : NULL;
         ROW_PASSES(Q4_TILES)
     }
 #undef Q4_TILES
