@@ -6,9 +6,9 @@ host's speed drifts between processes):
     python scripts/step_ab.py isa [MODEL]     # AVX-512 vs AVX2 int4 products
     python scripts/step_ab.py build [MODEL] --rev REV  # the kernels as of commit REV vs this tree's
                                                        # (float32 weights both ways, or --quantize's
-                                                       # from session 32 on, int4 in REV's layout
-                                                       # where it predates session 42's blocks; int8 /
-                                                       # int4 layers before 32: docs/bench/tiles_ab.py)
+                                                       # from session 32 on, int8 / int4 in REV's
+                                                       # layout where it predates session 42's blocks;
+                                                       # before 32: docs/bench/tiles_ab.py)
     python scripts/step_ab.py weights [MODEL]  # bf16/fp16-valued weights stored as float32 vs 16-bit
     python scripts/step_ab.py products [MODEL]  # bf16 weights times float32 inputs vs bf16 products
                                                 # (--dtype bfloat16 on an AVX512_BF16 CPU)
@@ -24,6 +24,7 @@ bfloat16 computes; tests/test_bf16_products.py).
 
 import argparse
 import copy
+import ctypes
 import statistics
 import subprocess
 import sys
@@ -40,7 +41,7 @@ from quickdraft.models import cpu_kernels, transformer  # noqa: E402
 from quickdraft.models.decode_linear import DecodeLinear  # noqa: E402
 from quickdraft.models.lm import load_model  # noqa: E402
 from quickdraft.models.placement import resolve_placement  # noqa: E402
-from quickdraft.models.quant_linear import Int4Linear  # noqa: E402
+from quickdraft.models.quant_linear import Int4Linear, Int8Linear  # noqa: E402
 
 BLOCK_SPECS = transformer.Block.kernel_specs
 BLOCK_STACK = transformer.Transformer.block_stack
@@ -109,42 +110,82 @@ def use_library(lib) -> None:
     cpu_kernels.library = lambda: lib
 
 
-def int4_blocks_at(rev: str) -> bool:
-    """Whether commit ``rev``'s int4 kernels read session 42's blocks (nibbles and float16
-    scales in one stream) rather than nibbles, float32 scales and offsets in three arrays."""
-    header = subprocess.run(["git", "show", f"{rev}:quickdraft/models/kernels/q4a8.h"], capture_output=True,
+def blocks_at(rev: str, kind: str) -> bool:
+    """Whether commit ``rev``'s ``kind`` (``q8`` / ``q4``) kernel reads session 42's blocks
+    (weights and scales in one stream) rather than three arrays."""
+    header = subprocess.run(["git", "show", f"{rev}:quickdraft/models/kernels/{kind}a8.h"], capture_output=True,
                             text=True, cwd=Path(__file__).resolve().parents[1]).stdout
-    return "Q4_BLOCK_BYTES" in header
+    return f"{kind.upper()}_BLOCK_BYTES" in header
 
 
-class Int4Arrays(torch.nn.Module):
-    """An int4 layer in the layout before session 42, for an older build's kernels: the
-    nibbles of its blocks, the scales and offsets (the same float16 values) as float32 arrays."""
+class ArraysSpec(ctypes.Structure):
+    """``QdLinear`` before session 42's int8 blocks: pointers to a linear's scales and
+    offsets (shifts) beside its weights."""
 
-    def __init__(self, layer: Int4Linear) -> None:
+    _fields_ = [("kind", ctypes.c_int64), ("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64),
+                ("q", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("zero", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
+
+
+class Arrays(torch.nn.Module):
+    """An int8 or int4 layer for an older build's kernels: in the layout before session 42
+    (the weights of its blocks, the scales and offsets, int8: shifts, as arrays) unless
+    ``blocks`` (that build reads this kind's blocks already)."""
+
+    def __init__(self, layer: Int4Linear | Int8Linear, lib, blocks: bool) -> None:
         super().__init__()
-        self.layer, side = layer, layer.tiles[..., cpu_kernels.Q4_NIBBLE_BYTES:].contiguous().view(torch.float16)
-        self.nibbles = layer.tiles[..., : cpu_kernels.Q4_NIBBLE_BYTES].contiguous()
-        self.scale = side[..., : cpu_kernels.Q_TILE].float().contiguous()
-        self.offset = side[..., cpu_kernels.Q_TILE :].float().contiguous()
+        self.layer, int4 = layer, isinstance(layer, Int4Linear)
+        p, i64 = ctypes.c_void_p, ctypes.c_int64  # the product with the old signature (x, M, K, q, scale, zero, N, y, threads)
+        address = ctypes.cast(lib.qd_q4_matmul if int4 else lib.qd_q8_matmul, ctypes.c_void_p).value
+        self.product = ctypes.CFUNCTYPE(None, p, i64, i64, p, p, p, i64, p, ctypes.c_int)(address)
+        cut = cpu_kernels.Q4_NIBBLE_BYTES if int4 else cpu_kernels.Q8_WEIGHT_BYTES
+        if blocks:
+            self.weights, self.scale, self.zero = layer.tiles, None, None
+        elif int4:  # float16 in the blocks, float32 arrays before
+            side = layer.tiles[..., cut:].contiguous().view(torch.float16).float()
+            self.weights = layer.tiles[..., :cut].contiguous()
+            self.scale, self.zero = side[..., : cpu_kernels.Q_TILE].contiguous(), side[..., cpu_kernels.Q_TILE :].contiguous()
+        else:  # float32 scales, int32 shifts
+            side = layer.tiles[..., cut:].contiguous().view(torch.int32)
+            self.weights = layer.tiles[..., :cut].contiguous()
+            self.scale = side[..., : cpu_kernels.Q_TILE].contiguous().view(torch.float32)
+            self.zero = side[..., cpu_kernels.Q_TILE :].contiguous()
 
-    def kernel_spec(self) -> cpu_kernels.LinearSpec:
-        return cpu_kernels.linear_spec("q4", self.layer.out_features, self.layer.in_features, self.nibbles,
-                                       self.scale, self.offset, self.layer.bias)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # a head outside the blocks' C calls
+        flat = x.reshape(-1, self.layer.in_features).contiguous()
+        y = torch.empty(flat.shape[0], self.layer.out_features)
+        self.product(flat.data_ptr(), flat.shape[0], flat.shape[1], self.weights.data_ptr(), address(self.scale),
+                     address(self.zero), self.layer.out_features, y.data_ptr(), torch.get_num_threads())
+        y = y if self.layer.bias is None else y + self.layer.bias
+        return y.view(*x.shape[:-1], self.layer.out_features)
+
+    def kernel_spec(self) -> ArraysSpec:
+        return ArraysSpec(cpu_kernels.LINEAR_KINDS["q4" if isinstance(self.layer, Int4Linear) else "q8"],
+                          self.layer.in_features, self.layer.out_features, self.weights.data_ptr(),
+                          address(self.scale), address(self.zero), address(self.layer.bias))
 
 
-def int4_ways(model: torch.nn.Module, theirs, ours, rev: str) -> list[tuple[str, Callable[[], None]]]:
-    """``build``'s two ways with every int4 layer of ``model`` in REV's layout for REV's kernels."""
+def address(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def arrays_ways(model: torch.nn.Module, theirs, ours, rev: str) -> list[tuple[str, Callable[[], None]]]:
+    """``build``'s two ways with every int8 / int4 layer of ``model`` in REV's layout for
+    REV's kernels (REV before session 42's int8 blocks: ``QdLinear`` with scale pointers)."""
     places = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-              if isinstance(child, Int4Linear)]
-    old = [Int4Arrays(child) for _, _, child in places]
+              if isinstance(child, (Int4Linear, Int8Linear)) and child.native]
+    q4_blocks = blocks_at(rev, "q4")
+    old = [Arrays(child, theirs, q4_blocks and isinstance(child, Int4Linear)) for _, _, child in places]
 
     def use(modules):
         for (parent, name, _), module in zip(places, modules, strict=True):
             setattr(parent, name, module)
 
-    return [(rev, lambda: (use_library(theirs), use(old))),
-            ("tree", lambda: (use_library(ours), use([c for _, _, c in places])))]
+    def spec_type(struct) -> None:  # what BlockStack builds its array of
+        cpu_kernels.LinearSpec = struct
+
+    tree_struct = cpu_kernels.LinearSpec
+    return [(rev, lambda: (use_library(theirs), spec_type(ArraysSpec), use(old))),
+            ("tree", lambda: (use_library(ours), spec_type(tree_struct), use([c for _, _, c in places])))]
 
 
 def weight_ways(model: torch.nn.Module) -> list[tuple[str, Callable[[], None]]]:
@@ -208,8 +249,8 @@ def main() -> None:
         WAYS["products"] = products_ways(lm.model)
     elif args.compare == "build" and not args.quantize:  # float32 weights both ways: an older build may not take 16-bit ones
         dict(weight_ways(lm.model))["float32"]()
-    if args.compare == "build" and not int4_blocks_at(args.rev):
-        WAYS["build"] = int4_ways(lm.model, theirs, ours, args.rev)
+    if args.compare == "build" and not blocks_at(args.rev, "q8"):
+        WAYS["build"] = arrays_ways(lm.model, theirs, ours, args.rev)
     ways = WAYS[args.compare]
     gen = torch.Generator().manual_seed(0)
     context = args.context

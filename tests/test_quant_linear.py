@@ -124,14 +124,14 @@ def test_int8_products_quantize_activations_as_llama_cpp_does():
             q = torch.randint(-128, 128, (n, k), dtype=torch.int8)
             scale = torch.rand(n, k // 32) * 0.01
             packed = cpu_kernels.pack_q8(q, scale)
-            assert all(torch.equal(a, b) for a, b in zip(cpu_kernels.unpack_q8(packed[0], packed[1], n), (q, scale)))
+            assert all(torch.equal(a, b) for a, b in zip(cpu_kernels.unpack_q8(packed, n), (q, scale)))
             x = torch.randn(9, k) * torch.rand(9, k // 32).repeat_interleave(32, 1) * 4  # groups of unequal range
             x[0, :32] = 0  # an all-zero group: d = 0
             expected = q8_reference(x, q, scale)
             results = []
             for isa in ("avx2", cpu_kernels.kernel_isa(None)):
                 cpu_kernels.kernel_isa(isa)
-                results.append(cpu_kernels.q8_matmul(x, *packed, n))
+                results.append(cpu_kernels.q8_matmul(x, packed, n))
                 torch.testing.assert_close(results[-1].double(), expected, rtol=1e-5,
                                            atol=1e-5 * expected.abs().max().item())
             assert torch.equal(results[0], results[-1])
@@ -346,7 +346,7 @@ def test_avx512_and_avx2_products_agree_bit_for_bit():
         for n, k in [(96, 64), (75, 96), (50, 1216)]:
             scale, zero, weight = torch.rand(n, k // 32), torch.randn(n, k // 32), torch.randn(n, k)
             q4 = (cpu_kernels.pack_q4(torch.randint(0, 16, (n, k)), scale, zero), n)
-            q8 = (*cpu_kernels.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8), scale), n)
+            q8 = (cpu_kernels.pack_q8(torch.randint(-127, 128, (n, k), dtype=torch.int8), scale), n)
             products = {"q4": (cpu_kernels.q4_matmul, q4), "q8": (cpu_kernels.q8_matmul, q8),
                         "f32": (cpu_kernels.f32_matmul, (weight,)), "bf16": (cpu_kernels.half_matmul, (weight.bfloat16(),)),
                         "f16": (cpu_kernels.half_matmul, (weight.half(),))}

@@ -4,6 +4,10 @@ session 32) vs this tree's (tiles of 16 weight rows, 8-bit activations), alterna
 
     python docs/bench/tiles_ab.py --rev acbd82d [--model smollm2-135m] [--widths 1,2,3,5,9]
 
+(It runs in a checkout from session 32 to 8a7d4f2: its twins take the tiles and separate
+scale arrays of that time. Session 42's blocks are compared with those by
+``scripts/step_ab.py build --rev 8a7d4f2``.)
+
 Prints the median wall time of a pass of each width (tokens) after a context, each way, and
 their ratio (tree / REV). The two ways round differently (int4: 8-bit activations; int8: the
 order of the float sums): only their speed is compared here; tests/test_quant_linear.py
@@ -34,8 +38,8 @@ def int4_rows(layer: Int4Linear) -> Int4Linear:
     """A twin of ``layer`` in the layout older kernels read: nibbles in GGUF's block order
     (byte j of a group: q[j] low, q[j + 16] high), [out, groups] scales and zeros."""
     n, groups = layer.out_features, layer.in_features // 32
-    scale, offset = cpu_kernels.q4_scales(layer.tiles, n)
-    weight = cpu_kernels.unpack_q4(layer.tiles, n).view(n, groups, 32)
+    scale, offset = (t.transpose(1, 2).reshape(-1, groups)[:n] for t in (layer.scale, layer.offset))
+    weight = cpu_kernels.unpack_q4(layer.tiles, layer.scale, layer.offset, n).view(n, groups, 32)
     safe = torch.where(scale == 0, torch.ones_like(scale), scale)
     q = ((weight - offset[..., None]) / safe[..., None]).round().clamp(0, 15).to(torch.uint8)
     halves = q.view(n, groups, 2, 16)

@@ -100,7 +100,7 @@ def library() -> ctypes.CDLL | None:
         lib = ctypes.CDLL(str(_build(compiler)))
     except (OSError, subprocess.CalledProcessError):
         return None
-    lib.qd_q8_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _ptr, _ptr, _c_int64, _ptr, ctypes.c_int]
+    lib.qd_q8_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_q4_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_f32_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
     lib.qd_bf16_matmul.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
@@ -163,19 +163,17 @@ def fingerprint() -> str:
     return f"{_key(_compiler())}-{kernel_isa()}"
 
 
-def q8_matmul(x: torch.Tensor, tiles: torch.Tensor, scale: torch.Tensor, shift: torch.Tensor,
-              out_features: int) -> torch.Tensor:
-    """``x @ W.T`` for the int8 weight :func:`pack_q8` laid out (``tiles``, ``scale``,
-    ``shift``): ``x`` float32 ``[M, K]`` quantized on the way, per row and group of 32
-    (``d = max|x| / 127``, ``x / d`` rounded half to even: see ``kernels/q8a8.h``), as
-    llama.cpp quantizes activations for Q8_0 weights, so each group's product is an exact
-    integer sum. Needs :func:`library`."""
+def q8_matmul(x: torch.Tensor, blocks: torch.Tensor, out_features: int) -> torch.Tensor:
+    """``x @ W.T`` for the int8 weight :func:`pack_q8` laid out: ``x`` float32 ``[M, K]``
+    quantized on the way, per row and group of 32 (``d = max|x| / 127``, ``x / d`` rounded
+    half to even: see ``kernels/q8a8.h``), as llama.cpp quantizes activations for Q8_0
+    weights, so each group's product is an exact integer sum. Needs :func:`library`."""
     lib = library()
     assert lib is not None, "q8_matmul needs the compiled kernels (cpu_kernels.library())"
     x = x.contiguous()
     y = torch.empty(x.shape[0], out_features, dtype=torch.float32)
-    lib.qd_q8_matmul(x.data_ptr(), x.shape[0], x.shape[1], tiles.data_ptr(), scale.data_ptr(), shift.data_ptr(),
-                     out_features, y.data_ptr(), torch.get_num_threads())
+    lib.qd_q8_matmul(x.data_ptr(), x.shape[0], x.shape[1], blocks.data_ptr(), out_features, y.data_ptr(),
+                     torch.get_num_threads())
     return y
 
 
@@ -254,27 +252,34 @@ def _padded_rows(q: torch.Tensor) -> torch.Tensor:
     return torch.cat([q, q.new_zeros(pad, q.shape[1])]) if pad else q
 
 
-def pack_q8(q: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+#: Bytes of an int8 block (one tile's group of 32 weights): weights, then float32 scales and int32 shifts.
+Q8_WEIGHT_BYTES, Q8_BLOCK_BYTES = 512, 640
+
+
+def pack_q8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """The int8 weight ``W = q * scale`` (``q`` ``[N, K]`` int8, ``scale`` ``[N, K / 32]``) as
-    :func:`q8_matmul` takes it: ``q`` in tiles of 16 weight rows (``[T, K / 32, 512]`` int8,
-    ``T = ceil(N / 16)``, missing rows zero), per tile and group the 16 rows' ``scale``
-    (``[T, K / 32, 16]`` float32) and ``shift``, 128 times each group's weight sum
-    (``[T, K / 32, 16]`` int32). ``kernels/q8a8.h`` documents the byte order."""
+    :func:`q8_matmul` takes it: ``[T, K / 32, 640]`` int8 (``T = ceil(N / 16)``, missing
+    rows zero), per tile of 16 weight rows and group the weights, then the rows' ``scale``
+    (float32) and ``shift``, 128 times the group's weight sum (int32), so one stream holds
+    everything a product reads. ``kernels/q8a8.h`` documents the bytes."""
     n, k = q.shape
     groups = k // 32
     v = _padded_rows(q.to(torch.int8))
     # q[16t + i][32g + 4h + b] -> [t, g, h, i, b]
-    tiles = v.reshape(-1, Q_TILE, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(-1, groups, 512).contiguous()
+    weights = v.reshape(-1, Q_TILE, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(-1, groups, Q8_WEIGHT_BYTES)
     # 128 * each group's sum, a block of rows at a time (an int32 copy of a 49152-row head
     # would be 113 MB at load)
     shift = torch.cat([128 * rows.to(torch.int32).reshape(-1, groups, 32).sum(-1) for rows in q.split(4096)])
-    return tiles, _tiled(scale), _tiled(shift, torch.int32)
+    side = torch.cat([_tiled(scale).view(torch.int8), _tiled(shift, torch.int32).view(torch.int8)], -1)
+    return torch.cat([weights, side], -1).contiguous()
 
 
-def unpack_q8(tiles: torch.Tensor, scale: torch.Tensor, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+def unpack_q8(blocks: torch.Tensor, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`pack_q8` undone: ``q`` ``[N, K]`` int8 and ``scale`` ``[N, K / 32]``."""
-    t, groups = tiles.shape[:2]
-    q = tiles.view(t, groups, 8, Q_TILE, 4).permute(0, 3, 1, 2, 4).reshape(t * Q_TILE, groups * 32)
+    t, groups = blocks.shape[:2]
+    weights = blocks[..., :Q8_WEIGHT_BYTES]
+    q = weights.reshape(t, groups, 8, Q_TILE, 4).permute(0, 3, 1, 2, 4).reshape(t * Q_TILE, groups * 32)
+    scale = blocks[..., Q8_WEIGHT_BYTES : Q8_WEIGHT_BYTES + 4 * Q_TILE].contiguous().view(torch.float32)
     return q[:out_features], _per_row(scale, out_features)
 
 
@@ -318,23 +323,21 @@ class LinearSpec(ctypes.Structure):
     """One linear layer's weights as ``qd_block`` reads them (``layer_ops.c``'s ``QdLinear``)."""
 
     _fields_ = [("kind", _c_int64), ("in_features", _c_int64), ("out_features", _c_int64), ("q", _ptr),
-                ("scale", _ptr), ("zero", _ptr), ("bias", _ptr)]
+                ("bias", _ptr)]
 
 
 #: ``LinearSpec.kind`` of each weight format.
 LINEAR_KINDS = {"f32": 0, "q8": 1, "q4": 2, "bf16": 3, "f16": 4, "bf16dp": 6}  # (5: retired)
 
 
-def linear_spec(kind: str, out_features: int, in_features: int, q: torch.Tensor, scale: torch.Tensor | None = None,
-                zero: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> LinearSpec:
+def linear_spec(kind: str, out_features: int, in_features: int, q: torch.Tensor,
+                bias: torch.Tensor | None = None) -> LinearSpec:
     """A ``LinearSpec`` pointing at these tensors (the layer that owns them must outlive it):
     ``kind`` ``f32`` / ``bf16`` / ``f16`` (``q`` is the weight in that format), ``q8`` or
-    ``q4`` (as :func:`q8_matmul` / :func:`q4_matmul` take them: ``q4``'s scales are in ``q``), ``bf16dp`` (a bfloat16 weight that
-    :func:`bf16_products` multiplies)."""
-    def ptr(t: torch.Tensor | None) -> int | None:
-        return None if t is None else t.data_ptr()
-
-    return LinearSpec(LINEAR_KINDS[kind], in_features, out_features, ptr(q), ptr(scale), ptr(zero), ptr(bias))
+    ``q4`` (``q``: the blocks :func:`pack_q8` / :func:`pack_q4` write), ``bf16dp`` (a
+    bfloat16 weight that :func:`bf16_products` multiplies)."""
+    return LinearSpec(LINEAR_KINDS[kind], in_features, out_features, q.data_ptr(),
+                      None if bias is None else bias.data_ptr())
 
 
 def block(x: torch.Tensor, norms: tuple[torch.Tensor, torch.Tensor, float], specs: tuple[LinearSpec, ...],

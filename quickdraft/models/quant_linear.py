@@ -149,7 +149,7 @@ class Int4Linear(WeightOnlyLinear):
         """This layer for ``cpu_kernels.block`` (None where our kernel does not run it)."""
         if not self.native or self.row_by_row:
             return None
-        return cpu_kernels.linear_spec("q4", self.out_features, self.in_features, self.tiles, bias=self.bias)
+        return cpu_kernels.linear_spec("q4", self.out_features, self.in_features, self.tiles, self.bias)
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if self.native:
@@ -188,7 +188,7 @@ class Int8Linear(WeightOnlyLinear):
         scale = scale.float()
         if self.native:  # tiles of 16 output rows; our kernel takes a scale per group (a channel's repeated)
             groups = scale.expand(self.out_features, self.in_features // GROUP)
-            self.tiles, self.scale, self.shift = cpu_kernels.pack_q8(q.to(torch.int8), groups)
+            self.tiles = cpu_kernels.pack_q8(q.to(torch.int8), groups)
         else:  # PyTorch's kernel: [out, in] and a scale per channel
             self.q, self.scale = q.to(torch.int8).contiguous(), scale[:, 0].contiguous()
         self.bias = None if bias is None else bias.detach().float().clone()
@@ -197,7 +197,7 @@ class Int8Linear(WeightOnlyLinear):
     def dequantized(self) -> torch.Tensor:
         """The float32 weight these layers multiply by."""
         if self.native:
-            q, scale = cpu_kernels.unpack_q8(self.tiles, self.scale, self.out_features)
+            q, scale = cpu_kernels.unpack_q8(self.tiles, self.out_features)
             return (q.float().view(self.out_features, -1, GROUP) * scale[..., None]).view_as(q)
         return self.q.float() * self.scale[:, None]
 
@@ -205,12 +205,11 @@ class Int8Linear(WeightOnlyLinear):
         """This layer for ``cpu_kernels.block`` (None where our kernel does not run it)."""
         if not self.native or self.row_by_row:
             return None
-        return cpu_kernels.linear_spec("q8", self.out_features, self.in_features, self.tiles, self.scale, self.shift,
-                                       self.bias)
+        return cpu_kernels.linear_spec("q8", self.out_features, self.in_features, self.tiles, self.bias)
 
     def _mm(self, x: torch.Tensor) -> torch.Tensor:
         if self.native:
-            return cpu_kernels.q8_matmul(x, self.tiles, self.scale, self.shift, self.out_features)
+            return cpu_kernels.q8_matmul(x, self.tiles, self.out_features)
         return torch.ops.aten._weight_int8pack_mm(x, self.q, self.scale)
 
 

@@ -597,29 +597,28 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
  * products of qmatmul.c: the same kernels, in the same order, as the model's per-op path
  * (Block.forward with the fused ops), so the result is the same bit for bit; what it
  * saves is the Python and PyTorch calls between them (~100 us a layer). */
-void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, const float *scale, const int32_t *shift,
-                  int64_t N, float *y, int threads);
+void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, int64_t N, float *y, int threads);
 void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t N, float *y, int threads);
 void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads);
 void qd_bf16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads);
 void qd_f16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads);
 void qd_bf16dp_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads);
 
-/* One linear layer's weights: kind 0 float32 [out, in], 1 int8 tiles (+ scale, and in
- * `zero` the int32 shift: q8a8.h), 2 int4 blocks (scales inside: q4a8.h), 3 bfloat16
- * [out, in], 4 float16 [out, in], 6 bfloat16 [out, in] times bfloat16-rounded x
- * (bf16_products.c); bias may be NULL. (5, a drafter's own int8 kernel, was retired.) */
+/* One linear layer's weights: kind 0 float32 [out, in], 1 int8 blocks (q8a8.h), 2 int4
+ * blocks (q4a8.h; both hold their scales), 3 bfloat16 [out, in], 4 float16 [out, in], 6
+ * bfloat16 [out, in] times bfloat16-rounded x (bf16_products.c); bias may be NULL. (5, a
+ * drafter's own int8 kernel, was retired.) */
 typedef struct {
     int64_t kind, in, out;
     const void *q;
-    const float *scale, *zero, *bias;
+    const float *bias;
 } QdLinear;
 
 static void linear(const QdLinear *l, const float *x, int64_t m, float *y, int threads) {
     if (l->kind == 0)
         qd_f32_matmul(x, m, l->in, (const float *)l->q, l->out, y, threads);
     else if (l->kind == 1)
-        qd_q8_matmul(x, m, l->in, (const int8_t *)l->q, l->scale, (const int32_t *)l->zero, l->out, y, threads);
+        qd_q8_matmul(x, m, l->in, (const int8_t *)l->q, l->out, y, threads);
     else if (l->kind == 3)
         qd_bf16_matmul(x, m, l->in, (const uint16_t *)l->q, l->out, y, threads);
     else if (l->kind == 4)

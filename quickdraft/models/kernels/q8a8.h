@@ -14,13 +14,15 @@
  * needs), and AVX2 and VNNI give the same bits.
  *
  * Layout (cpu_kernels.pack_q8 writes it): weight rows in tiles of 16 (N padded with zero
- * rows), tile t and group g at byte (t * G + g) * 512, G = K / 32: eight chunks of 64
- * bytes, chunk h byte 4 * i + b = q[16t + i][32g + 4h + b], so a chunk is one 16-lane
- * vector of 4 weights per row (lane i: row 16t + i) and a group is 8 byte products per
- * lane with 4 bytes of x broadcast. scale: [T][G][16] floats; shift: [T][G][16] int32,
- * 128 * the group's weight sum (VNNI multiplies unsigned bytes by signed ones: it takes
- * xq + 128 and subtracts the offset's share, an exact integer; AVX2 takes |q| times xq
- * with q's sign instead, |q| <= 128, |xq| <= 127, so its 16-bit pair sums cannot saturate).
+ * rows), one block of Q8_BLOCK_BYTES (640) per tile t and group g, at byte (t * G + g) *
+ * 640, G = K / 32. Its first 512 bytes: eight chunks of 64 bytes, chunk h byte 4 * i + b =
+ * q[16t + i][32g + 4h + b], so a chunk is one 16-lane vector of 4 weights per row (lane i:
+ * row 16t + i) and a group is 8 byte products per lane with 4 bytes of x broadcast. Then
+ * the 16 rows' scales (float32) and shifts (int32): 128 * the group's weight sum (VNNI
+ * multiplies unsigned bytes by signed ones: it takes xq + 128 and subtracts the offset's
+ * share, an exact integer; AVX2 takes |q| times xq with q's sign instead, |q| <= 128,
+ * |xq| <= 127, so its 16-bit pair sums cannot saturate). One block, one stream of memory
+ * (session 42: weights, scales and shifts had been three arrays; q4a8.h has the figures).
  *
  * Why tiles: with one weight row after another (the layout before, two groups a vector,
  * summed across lanes at the end) every group cost a conversion, a multiply and an FMA per
@@ -35,7 +37,9 @@
 /* Weight rows a tile of int8 or int4 weights holds (a 512-bit vector of float32 lanes),
  * and the bytes of one group of 32 weights of a tile. */
 #define Q_TILE 16
-#define Q8_TILE_BYTES (Q_TILE * GROUP)
+#define Q8_TILE_BYTES (Q_TILE * GROUP)          /* a tile's weights of one group */
+#define Q8_SIDE_BYTES (Q_TILE * 4)               /* its 16 float32 scales (then as many int32 shifts) */
+#define Q8_BLOCK_BYTES (Q8_TILE_BYTES + 2 * Q8_SIDE_BYTES)
 
 /* Row r of x [M, K] -> xq [M, K] int8 and dx [M, K / 32], group by group. Scalar-exact
  * operations only (max, divide, round, convert), so every instruction set gets the same
