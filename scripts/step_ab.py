@@ -110,12 +110,15 @@ def use_library(lib) -> None:
     cpu_kernels.library = lambda: lib
 
 
-def blocks_at(rev: str, kind: str) -> bool:
-    """Whether commit ``rev``'s ``kind`` (``q8`` / ``q4``) kernel reads session 42's blocks
-    (weights and scales in one stream) rather than three arrays."""
+def layout_at(rev: str, kind: str) -> str:
+    """How commit ``rev``'s ``kind`` (``q8`` / ``q4``) kernel reads its weights: ``arrays``
+    (weights, scales and offsets or shifts in three arrays: before session 42),
+    ``shifts`` (int8 blocks with int32 shifts: 7b0bd7c) or ``tree`` (this tree's blocks)."""
     header = subprocess.run(["git", "show", f"{rev}:quickdraft/models/kernels/{kind}a8.h"], capture_output=True,
                             text=True, cwd=Path(__file__).resolve().parents[1]).stdout
-    return f"{kind.upper()}_BLOCK_BYTES" in header
+    if f"{kind.upper()}_BLOCK_BYTES" not in header:
+        return "arrays"
+    return "shifts" if "Q8_SIDE_BYTES" in header else "tree"
 
 
 class ArraysSpec(ctypes.Structure):
@@ -126,66 +129,74 @@ class ArraysSpec(ctypes.Structure):
                 ("q", ctypes.c_void_p), ("scale", ctypes.c_void_p), ("zero", ctypes.c_void_p), ("bias", ctypes.c_void_p)]
 
 
-class Arrays(torch.nn.Module):
-    """An int8 or int4 layer for an older build's kernels: in the layout before session 42
-    (the weights of its blocks, the scales and offsets, int8: shifts, as arrays) unless
-    ``blocks`` (that build reads this kind's blocks already)."""
+class OlderLayout(torch.nn.Module):
+    """An int8 or int4 layer in an older build's layout (:func:`layout_at`), for its kernels."""
 
-    def __init__(self, layer: Int4Linear | Int8Linear, lib, blocks: bool) -> None:
+    def __init__(self, layer: Int4Linear | Int8Linear, lib, layout: str, struct) -> None:
         super().__init__()
-        self.layer, int4 = layer, isinstance(layer, Int4Linear)
-        p, i64 = ctypes.c_void_p, ctypes.c_int64  # the product with the old signature (x, M, K, q, scale, zero, N, y, threads)
-        address = ctypes.cast(lib.qd_q4_matmul if int4 else lib.qd_q8_matmul, ctypes.c_void_p).value
-        self.product = ctypes.CFUNCTYPE(None, p, i64, i64, p, p, p, i64, p, ctypes.c_int)(address)
-        cut = cpu_kernels.Q4_NIBBLE_BYTES if int4 else cpu_kernels.Q8_WEIGHT_BYTES
-        if blocks:
-            self.weights, self.scale, self.zero = layer.tiles, None, None
-        elif int4:  # float16 in the blocks, float32 arrays before
+        self.layer, self.struct, int4 = layer, struct, isinstance(layer, Int4Linear)
+        p, i64 = ctypes.c_void_p, ctypes.c_int64  # the product as the build declares it
+        product = lib.qd_q4_matmul if int4 else lib.qd_q8_matmul
+        self.arrays = layout == "arrays"  # the product takes the scale and offset (shift) arrays
+        args = (p, i64, i64, p, p, p, i64, p, ctypes.c_int) if self.arrays else (p, i64, i64, p, i64, p, ctypes.c_int)
+        self.product = ctypes.CFUNCTYPE(None, *args)(ctypes.cast(product, ctypes.c_void_p).value)
+        self.scale = self.zero = None
+        if layout == "tree":
+            self.weights = layer.tiles
+        elif int4:  # arrays: the nibbles; float16 scales and offsets as float32 arrays
+            cut = cpu_kernels.Q4_NIBBLE_BYTES
             side = layer.tiles[..., cut:].contiguous().view(torch.float16).float()
             self.weights = layer.tiles[..., :cut].contiguous()
             self.scale, self.zero = side[..., : cpu_kernels.Q_TILE].contiguous(), side[..., cpu_kernels.Q_TILE :].contiguous()
-        else:  # float32 scales, int32 shifts
-            side = layer.tiles[..., cut:].contiguous().view(torch.int32)
-            self.weights = layer.tiles[..., :cut].contiguous()
-            self.scale = side[..., : cpu_kernels.Q_TILE].contiguous().view(torch.float32)
-            self.zero = side[..., cpu_kernels.Q_TILE :].contiguous()
+        else:  # int8 q (not q + 128), float32 scales and int32 shifts (128 * the group's weight sum)
+            cut = cpu_kernels.Q8_WEIGHT_BYTES
+            q = (layer.tiles[..., :cut] ^ 0x80).view(torch.int8)
+            shift = 128 * q.view(*q.shape[:2], 8, cpu_kernels.Q_TILE, 4).sum((2, 4), dtype=torch.int32)
+            scale = layer.tiles[..., cut:].contiguous()
+            if layout == "shifts":  # one 640-byte block
+                self.weights = torch.cat([q.view(torch.uint8), scale, shift.view(torch.uint8)], -1).contiguous()
+            else:
+                self.weights, self.scale, self.zero = q.contiguous(), scale.view(torch.float32), shift.contiguous()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # a head outside the blocks' C calls
         flat = x.reshape(-1, self.layer.in_features).contiguous()
         y = torch.empty(flat.shape[0], self.layer.out_features)
-        self.product(flat.data_ptr(), flat.shape[0], flat.shape[1], self.weights.data_ptr(), address(self.scale),
-                     address(self.zero), self.layer.out_features, y.data_ptr(), torch.get_num_threads())
+        arrays = (address(self.scale), address(self.zero)) if self.arrays else ()
+        self.product(flat.data_ptr(), flat.shape[0], flat.shape[1], self.weights.data_ptr(), *arrays,
+                     self.layer.out_features, y.data_ptr(), torch.get_num_threads())
         y = y if self.layer.bias is None else y + self.layer.bias
         return y.view(*x.shape[:-1], self.layer.out_features)
 
-    def kernel_spec(self) -> ArraysSpec:
-        return ArraysSpec(cpu_kernels.LINEAR_KINDS["q4" if isinstance(self.layer, Int4Linear) else "q8"],
-                          self.layer.in_features, self.layer.out_features, self.weights.data_ptr(),
-                          address(self.scale), address(self.zero), address(self.layer.bias))
+    def kernel_spec(self):
+        kind = cpu_kernels.LINEAR_KINDS["q4" if isinstance(self.layer, Int4Linear) else "q8"]
+        arrays = (address(self.scale), address(self.zero)) if self.struct is ArraysSpec else ()
+        return self.struct(kind, self.layer.in_features, self.layer.out_features, self.weights.data_ptr(), *arrays,
+                           address(self.layer.bias))
 
 
 def address(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def arrays_ways(model: torch.nn.Module, theirs, ours, rev: str) -> list[tuple[str, Callable[[], None]]]:
+def layout_ways(model: torch.nn.Module, theirs, ours, rev: str) -> list[tuple[str, Callable[[], None]]] | None:
     """``build``'s two ways with every int8 / int4 layer of ``model`` in REV's layout for
-    REV's kernels (REV before session 42's int8 blocks: ``QdLinear`` with scale pointers)."""
+    REV's kernels; None where REV reads this tree's."""
+    layouts = {Int4Linear: layout_at(rev, "q4"), Int8Linear: layout_at(rev, "q8")}
+    if set(layouts.values()) == {"tree"}:
+        return None
     places = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
               if isinstance(child, (Int4Linear, Int8Linear)) and child.native]
-    q4_blocks = blocks_at(rev, "q4")
-    old = [Arrays(child, theirs, q4_blocks and isinstance(child, Int4Linear)) for _, _, child in places]
+    tree_struct = cpu_kernels.LinearSpec
+    struct = ArraysSpec if layouts[Int8Linear] == "arrays" else tree_struct
+    old = [OlderLayout(child, theirs, layouts[type(child)], struct) for _, _, child in places]
 
-    def use(modules):
+    def use(modules, spec_struct):
+        cpu_kernels.LinearSpec = spec_struct  # what BlockStack builds its array of
         for (parent, name, _), module in zip(places, modules, strict=True):
             setattr(parent, name, module)
 
-    def spec_type(struct) -> None:  # what BlockStack builds its array of
-        cpu_kernels.LinearSpec = struct
-
-    tree_struct = cpu_kernels.LinearSpec
-    return [(rev, lambda: (use_library(theirs), spec_type(ArraysSpec), use(old))),
-            ("tree", lambda: (use_library(ours), spec_type(tree_struct), use([c for _, _, c in places])))]
+    return [(rev, lambda: (use_library(theirs), use(old, struct))),
+            ("tree", lambda: (use_library(ours), use([c for _, _, c in places], tree_struct)))]
 
 
 def weight_ways(model: torch.nn.Module) -> list[tuple[str, Callable[[], None]]]:
@@ -226,6 +237,20 @@ def products_ways(model: torch.nn.Module) -> list[tuple[str, Callable[[], None]]
     return [("float32 inputs", lambda: use([c for _, _, c in places])), ("bf16 products", lambda: use(narrow))]
 
 
+def check(lm, ways: list[tuple[str, Callable[[], None]]], context: int) -> None:
+    """Exit unless both ways give the same logits bit for bit on one pass of 3 tokens."""
+    tokens = torch.randint(0, lm.vocab_size, (context + 3,), generator=torch.Generator().manual_seed(1))
+    logits = []
+    for _, switch in ways:
+        switch()
+        lm.reset(context + 3)
+        lm.extend(tokens[:context], logits="none")
+        logits.append(lm.extend(tokens[context:], logits="all").clone())
+    if not torch.equal(*logits):
+        raise SystemExit(f"the two ways' logits differ (max {(logits[0] - logits[1]).abs().max().item():.3g}): "
+                         "the older layout is not what that build reads")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("compare", choices=sorted([*WAYS, "build", "weights", "products"]))
@@ -249,9 +274,11 @@ def main() -> None:
         WAYS["products"] = products_ways(lm.model)
     elif args.compare == "build" and not args.quantize:  # float32 weights both ways: an older build may not take 16-bit ones
         dict(weight_ways(lm.model))["float32"]()
-    if args.compare == "build" and not blocks_at(args.rev, "q8"):
-        WAYS["build"] = arrays_ways(lm.model, theirs, ours, args.rev)
+    if args.compare == "build":
+        WAYS["build"] = layout_ways(lm.model, theirs, ours, args.rev) or WAYS["build"]
     ways = WAYS[args.compare]
+    if args.compare in ("build", "isa", "weights"):  # the same logits both ways, or the timing compares nothing
+        check(lm, ways, args.context)
     gen = torch.Generator().manual_seed(0)
     context = args.context
     lm.reset(context + max(map(int, args.widths.split(","))))

@@ -252,34 +252,31 @@ def _padded_rows(q: torch.Tensor) -> torch.Tensor:
     return torch.cat([q, q.new_zeros(pad, q.shape[1])]) if pad else q
 
 
-#: Bytes of an int8 block (one tile's group of 32 weights): weights, then float32 scales and int32 shifts.
-Q8_WEIGHT_BYTES, Q8_BLOCK_BYTES = 512, 640
+#: Bytes of an int8 block (one tile's group of 32 weights): weights (q + 128), then float32 scales.
+Q8_WEIGHT_BYTES, Q8_BLOCK_BYTES = 512, 576
 
 
 def pack_q8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """The int8 weight ``W = q * scale`` (``q`` ``[N, K]`` int8, ``scale`` ``[N, K / 32]``) as
-    :func:`q8_matmul` takes it: ``[T, K / 32, 640]`` int8 (``T = ceil(N / 16)``, missing
-    rows zero), per tile of 16 weight rows and group the weights, then the rows' ``scale``
-    (float32) and ``shift``, 128 times the group's weight sum (int32), so one stream holds
-    everything a product reads. ``kernels/q8a8.h`` documents the bytes."""
+    :func:`q8_matmul` takes it: ``[T, K / 32, 576]`` uint8 (``T = ceil(N / 16)``, missing
+    rows zero), per tile of 16 weight rows and group the weights as ``q + 128`` (unsigned
+    bytes: what VNNI multiplies the signed activations by), then the rows' ``scale``
+    (float32), so one stream holds everything a product reads. ``kernels/q8a8.h`` documents
+    the bytes."""
     n, k = q.shape
     groups = k // 32
-    v = _padded_rows(q.to(torch.int8))
+    v = _padded_rows(q.to(torch.int8)).view(torch.uint8) ^ 0x80
     # q[16t + i][32g + 4h + b] -> [t, g, h, i, b]
     weights = v.reshape(-1, Q_TILE, groups, 8, 4).permute(0, 2, 3, 1, 4).reshape(-1, groups, Q8_WEIGHT_BYTES)
-    # 128 * each group's sum, a block of rows at a time (an int32 copy of a 49152-row head
-    # would be 113 MB at load)
-    shift = torch.cat([128 * rows.to(torch.int32).reshape(-1, groups, 32).sum(-1) for rows in q.split(4096)])
-    side = torch.cat([_tiled(scale).view(torch.int8), _tiled(shift, torch.int32).view(torch.int8)], -1)
-    return torch.cat([weights, side], -1).contiguous()
+    return torch.cat([weights, _tiled(scale).view(torch.uint8)], -1).contiguous()
 
 
 def unpack_q8(blocks: torch.Tensor, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`pack_q8` undone: ``q`` ``[N, K]`` int8 and ``scale`` ``[N, K / 32]``."""
     t, groups = blocks.shape[:2]
-    weights = blocks[..., :Q8_WEIGHT_BYTES]
+    weights = (blocks[..., :Q8_WEIGHT_BYTES] ^ 0x80).view(torch.int8)
     q = weights.reshape(t, groups, 8, Q_TILE, 4).permute(0, 3, 1, 2, 4).reshape(t * Q_TILE, groups * 32)
-    scale = blocks[..., Q8_WEIGHT_BYTES : Q8_WEIGHT_BYTES + 4 * Q_TILE].contiguous().view(torch.float32)
+    scale = blocks[..., Q8_WEIGHT_BYTES:].contiguous().view(torch.float32)
     return q[:out_features], _per_row(scale, out_features)
 
 

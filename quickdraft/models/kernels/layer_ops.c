@@ -597,7 +597,7 @@ void qd_attend(const float *qkv, int64_t t, int64_t hq, int64_t hkv, int64_t d,
  * products of qmatmul.c: the same kernels, in the same order, as the model's per-op path
  * (Block.forward with the fused ops), so the result is the same bit for bit; what it
  * saves is the Python and PyTorch calls between them (~100 us a layer). */
-void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, int64_t N, float *y, int threads);
+void qd_q8_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t N, float *y, int threads);
 void qd_q4_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t N, float *y, int threads);
 void qd_f32_matmul(const float *x, int64_t M, int64_t K, const float *w, int64_t N, float *y, int threads);
 void qd_bf16_matmul(const float *x, int64_t M, int64_t K, const uint16_t *w, int64_t N, float *y, int threads);
@@ -618,7 +618,7 @@ static void linear(const QdLinear *l, const float *x, int64_t m, float *y, int t
     if (l->kind == 0)
         qd_f32_matmul(x, m, l->in, (const float *)l->q, l->out, y, threads);
     else if (l->kind == 1)
-        qd_q8_matmul(x, m, l->in, (const int8_t *)l->q, l->out, y, threads);
+        qd_q8_matmul(x, m, l->in, (const uint8_t *)l->q, l->out, y, threads);
     else if (l->kind == 3)
         qd_bf16_matmul(x, m, l->in, (const uint16_t *)l->q, l->out, y, threads);
     else if (l->kind == 4)

@@ -14,15 +14,16 @@
  * needs), and AVX2 and VNNI give the same bits.
  *
  * Layout (cpu_kernels.pack_q8 writes it): weight rows in tiles of 16 (N padded with zero
- * rows), one block of Q8_BLOCK_BYTES (640) per tile t and group g, at byte (t * G + g) *
- * 640, G = K / 32. Its first 512 bytes: eight chunks of 64 bytes, chunk h byte 4 * i + b =
- * q[16t + i][32g + 4h + b], so a chunk is one 16-lane vector of 4 weights per row (lane i:
- * row 16t + i) and a group is 8 byte products per lane with 4 bytes of x broadcast. Then
- * the 16 rows' scales (float32) and shifts (int32): 128 * the group's weight sum (VNNI
- * multiplies unsigned bytes by signed ones: it takes xq + 128 and subtracts the offset's
- * share, an exact integer; AVX2 takes |q| times xq with q's sign instead, |q| <= 128,
- * |xq| <= 127, so its 16-bit pair sums cannot saturate). One block, one stream of memory
- * (session 42: weights, scales and shifts had been three arrays; q4a8.h has the figures).
+ * rows), one block of Q8_BLOCK_BYTES (576) per tile t and group g, at byte (t * G + g) *
+ * 576, G = K / 32. Its first 512 bytes: eight chunks of 64 bytes, chunk h byte 4 * i + b =
+ * q[16t + i][32g + 4h + b] + 128 (unsigned), so a chunk is one 16-lane vector of 4 weights
+ * per row (lane i: row 16t + i) and a group is 8 byte products per lane with 4 bytes of x
+ * broadcast. Then the 16 rows' scales (float32). VNNI multiplies unsigned bytes by signed
+ * ones: it takes q + 128 times xq and subtracts 128 * sum(xq) of the row and group (exact
+ * integers, the same I); AVX2 flips q + 128 back to q and takes |q| times xq with q's sign,
+ * |q| <= 128, |xq| <= 127, so its 16-bit pair sums cannot saturate. One block, one stream
+ * of memory, 1.125 bytes a weight (session 42: weights, float32 scales and int32 shifts
+ * of 128 * the weight sum had been three arrays, 1.25 bytes a weight; q4a8.h has figures).
  *
  * Why tiles: with one weight row after another (the layout before, two groups a vector,
  * summed across lanes at the end) every group cost a conversion, a multiply and an FMA per
@@ -38,8 +39,7 @@
  * and the bytes of one group of 32 weights of a tile. */
 #define Q_TILE 16
 #define Q8_TILE_BYTES (Q_TILE * GROUP)          /* a tile's weights of one group */
-#define Q8_SIDE_BYTES (Q_TILE * 4)               /* its 16 float32 scales (then as many int32 shifts) */
-#define Q8_BLOCK_BYTES (Q8_TILE_BYTES + 2 * Q8_SIDE_BYTES)
+#define Q8_BLOCK_BYTES (Q8_TILE_BYTES + Q_TILE * 4) /* then its 16 float32 scales */
 
 /* Row r of x [M, K] -> xq [M, K] int8 and dx [M, K / 32], group by group. Scalar-exact
  * operations only (max, divide, round, convert), so every instruction set gets the same
@@ -69,20 +69,24 @@ static void q8a8_quantize(const float *x, int64_t M, int64_t K, int8_t *xq, floa
 }
 
 /* The activations' side of an int8 or int4 product: x quantized (xq [M, K], dx [M, G])
- * and, for int4 (q4a8.h), s = d * sum(xq) per row and group (sx [M, G]; NULL without). */
+ * and, with `sums`, each row and group's sum(xq) (qs [M, G]: int8 on VNNI, q8 blocks) and
+ * s = d * sum(xq) (sx [M, G]: int4, q4a8.h); NULL without. */
 typedef struct {
     int8_t *xq;
     float *dx, *sx;
+    int32_t *qs;
 } QInput;
 
 static QInput q_input(const float *x, int64_t M, int64_t K, int sums, int threads) {
     const int64_t groups = K / GROUP;
     QInput in = {malloc((size_t)(M * K)), malloc((size_t)(M * groups) * sizeof(float)),
-                 sums ? malloc((size_t)(M * groups) * sizeof(float)) : NULL};
+                 sums ? malloc((size_t)(M * groups) * sizeof(float)) : NULL,
+                 sums ? malloc((size_t)(M * groups) * sizeof(int32_t)) : NULL};
     q8a8_quantize(x, M, K, in.xq, in.dx, threads);
     QD_FOR_IF(sums && M >= MANY_ROWS && threads > 1, i, sums ? M * groups : 0, {
         int32_t sum = 0;
         for (int j = 0; j < GROUP; j++) sum += in.xq[i * GROUP + j];
+        in.qs[i] = sum;
         in.sx[i] = in.dx[i] * (float)sum;
     });
     return in;
@@ -92,6 +96,7 @@ static void q_input_free(QInput in) {
     free(in.xq);
     free(in.dx);
     free(in.sx);
+    free(in.qs);
 }
 
 #endif

@@ -53,23 +53,24 @@ static inline int half_span(int64_t u, int64_t N, int64_t *t, int64_t *h, int64_
 }
 
 /* Lanes 8h .. 8h + 7 of an int8 tile (weight rows 16t + 8h ..; `tile` and `scale` point at
- * that half's weights and scales in tile t's group 0: q8a8.h's blocks) against rows m .. m + rows - 1 of the quantized x,
+ * that half's weights, q + 128 as unsigned bytes, and scales in tile t's group 0: q8a8.h) against rows m .. m + rows - 1 of the quantized x,
  * q8a8.h's rule 8 lanes at a time: |q| times xq with q's sign (maddubs + madd) gives each
  * lane the sum one VNNI instruction gives. The first `live` lanes go to y[r * ldy + i].
  * Constant `rows`. */
-static inline __attribute__((always_inline)) void q8_half(const int8_t *tile, const int8_t *scale, const int8_t *xq,
+static inline __attribute__((always_inline)) void q8_half(const uint8_t *tile, const uint8_t *scale, const int8_t *xq,
                                                            const float *dx, int64_t m, int64_t K, int rows, float *y,
                                                            int64_t ldy, int live) {
     const int64_t G = K / GROUP;
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80); /* q + 128 -> q */
     __m256 acc[Q_ROWS];
     for (int r = 0; r < rows; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         __m256i sum0[Q_ROWS], sum1[Q_ROWS];
         for (int r = 0; r < rows; r++) sum0[r] = sum1[r] = _mm256_setzero_si256();
         for (int h = 0; h < 8; h += 2) {
-            const __m256i w0 = _mm256_loadu_si256((const __m256i *)(tile + g * Q8_BLOCK_BYTES + 64 * h));
-            const __m256i w1 = _mm256_loadu_si256((const __m256i *)(tile + g * Q8_BLOCK_BYTES + 64 * (h + 1)));
+            const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(tile + g * Q8_BLOCK_BYTES + 64 * h)), flip);
+            const __m256i w1 =
+                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(tile + g * Q8_BLOCK_BYTES + 64 * (h + 1))), flip);
             const __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
             for (int r = 0; r < rows; r++) {
                 const int8_t *x4 = xq + (m + r) * K + g * GROUP + 4 * h; /* x's bytes 4h .. 4h + 7 */
@@ -170,7 +171,7 @@ int qd_kernel_isa(int want) {
 
 /* x [M, K] float32 (quantized to 8 bits per group of 32 on the way), q: int8 blocks
  * [T][K / 32][Q8_BLOCK_BYTES] (q8a8.h, as cpu_kernels.pack_q8 lays them out) -> y [M, N]. */
-void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, int64_t N, float *y, int threads) {
+void qd_q8_matmul(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t N, float *y, int threads) {
     if (qd_kernel_isa(-1) && qd_vnni_supported()) {
         qd_q8_matmul_vnni(x, M, K, q, N, y, threads);
         return;
@@ -183,8 +184,8 @@ void qd_q8_matmul(const float *x, int64_t M, int64_t K, const int8_t *q, int64_t
         const int live = half_span(u, N, &t, &h, &first);
         if (live <= 0)
             continue;
-        const int8_t *tile = q + t * G * Q8_BLOCK_BYTES + 32 * h; /* lanes 8h ..: bytes 32h .. of a chunk */
-        const int8_t *s = q + t * G * Q8_BLOCK_BYTES + Q8_TILE_BYTES + 32 * h; /* their 8 float32 scales */
+        const uint8_t *tile = q + t * G * Q8_BLOCK_BYTES + 32 * h; /* lanes 8h ..: bytes 32h .. of a chunk */
+        const uint8_t *s = q + t * G * Q8_BLOCK_BYTES + Q8_TILE_BYTES + 32 * h; /* their 8 float32 scales */
         for (int64_t m = 0; m < M; m += Q_ROWS) {
 #define Q8_CASE(r) \
     case r: q8_half(tile, s, in.xq, in.dx, m, K, r, y + m * N + first, N, live); break

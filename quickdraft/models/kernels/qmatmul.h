@@ -65,6 +65,6 @@ int qd_vnni_supported(void);
 /* int4 tiles times 8-bit activations (q4a8.h; needs qd_vnni_supported). */
 void qd_q4_matmul_vnni(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t N, float *y, int threads);
 /* int8 tiles times 8-bit activations (q8a8.h; needs qd_vnni_supported). */
-void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, int64_t N, float *y, int threads);
+void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t N, float *y, int threads);
 
 #endif

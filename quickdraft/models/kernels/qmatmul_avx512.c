@@ -335,12 +335,12 @@ static inline int64_t tile_span(int64_t u, int step, int64_t T, int64_t N, int *
             } \
     }
 
-/* Tiles t .. t + nb - 1 of int8 weights (`tiles` at tile t's group 0: q8a8.h's blocks)
- * against rows m .. m + rows - 1 of x (xu: xq + 128 as unsigned bytes), into
+/* Tiles t .. t + nb - 1 of int8 weights (`tiles` at tile t's group 0: q8a8.h's blocks,
+ * q + 128 as unsigned bytes) against rows m .. m + rows - 1 of the quantized x, into
  * y[r * ldy + 16 b + i]; the last tile's first `live` lanes only. Constant nb, rows. */
-static inline __attribute__((always_inline)) void q8_tiles(const int8_t *tiles, int nb, const uint8_t *xu,
-                                                            const float *dx, int64_t m, int64_t K, int rows, float *y,
-                                                            int64_t ldy, int live, const int8_t *ahead) {
+static inline __attribute__((always_inline)) void q8_tiles(const uint8_t *tiles, int nb, const QInput *in,
+                                                            int64_t m, int64_t K, int rows, float *y,
+                                                            int64_t ldy, int live, const uint8_t *ahead) {
     const int64_t G = K / GROUP;
     __m512 acc[2][Q_ONE_ROWS];
     for (int b = 0; b < nb; b++)
@@ -360,22 +360,21 @@ static inline __attribute__((always_inline)) void q8_tiles(const int8_t *tiles, 
                 w1[b] = _mm512_loadu_si512(tiles + (b * G + g) * Q8_BLOCK_BYTES + 64 * (h + 1));
             }
             for (int r = 0; r < rows; r++) {
-                const uint8_t *x4 = xu + (m + r) * K + g * GROUP + 4 * h; /* x's bytes 4h .. 4h + 7 */
+                const uint8_t *x4 = (const uint8_t *)in->xq + (m + r) * K + g * GROUP + 4 * h; /* bytes 4h .. 4h + 7 */
                 const __m512i x0 = bytes4_x16(x4), x1 = bytes4_x16(x4 + 4);
                 for (int b = 0; b < nb; b++) {
-                    sum0[b][r] = _mm512_dpbusd_epi32(sum0[b][r], x0, w0[b]);
-                    sum1[b][r] = _mm512_dpbusd_epi32(sum1[b][r], x1, w1[b]);
+                    sum0[b][r] = _mm512_dpbusd_epi32(sum0[b][r], w0[b], x0);
+                    sum1[b][r] = _mm512_dpbusd_epi32(sum1[b][r], w1[b], x1);
                 }
             }
         }
         for (int b = 0; b < nb; b++) {
-            const int8_t *side = tiles + (b * G + g) * Q8_BLOCK_BYTES + Q8_TILE_BYTES;
-            const __m512 s = _mm512_loadu_ps(side);
-            const __m512i off = _mm512_loadu_si512(side + Q8_SIDE_BYTES);
-            for (int r = 0; r < rows; r++) {
-                const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(sum0[b][r], sum1[b][r]), off);
-                acc[b][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(s, _mm512_set1_ps(dx[(m + r) * G + g])),
-                                            acc[b][r]);
+            const __m512 s = _mm512_loadu_ps(tiles + (b * G + g) * Q8_BLOCK_BYTES + Q8_TILE_BYTES);
+            for (int r = 0; r < rows; r++) { /* sum((q + 128) xq) - 128 sum(xq) = sum(q xq) */
+                const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(sum0[b][r], sum1[b][r]),
+                                                      _mm512_set1_epi32(128 * in->qs[(m + r) * G + g]));
+                acc[b][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum),
+                                            _mm512_mul_ps(s, _mm512_set1_ps(in->dx[(m + r) * G + g])), acc[b][r]);
             }
         }
     }
@@ -385,21 +384,18 @@ static inline __attribute__((always_inline)) void q8_tiles(const int8_t *tiles, 
     }
 }
 
-void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const int8_t *q, int64_t N, float *y, int threads) {
+void qd_q8_matmul_vnni(const float *x, int64_t M, int64_t K, const uint8_t *q, int64_t N, float *y, int threads) {
     const int64_t G = K / GROUP, T = (N + Q_TILE - 1) / Q_TILE;
-    const QInput in = q_input(x, M, K, 0, threads);
-    const float *dx = in.dx;
-    uint8_t *xu = (uint8_t *)in.xq; /* xq + 128 as unsigned bytes, in place: the sign bit flipped */
-    QD_FOR_IF(M >= MANY_ROWS && threads > 1, i, M * K, { xu[i] ^= 0x80; });
+    const QInput in = q_input(x, M, K, 1, threads);
     const int pair = pair_tiles(M), pass = pair ? Q_PAIR_ROWS : Q_ONE_ROWS, step = pair ? 2 : 1;
 #define Q8_TILES(NB, R) \
-    case R: q8_tiles(tiles, NB, xu, dx, m, K, R, y + m * N + Q_TILE * t, N, live, ahead); break
+    case R: q8_tiles(tiles, NB, &in, m, K, R, y + m * N + Q_TILE * t, N, live, ahead); break
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t u = 0; u < (T + step - 1) / step; u++) {
         int nb, live;
         const int64_t t = tile_span(u, step, T, N, &nb, &live);
-        const int8_t *tiles = q + t * G * Q8_BLOCK_BYTES;
-        const int8_t *ahead = t + 2 * nb <= T ? tiles + nb * G * Q8_BLOCK_BYTES : NULL;
+        const uint8_t *tiles = q + t * G * Q8_BLOCK_BYTES;
+        const uint8_t *ahead = t + 2 * nb <= T ? tiles + nb * G * Q8_BLOCK_BYTES : NULL;
         ROW_PASSES(Q8_TILES)
     }
 #undef Q8_TILES
