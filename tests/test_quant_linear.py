@@ -180,6 +180,24 @@ def test_int4_products_quantize_activations_as_llama_cpp_does():
         cpu_kernels.kernel_isa("avx512")
 
 
+def test_int4_quantizes_to_the_nearest_level_of_its_float16_scale():
+    """Int4Linear.from_weight rounds each group's scale and minimum to float16 before
+    choosing the nibbles (as llama.cpp's Q4_1 does; the blocks keep them in float16): every
+    weight ends within half a step of the stored scale, which choosing by the float32 scale
+    and storing it rounded would not keep."""
+    from quickdraft.models import cpu_kernels
+
+    layer, weight = random_layer("int4", 96, 256, seed=0, scale=0.05)
+    if not layer.native:
+        pytest.skip("needs our compiled kernels")
+    scale, offset = cpu_kernels.q4_scales(layer.tiles, 96)
+    assert torch.equal(scale, scale.half().float()) and torch.equal(offset, offset.half().float())
+    error = (layer.dequantized() - weight).abs().view(96, -1, 32)
+    assert (error <= scale[..., None] / 2 * (1 + 1e-4)).all()
+    with pytest.raises(ValueError, match="float16"):
+        Int4Linear.from_weight(torch.full((16, 32), 1e5))
+
+
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_quantized_products_stay_close_to_float32(kind):
     layer, weight = random_layer(kind, 96, 64, seed=0, scale=0.05)
