@@ -28,8 +28,8 @@
  *
  * Why one block with float16 scales (session 42): the nibbles, scales and offsets were
  * three streams, the scales float32 (0.75 bytes a weight); a one-row step is bound by
- * reading them. One stream of 0.625 bytes a weight (Q4_1's own size): SmolLM2's int4
- * products 0.80x the time at one and three rows (docs/quantization.md).
+ * reading them. One stream of 0.625 bytes a weight (Q4_1's own size): with q8a8.h's
+ * blocks, whole SmolLM2 passes of 1-3 tokens ~0.8x the time (docs/quantization.md).
  *
  * Why tiles: the layout they replaced (GGUF's own blocks, one weight row after another) took
  * float32 x and dequantized each weight (a 16-entry table), then 2 FMAs per 32 weights

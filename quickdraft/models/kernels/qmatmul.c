@@ -53,8 +53,8 @@ static inline int half_span(int64_t u, int64_t N, int64_t *t, int64_t *h, int64_
 }
 
 /* Lanes 8h .. 8h + 7 of an int8 tile (weight rows 16t + 8h ..; `tile` and `scale` point at
- * that half's weights, q + 128 as unsigned bytes, and scales in tile t's group 0: q8a8.h) against rows m .. m + rows - 1 of the quantized x,
- * q8a8.h's rule 8 lanes at a time: |q| times xq with q's sign (maddubs + madd) gives each
+ * that half's weights, q + 128 as unsigned bytes, and scales in tile t's group 0: q8a8.h)
+ * against rows m .. m + rows - 1 of the quantized x, q8a8.h's rule 8 lanes at a time: |q| times xq with q's sign (maddubs + madd) gives each
  * lane the sum one VNNI instruction gives. The first `live` lanes go to y[r * ldy + i].
  * Constant `rows`. */
 static inline __attribute__((always_inline)) void q8_half(const uint8_t *tile, const uint8_t *scale, const int8_t *xq,
@@ -68,9 +68,9 @@ static inline __attribute__((always_inline)) void q8_half(const uint8_t *tile, c
         __m256i sum0[Q_ROWS], sum1[Q_ROWS];
         for (int r = 0; r < rows; r++) sum0[r] = sum1[r] = _mm256_setzero_si256();
         for (int h = 0; h < 8; h += 2) {
-            const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(tile + g * Q8_BLOCK_BYTES + 64 * h)), flip);
-            const __m256i w1 =
-                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(tile + g * Q8_BLOCK_BYTES + 64 * (h + 1))), flip);
+            const uint8_t *w = tile + g * Q8_BLOCK_BYTES + 64 * h;
+            const __m256i w0 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)w), flip);
+            const __m256i w1 = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 64)), flip);
             const __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
             for (int r = 0; r < rows; r++) {
                 const int8_t *x4 = xq + (m + r) * K + g * GROUP + 4 * h; /* x's bytes 4h .. 4h + 7 */
