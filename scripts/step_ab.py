@@ -106,6 +106,12 @@ class Older:
             return stand_in
 
 
+def put(places: list, modules: list) -> None:
+    """Each ``(parent, name, _)`` of ``places`` gets the module of ``modules`` at its index."""
+    for (parent, name, _), module in zip(places, modules, strict=True):
+        setattr(parent, name, module)
+
+
 def use_library(lib) -> None:
     cpu_kernels.library = lambda: lib
 
@@ -192,8 +198,7 @@ def layout_ways(model: torch.nn.Module, theirs, ours, rev: str) -> list[tuple[st
 
     def use(modules, spec_struct):
         cpu_kernels.LinearSpec = spec_struct  # what BlockStack builds its array of
-        for (parent, name, _), module in zip(places, modules, strict=True):
-            setattr(parent, name, module)
+        put(places, modules)
 
     return [(rev, lambda: (use_library(theirs), use(old, struct))),
             ("tree", lambda: (use_library(ours), use([c for _, _, c in places], tree_struct)))]
@@ -210,11 +215,7 @@ def weight_ways(model: torch.nn.Module) -> list[tuple[str, Callable[[], None]]]:
         twin.exact_weight, twin.kind = child.exact_weight.float(), "f32"
         wide.append(twin)
 
-    def use(modules):
-        for (parent, name, _), module in zip(places, modules, strict=True):
-            setattr(parent, name, module)
-
-    return [("float32", lambda: use(wide)), ("16-bit", lambda: use([c for _, _, c in places]))]
+    return [("float32", lambda: put(places, wide)), ("16-bit", lambda: put(places, [c for _, _, c in places]))]
 
 
 def products_ways(model: torch.nn.Module) -> list[tuple[str, Callable[[], None]]]:
@@ -230,11 +231,7 @@ def products_ways(model: torch.nn.Module) -> list[tuple[str, Callable[[], None]]
         twin.kind = "bf16dp"
         narrow.append(twin)
 
-    def use(modules):
-        for (parent, name, _), module in zip(places, modules, strict=True):
-            setattr(parent, name, module)
-
-    return [("float32 inputs", lambda: use([c for _, _, c in places])), ("bf16 products", lambda: use(narrow))]
+    return [("float32 inputs", lambda: put(places, [c for _, _, c in places])), ("bf16 products", lambda: put(places, narrow))]
 
 
 def check(lm, ways: list[tuple[str, Callable[[], None]]], context: int) -> None:
