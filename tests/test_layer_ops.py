@@ -260,13 +260,17 @@ def count_calls(monkeypatch, name: str) -> dict[str, int]:
     return calls
 
 
-def tiny_model(quantize: str = "none") -> Transformer:
+def tiny_model(quantize: str = "none", int8_head: bool = False) -> Transformer:
+    from quickdraft.models.quant_linear import quantize_head
+
     torch.manual_seed(0)
     config = ModelConfig(family="llama", model_type="llama", vocab_size=96, hidden_size=64, n_layers=2, n_heads=4,
                          n_kv_heads=2, head_dim=16, intermediate_size=96, max_position_embeddings=64)
     model = Transformer(config).eval()
     if quantize != "none":
         quantize_linears(model, quantize)
+    if int8_head:
+        assert quantize_head(model)
     NativeLM(model)  # the decode linears, as loading does: row-invariant products
     return model
 
@@ -491,6 +495,51 @@ def test_a_greedy_chain_in_one_call_is_step_by_step_decoding(quantize):
         assert chained.length == stepped.length == n
         assert torch.equal(chained.cache.k[:, :, :, :n], stepped.cache.k[:, :, :, :n])
         assert torch.equal(chained.cache.v[:, :, :, :n], stepped.cache.v[:, :, :, :n])
+
+
+@pytest.mark.parametrize("case", ["none", "int8", "int4", "kv16", "restricted"])
+def test_a_pass_in_one_call_is_the_model_forward_bit_for_bit(case, monkeypatch):
+    """NativeLM.extend runs a contiguous pass (a prefill, a plain step, a chain's verify
+    pass) as one C call (Transformer.forward_call: embedding, blocks, final norm, head)
+    with the logits, final hidden states and KV cache of Transformer.forward, bit for
+    bit: float32, int8 (with an int8 head) and int4 blocks, a float16 KV cache. A
+    restricted head, other hidden states and a token the embedding lacks take forward."""
+    model = tiny_model(case if case in ("int8", "int4") else "none", int8_head=case == "int8")
+    if case == "kv16":
+        model.kv_dtype = torch.float16
+    if case == "restricted":
+        model.restrict_head(torch.randperm(96)[:40])
+    final = model.config.n_layers
+    tokens = torch.randint(0, 96, (20,), generator=torch.Generator().manual_seed(2))
+
+    def run(one_call: bool) -> tuple[list[torch.Tensor], NativeLM]:
+        lm = NativeLM(model)
+        lm.reset(32)
+        if not one_call:
+            lm.one_call = None  # "cannot run here": Transformer.forward
+        out = [lm.extend(tokens[:8], logits="all", output_hidden_states=(final,)), lm.hidden_states[final]]
+        out.append(lm.extend(tokens[8:12], logits=3, output_hidden_states=(final,)))
+        out += [lm.hidden_states[final], lm.extend(tokens[12:13], logits="last")]
+        assert lm.extend(tokens[13:16], logits="none") is None
+        out += [lm.extend(tokens[16:20], logits=9), lm.cache.k[:, :, :, :20].clone(), lm.cache.v[:, :, :, :20].clone()]
+        assert lm.length == 20
+        return out, lm
+
+    forwards = count_calls(monkeypatch, "blocks")
+    one, lm = run(one_call=True)
+    assert (lm.one_call is None) == (case == "restricted")
+    ran_forward = forwards["blocks"]
+    assert ran_forward == (5 if case == "restricted" else 0)
+    reference, _ = run(one_call=False)
+    assert forwards["blocks"] == ran_forward + 5
+    for got, want in zip(one, reference, strict=True):
+        assert got.shape == want.shape and torch.equal(got, want)
+    with torch.inference_mode():  # another layer's states: forward, the same way
+        lm.extend(tokens[:2], logits="last", output_hidden_states=(1,))
+    assert forwards["blocks"] == ran_forward + 5 + 2 and lm.length == 22
+    with pytest.raises(IndexError):  # a token the embedding lacks: forward's error, nothing fed
+        lm.extend(torch.tensor([3, 96]), logits="last")
+    assert lm.length == 22
 
 
 def test_the_draft_model_drafts_greedy_chains_in_one_call(monkeypatch):

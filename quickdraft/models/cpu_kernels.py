@@ -128,6 +128,10 @@ def library() -> ctypes.CDLL | None:
     lib.qd_blocks_ragged.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64,
                                      _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_int64, _ptr,
                                      ctypes.c_int]
+    lib.qd_forward.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64, _ptr,
+                               _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64,
+                               _ptr, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
+    lib.qd_forward.restype = _c_int64
     lib.qd_greedy_chain.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                     _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr,
                                     _ptr, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _c_float, _c_int]
@@ -449,6 +453,41 @@ def greedy_chain(first: int | None, n: int, embed: torch.Tensor, stack: BlockSta
         None if fed is None else fed.data_ptr(), 0 if fed is None else fed.numel(), tokens.data_ptr(), n,
         min_confidence, torch.get_num_threads())
     return tokens[:count].tolist()
+
+
+class ForwardCall:
+    """A Llama model's causal pass over new tokens of cache row 0 in one call
+    (``qd_forward``: embedding rows, the blocks of ``stack``, ``final_norm`` and ``head``),
+    its fixed arguments set up once: a pass passes only the tokens, the position and the
+    RoPE rows. ``Transformer.forward`` over such a pass gives the same results bit for bit
+    (the same kernels in the same order) after ~0.5 ms more of Python a SmolLM2 step, most
+    of it cache misses (the step's weights have just streamed through the caches). The
+    tensors behind the arguments must outlive it (it keeps references)."""
+
+    def __init__(self, embed: torch.Tensor, stack: BlockStack, n_heads: int, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, final_norm: tuple[torch.Tensor, float], head: LinearSpec) -> None:
+        self._alive = (embed, stack, k_cache, v_cache, final_norm[0], head)
+        _, _, n_kv_heads, max_len, head_dim = k_cache.shape
+        self.hidden, self.vocab = embed.shape[1], head.out_features
+        self._model = (embed.data_ptr(), self.hidden, stack.n, stack.norms, stack.eps, stack.linears, n_heads,
+                       n_kv_heads, head_dim)
+        self._cache = (k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len, half_cache(k_cache))
+        self._head = (final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), embed.shape[0])
+
+    def __call__(self, tokens: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor],
+                 rows: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Feed ``tokens`` (``[m]`` int64, contiguous) at positions and cache slots ``start ..
+        start + m - 1``, causally after the cache; ``rope``: their cos and signed sin rows
+        (``[m, D]`` each, contiguous). Returns the final hidden states ``[m, H]`` (before the
+        norm) and the logits of the last ``rows`` tokens (None for 0); None, with nothing
+        written, where a token is not a row of the embedding."""
+        m = tokens.numel()
+        x = torch.empty(m, self.hidden, dtype=torch.float32)
+        logits = torch.empty(rows, self.vocab, dtype=torch.float32) if rows else None
+        status = library().qd_forward(*self._model, rope[0].data_ptr(), rope[1].data_ptr(), *self._cache, start,
+                                      *self._head, tokens.data_ptr(), m, x.data_ptr(), rows,
+                                      None if logits is None else logits.data_ptr(), torch.get_num_threads())
+        return None if status else (x, logits)
 
 
 def _chain_args(head_ids: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor] | None) -> tuple:

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from . import gguf
+from . import cpu_kernels, gguf
 from .config import ModelConfig, UnsupportedModelError
 from .decode_linear import use_decode_linears
 from .hf_cache import forward_with_cache
@@ -132,6 +132,7 @@ class NativeLM:
         self.hidden_states: dict[int, torch.Tensor] = {}
         self.static_width, self.static_compile = 0, False
         self.static: StaticStep | None = None
+        self.one_call: cpu_kernels.ForwardCall | None | bool = False  # set up at the first pass after a reset
 
     def use_static_step(self, width: int, compile: bool = False) -> None:
         """Run chain passes of up to ``width`` tokens (plain steps, verify passes) through a
@@ -153,6 +154,7 @@ class NativeLM:
         if self.static_width and self.static is None:
             self.static = StaticStep(self.model, self.cache, self.static_width, self.static_compile)
         self.length = 0
+        self.one_call = False
 
     @torch.inference_mode()
     def extend(
@@ -177,6 +179,11 @@ class NativeLM:
             if logits == "none":
                 return None
             return out if logits == "all" else out[-(1 if logits == "last" else logits) :]
+        if positions is None and mask is None and hidden is None and end <= self.cache.max_len:
+            out = self._one_call_pass(tokens, logits, output_hidden_states)
+            if out is not None:
+                self.length = end
+                return out[0]
         # Slots are always contiguous after the cache (an int: slice writes, no gathers);
         # positions too, except in a token tree.
         slots = self.length
@@ -197,6 +204,29 @@ class NativeLM:
         self.hidden_states = {i: state[0] for i, state in out.hidden_states.items()}
         self.length = end
         return None if out.logits is None else out.logits[0]
+
+    def _one_call_pass(self, tokens: torch.Tensor, logits: str | int,
+                       output_hidden_states: Sequence[int]) -> tuple[torch.Tensor | None] | None:
+        """A contiguous pass as one C call (``Transformer.forward_call``; the same results bit
+        for bit), where it runs: ``(logits,)`` (the hidden states in ``hidden_states``), else
+        None (nothing fed)."""
+        if self.one_call is False:  # (once a generation: the check walks every layer's linears)
+            self.one_call = self.model.forward_call(self.cache)
+        final = self.config.n_layers
+        if (self.one_call is None or any(layer != final for layer in output_hidden_states)
+                or (type(logits) is int and logits < 1) or not cpu_kernels.fused_layers(self.model.embed.weight)):
+            return None
+        ids = tokens.view(-1)
+        if ids.dtype != torch.long or not ids.is_contiguous():
+            ids = ids.to(torch.long).contiguous()
+        m = ids.numel()
+        rows = m if logits == "all" else 0 if logits == "none" else 1 if logits == "last" else min(logits, m)
+        cos, sin = self.model._rope(self.length, m)
+        out = self.one_call(ids, self.length, (cos[0, 0], sin[0, 0]), rows)
+        if out is None:  # a token the embedding lacks: forward raises the error
+            return None
+        self.hidden_states = {final: out[0]} if output_hidden_states else {}
+        return (out[1],)
 
     @torch.inference_mode()
     def greedy_chain(self, first: int | torch.Tensor | None, n: int, vocab: int,

@@ -563,23 +563,46 @@ class Transformer(nn.Module):
         softmax top-1 probability is below it (``cpu_kernels.greedy_chain``). None where it
         cannot run (not a Llama model whose blocks and head all run on our kernels, or the
         cache is too short): the caller steps in Python."""
-        weight = self.embed.weight
         m = 0 if feed is None else feed.numel()
-        if (self.pos_embed is not None or self._inv_freq is None or not isinstance(self.norm, RMSNorm)
-                or not cpu_kernels.fused_layers(weight) or not weight.is_contiguous()
-                or not isinstance(cache.k, torch.Tensor) or start + n > cache.max_len or start < m
+        if (not isinstance(cache.k, torch.Tensor) or start + n > cache.max_len or start < m
                 or (feed is None) == (first is None) or (min_confidence > 0 and feed is None)):
+            return None
+        parts = self.one_call_parts()
+        if parts is None:
+            return None
+        stack, spec = parts
+        cos, sin = self._rope(start - m, m + n)
+        first = int(first.argmax()) if isinstance(first, torch.Tensor) else first
+        return cpu_kernels.greedy_chain(first, n, self.embed.weight, stack, self.layers[0].attn.n_heads,
+                                        (cos[0, 0], sin[0, 0]), cache.k, cache.v, start,
+                                        (self.norm.weight, self.norm.eps), spec, self.head_ids, vocab, feed,
+                                        min_confidence)
+
+    def one_call_parts(self) -> tuple[cpu_kernels.BlockStack, cpu_kernels.LinearSpec] | None:
+        """The block stack and head spec our kernels run the whole model with in one call
+        (:meth:`greedy_chain`, :meth:`forward_call`); None where they cannot: not a Llama
+        model (RoPE, RMSNorm, no learned positions) whose blocks and head all run on our
+        kernels here."""
+        weight = self.embed.weight
+        if (self.pos_embed is not None or self._inv_freq is None or not isinstance(self.norm, RMSNorm)
+                or not cpu_kernels.fused_layers(weight) or not weight.is_contiguous()):
             return None
         head = self.lm_head if self.head_ids is None else self.sub_head
         spec = head.kernel_spec() if hasattr(head, "kernel_spec") else None
         stack = self.block_stack(0, self.config.n_layers)
-        if spec is None or stack is None:
+        return None if spec is None or stack is None else (stack, spec)
+
+    def forward_call(self, cache: KVCache) -> cpu_kernels.ForwardCall | None:
+        """This model's causal pass over new tokens of cache row 0 (every layer, the whole
+        vocabulary's logits) as one C call, set up for ``cache``: what :meth:`forward` gives
+        such a pass, bit for bit. None where it cannot run (:meth:`one_call_parts`, a
+        restricted head, a cache our kernels do not take)."""
+        parts = None if self.head_ids is not None or not isinstance(cache.k, torch.Tensor) else self.one_call_parts()
+        if parts is None or cache.k.dtype not in (torch.float32, torch.float16):
             return None
-        cos, sin = self._rope(start - m, m + n)
-        first = int(first.argmax()) if isinstance(first, torch.Tensor) else first
-        return cpu_kernels.greedy_chain(first, n, weight, stack, self.layers[0].attn.n_heads, (cos[0, 0], sin[0, 0]),
-                                        cache.k, cache.v, start, (self.norm.weight, self.norm.eps), spec,
-                                        self.head_ids, vocab, feed, min_confidence)
+        stack, spec = parts
+        return cpu_kernels.ForwardCall(self.embed.weight, stack, self.layers[0].attn.n_heads, cache.k, cache.v,
+                                       (self.norm.weight, self.norm.eps), spec)
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head: the exit head shared by every layer (over the restricted

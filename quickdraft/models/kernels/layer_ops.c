@@ -875,12 +875,43 @@ static float top_probability(const float *logits, int64_t n, const int64_t *ids,
     return sum > 0.0f ? 1.0f / sum : 0.0f;
 }
 
+/* One causal pass of a Llama model over batch row 0, in one call: the m tokens' embedding
+ * rows (into x [m, hidden]), the n_layers blocks at positions and cache slots start ..
+ * start + m - 1 (qd_blocks, in place in x: x ends as the final hidden state, before the
+ * norm), then the final RMSNorm and the head over the last `rows` of them into logits
+ * [rows, head->out] (rows 0: no logits). What Transformer.forward computes for such a pass
+ * (the same kernels in the same order, so the same result bit for bit) without the
+ * Python between its parts: ~0.5 ms of a SmolLM2 step, run cold after the weights'
+ * stream has evicted the interpreter from the caches. cos / ssin: the RoPE rows of
+ * positions start .. start + m - 1. A token outside the embedding's n_embed rows: nothing
+ * written, -1 returned (the caller's PyTorch path raises its error); else 0. */
+int64_t qd_forward(const float *embed, int64_t hidden, int64_t n_layers, const float *const *norms, float eps,
+                   const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos, const float *ssin,
+                   void *k_cache, void *v_cache, int64_t layer_stride, int64_t max_len, int64_t kv16, int64_t start,
+                   const float *final_norm, float final_eps, const QdLinear *head, int64_t n_embed,
+                   const int64_t *tokens, int64_t m, float *x, int64_t rows, float *logits, int threads) {
+    for (int64_t j = 0; j < m; j++)
+        if (tokens[j] < 0 || tokens[j] >= n_embed)
+            return -1;
+    for (int64_t j = 0; j < m; j++)
+        memcpy(x + j * hidden, embed + tokens[j] * hidden, (size_t)hidden * sizeof(float));
+    qd_blocks(x, m, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache, layer_stride,
+              max_len, kv16, NULL, start, start + m, NULL, 0, x, threads); /* causal (qd_attend) */
+    if (rows > 0) {
+        float *h = malloc((size_t)(rows * hidden) * sizeof(float));
+        qd_rms_norm(x + (m - rows) * hidden, rows, hidden, final_norm, final_eps, h);
+        linear(head, h, rows, logits, threads);
+        free(h);
+    }
+    return 0;
+}
+
 /* A greedy draft chain of a Llama model over one row, in one call. First, if m > 0, the
  * feed: tokens feed[0 .. m-1] (what the model's cache lacks) at positions and cache slots
- * start - m .. start - 1 in one causal m-row pass (qd_blocks, as the model's forward over
+ * start - m .. start - 1 in one causal m-row pass (qd_forward, as the model's forward over
  * them), and tokens[0] = the argmax of its last row's logits (the final RMSNorm, the head);
  * with m = 0 the caller gives tokens[0]. Then for i = 0 .. n-1, feed tokens[i] at position
- * and cache slot start + i (embedding row, qd_blocks, the final RMSNorm, the head) and
+ * and cache slot start + i (qd_forward: embedding row, blocks, the final RMSNorm, the head) and
  * write its argmax to tokens[i + 1]. What the model's forward and torch.argmax give a step
  * at a time (the same kernels in the same order), without returning to Python between the
  * steps (~130 us a step of the embedded draft, ~0.2 ms for the feed's forward). cos /
@@ -896,18 +927,12 @@ int64_t qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, co
                      const float *final_norm, float final_eps, const QdLinear *head, const int64_t *head_ids,
                      int64_t vocab, const int64_t *feed, int64_t m, int64_t *tokens, int64_t n, float min_confidence,
                      int threads) {
-    float *x = malloc((size_t)hidden * sizeof(float)), *h = malloc((size_t)hidden * sizeof(float));
-    float *logits = malloc((size_t)head->out * sizeof(float));
+    float *x = malloc((size_t)hidden * sizeof(float)), *logits = malloc((size_t)head->out * sizeof(float));
     int64_t count = n + 1;
     if (m > 0) {
         float *fx = malloc((size_t)(m * hidden) * sizeof(float));
-        /* Row j sees slots <= start - m + j: causal, no mask (qd_attend) */
-        for (int64_t j = 0; j < m; j++)
-            memcpy(fx + j * hidden, embed + feed[j] * hidden, (size_t)hidden * sizeof(float));
-        qd_blocks(fx, m, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache, layer_stride,
-                  max_len, kv16, NULL, start - m, start, NULL, 0, fx, threads);
-        qd_rms_norm(fx + (m - 1) * hidden, 1, hidden, final_norm, final_eps, h);
-        linear(head, h, 1, logits, threads);
+        qd_forward(embed, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache, layer_stride,
+                   max_len, kv16, start - m, final_norm, final_eps, head, INT64_MAX, feed, m, fx, 1, logits, threads);
         tokens[0] = argmax_logits(logits, head->out, head_ids, vocab);
         free(fx);
     }
@@ -918,16 +943,12 @@ int64_t qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, co
             count = i + 1;
             break;
         }
-        memcpy(x, embed + tokens[i] * hidden, (size_t)hidden * sizeof(float));
-        qd_blocks(x, 1, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos ? cos + (m + i) * d : NULL,
-                  ssin ? ssin + (m + i) * d : NULL, k_cache, v_cache, layer_stride, max_len, kv16, NULL, start + i,
-                  start + i + 1, NULL, 0, x, threads);
-        qd_rms_norm(x, 1, hidden, final_norm, final_eps, h);
-        linear(head, h, 1, logits, threads);
+        qd_forward(embed, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos ? cos + (m + i) * d : NULL,
+                   ssin ? ssin + (m + i) * d : NULL, k_cache, v_cache, layer_stride, max_len, kv16, start + i,
+                   final_norm, final_eps, head, INT64_MAX, tokens + i, 1, x, 1, logits, threads);
         tokens[i + 1] = argmax_logits(logits, head->out, head_ids, vocab);
     }
     free(x);
-    free(h);
     free(logits);
     return count;
 }
