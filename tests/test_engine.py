@@ -6,6 +6,7 @@ import torch
 from quickdraft.decoding.engine import decode
 from quickdraft.decoding.stats import GenerationStats
 from quickdraft.decoding.stopping import StopConditions
+from quickdraft.decoding.verify import GreedyAcceptance
 from quickdraft.drafters import DraftModelDrafter
 from quickdraft.generator import SpeculativeGenerator
 from quickdraft.models.lm import load_model
@@ -159,3 +160,70 @@ def test_hf_backend_decodes_like_native(tiny_family):
     # The generic backend also serves as target and draft (cache cropping).
     hf_draft = load_model(tiny_family["perturbed"], backend="hf")
     assert spec(hf, hf_draft, tok, PROMPTS[0], 20, 4) == plain(native, tok, PROMPTS[0], 20)
+
+
+def plain_run(target, ids, n, eos=(), chains=True, monkeypatch=None, **kwargs):
+    """Plain decoding's steps and stats, in greedy chains of engine.PLAIN_CHAIN or (``chains``
+    False) one pass a token."""
+    from quickdraft.decoding import engine
+
+    monkeypatch.setattr(engine, "PLAIN_CHAIN", engine.PLAIN_CHAIN if chains else 1)
+    stats = GenerationStats()
+    steps = list(decode(target, ids, StopConditions(n, eos), stats=stats, **kwargs))
+    monkeypatch.undo()
+    return steps, stats
+
+
+def test_plain_greedy_chains_decode_what_one_pass_a_token_does(models, monkeypatch):
+    """Plain greedy decoding settles up to PLAIN_CHAIN tokens a call of the target's greedy
+    chain (one C call): the tokens, pass counts and finish of one pass a token, wherever the
+    text ends: the token budget inside or at the end of a chain, EOS inside one (the chain
+    ends there), the context. Sampling, and an acceptance rule of the caller's, step."""
+    from quickdraft.decoding.engine import PLAIN_CHAIN
+    from quickdraft.decoding.sampling import SamplingParams
+    from quickdraft.models.lm import NativeLM
+
+    tok, target, _ = models
+    calls = []
+    real = NativeLM.greedy_chain
+
+    def counted(self, *args, **kwargs):
+        tokens = real(self, *args, **kwargs)
+        calls.append(None if tokens is None else len(tokens))
+        return tokens
+
+    ids = torch.tensor(tok(PROMPTS[1])["input_ids"])
+    reference = [t for s in plain_run(target, ids, 40, chains=False, monkeypatch=monkeypatch)[0] for t in s.tokens]
+    cases = [dict(n=n) for n in (1, 2, 7, 8, 9, 17, 40)]
+    cases += [dict(n=40, eos=[reference[i]]) for i in (0, 1, 5, 12)]
+    context = target.context_length
+    long_prompt = ids.repeat(context // ids.numel() + 1)[: context - 11]
+    for case in cases + [dict(n=40, prompt=long_prompt)]:
+        prompt = case.get("prompt", ids)
+        want_steps, want = plain_run(target, prompt, case["n"], case.get("eos", ()), chains=False,
+                                     monkeypatch=monkeypatch)
+        monkeypatch.setattr(NativeLM, "greedy_chain", counted)
+        calls.clear()
+        got_steps, got = plain_run(target, prompt, case["n"], case.get("eos", ()), monkeypatch=monkeypatch)
+        tokens = [t for s in got_steps for t in s.tokens]
+        assert tokens == [t for s in want_steps for t in s.tokens], case
+        for key in ("new_tokens", "prefill_tokens", "target_forward_passes", "finish_reason", "stopped_by",
+                    "drafted_tokens", "accepted_tokens"):
+            assert getattr(got, key) == getattr(want, key), (case, key)
+        longest = min(PLAIN_CHAIN, len(tokens) - 1) if len(tokens) > 1 else len(tokens)
+        assert max((len(s.tokens) for s in got_steps), default=0) == longest, case
+        assert all(c is not None for c in calls)
+        if case == dict(n=40):  # after the prefill's token, chains up to the budget
+            assert calls == [PLAIN_CHAIN] * (39 // PLAIN_CHAIN) + [39 % PLAIN_CHAIN]
+    assert want.stopped_by == "context" and len(tokens) == 11
+    eos = reference[5]
+    _, stats = plain_run(target, ids, 40, [eos], monkeypatch=monkeypatch)
+    assert stats.target_forward_passes == reference.index(eos) + 1  # nothing computed after EOS
+    monkeypatch.setattr(NativeLM, "greedy_chain", counted)
+    calls.clear()
+    sampled = SamplingParams(temperature=0.8, seed=1)
+    plain_run(target, ids, 20, params=sampled, monkeypatch=monkeypatch)
+    monkeypatch.setattr(NativeLM, "greedy_chain", counted)
+    rule = GreedyAcceptance()
+    plain_run(target, ids, 20, acceptance=lambda proposal, logits: rule(proposal, logits), monkeypatch=monkeypatch)
+    assert calls == []

@@ -118,8 +118,13 @@ def test_the_tag_counts_what_a_gpu_would_wait_for():
     assert len(OnDevice.errors) == 2
 
 
-def test_plain_decoding_reads_the_device_once_a_step(pair):
+def test_plain_decoding_reads_the_device_once_a_step(pair, monkeypatch):
+    """Stepping (as on a GPU, where the one-call chains do not run): the argmax, once a step.
+    The CPU's plain greedy chains read none: their tokens come back from C as host integers."""
     target, _, ids = pair
+    counts = reads_per_step(target, None, ids, 0)
+    assert counts[0] == 1 and set(counts[1:]) == {0}, counts  # the prefill's step, then chains
+    monkeypatch.setitem(target.__dict__, "greedy_chain", lambda *args, **kwargs: None)
     assert set(reads_per_step(target, None, ids, 0)) == {1}  # the argmax
 
 

@@ -572,22 +572,38 @@ def test_the_draft_model_drafts_greedy_chains_in_one_call(monkeypatch):
 
 def test_step_costs_time_the_draft_burst_as_the_drafter_runs_it(monkeypatch):
     """The cost model's draft burst is timed the way DraftModelDrafter drafts a greedy
-    chain: its catch-up and steps in one greedy_chain call (else extends)."""
+    chain: its catch-up and steps in one greedy_chain call (else extends); and t_ar, a
+    plain step, the way the engine decodes plain greedy text: a token of the target's
+    greedy chain of engine.PLAIN_CHAIN (else a one-token extend)."""
+    from quickdraft.decoding.engine import PLAIN_CHAIN
     from quickdraft.policy.autok import StepCostSampler
 
     target, draft = NativeLM(tiny_model()), NativeLM(tiny_model())
     context = torch.randint(0, 96, (20,))
     calls = count_calls(monkeypatch, "greedy_chain")
+    lengths = []
+    real_chain = NativeLM.greedy_chain
+
+    def chain(self, *args, **kwargs):
+        tokens = real_chain(self, *args, **kwargs)
+        lengths.append((self is target, len(tokens)))
+        return tokens
+
+    monkeypatch.setattr(NativeLM, "greedy_chain", chain)
     sampler = StepCostSampler(target, draft, context, verify_sizes=(1, 2, 5))
     sampler.sample(2)
-    assert calls["greedy_chain"] == 2 * 2  # a burst before each verify pass (widths 2 and 5)
+    # a burst before each verify pass (widths 2 and 5), a plain chain of the target's each round
+    assert calls["greedy_chain"] == 2 * 2 + 2
+    assert lengths.count((True, PLAIN_CHAIN)) == 2 and len(sampler.plain_times) == 2
     costs = sampler.costs()
     assert sorted(costs.draft_burst) == [1, 2, 3, 4]
     times = [costs.draft_burst[j] for j in range(1, 5)]
     assert all(0 < a < b for a, b in zip(times, times[1:]))
+    assert 0 < costs.t_ar != costs.verify[1]
     monkeypatch.setattr(NativeLM, "greedy_chain", lambda *args, **kwargs: None)  # no one-call path: extends
-    StepCostSampler(target, draft, context, verify_sizes=(1, 2, 5)).sample(1)
-    assert calls["greedy_chain"] == 4
+    sampler = StepCostSampler(target, draft, context, verify_sizes=(1, 2, 5))
+    sampler.sample(1)
+    assert calls["greedy_chain"] == 6 and sampler.costs().t_ar == sampler.costs().verify[1]
 
 
 def test_states_between_layers_keep_the_blocks_in_c_calls_bit_for_bit(monkeypatch):

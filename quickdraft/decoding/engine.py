@@ -25,6 +25,12 @@ from .verify import AcceptanceRule, acceptance_for
 
 #: The drafter slot of the one sequence: the batch-1 loop is a batch of one.
 SLOT = 0
+#: Tokens plain greedy decoding settles a call where the target runs greedy chains in one
+#: C call (``NativeLM.greedy_chain``: each token the argmax of its own one-token pass, bit
+#: for bit, ending at EOS): the loop's Python between steps, ~0.3 ms of a SmolLM2 step,
+#: paid once for 8. It bounds how far a stop string can be overrun (tokens computed, never
+#: emitted) and how often a stream hears of new text.
+PLAIN_CHAIN = 8
 
 
 @dataclass
@@ -62,6 +68,7 @@ def decode(
     prompt = check_prompt(prompt, target.context_length)
     if drafter is None or num_speculative_tokens == 0:
         drafter, num_speculative_tokens = NoDrafter(), 1
+    chains = isinstance(drafter, NoDrafter) and params.greedy and not callable(acceptance)
     stats = stats if stats is not None else GenerationStats()
     generator = params.generator()
     if not callable(acceptance):
@@ -85,6 +92,17 @@ def decode(
         length = prompt.numel()
         decode_started = None
         while True:
+            if chains and decode_started is not None:
+                settled = _plain_chain(target, sequence, length, stop)
+                if settled is not None:
+                    emitted, finish = emit(settled, 0, 0, stop, sequence, length, target.context_length, stats,
+                                           passes=len(settled))
+                    length += len(emitted)
+                    if emitted:
+                        yield Step(emitted, 0, finish)
+                    if finish:
+                        break
+                    continue
             k = draft_budget(num_speculative_tokens, stop, length, target.context_length)
             proposal = drafter.propose([SLOT], [sequence[:length]], [k])[0] if k > 0 else EMPTY
             seen = target.length
@@ -113,6 +131,18 @@ def decode(
         stats.decode_seconds = time.perf_counter() - (decode_started or started)
     finally:
         drafter.leave(SLOT)  # also when the caller stops early
+
+
+def _plain_chain(target: CausalLM, sequence: torch.Tensor, length: int, stop: StopConditions) -> list[int] | None:
+    """Up to :data:`PLAIN_CHAIN` greedy tokens after ``sequence[:length]`` in one call of
+    the target's greedy chain (what its cache lacks fed first, then a token at a time; it
+    ends at EOS), never past the token budget or the context; None where the target has no
+    such call (nothing fed)."""
+    n = min(PLAIN_CHAIN, stop.max_new_tokens - stop.count, target.context_length - length)
+    chain = getattr(target, "greedy_chain", None)
+    if n < 2 or chain is None:
+        return None
+    return chain(None, n - 1, target.vocab_size, feed=sequence[target.length : length], stop_ids=sorted(stop.eos))
 
 
 def _verify_pass(target: CausalLM, sequence: torch.Tensor, length: int, proposal: Proposal,

@@ -47,17 +47,18 @@ class GenerationStats:
     finish_reason: str = ""
     stopped_by: str = ""
 
-    def record_step(self, drafted: int, accepted: int, emitted: int | None = None) -> None:
+    def record_step(self, drafted: int, accepted: int, emitted: int | None = None, passes: int = 1) -> None:
         """One target pass: ``drafted`` tokens proposed, ``accepted`` of them accepted, and
         ``emitted`` tokens output (default ``accepted + 1``: the accepted drafts and the
         target's own token). When EOS or a stop string cut the step, ``emitted`` is what is
-        left, and only the accepted drafts among those count."""
+        left, and only the accepted drafts among those count. ``passes``: the passes it
+        stands for (a plain greedy chain's, in one call: one a token, nothing drafted)."""
         if emitted is None:
             emitted = accepted + 1
         accepted = min(accepted, emitted)
         if self.target_forward_passes == 0:
             self.prefill_tokens = emitted
-        self.target_forward_passes += 1
+        self.target_forward_passes += passes
         self.drafted_tokens += drafted
         self.accepted_tokens += accepted
         missing = drafted - len(self.drafted_per_position)

@@ -40,12 +40,13 @@ def draft_budget(k: int, stop: StopConditions, length: int, context: int) -> int
 
 
 def emit(tokens: list[int], drafted: int, accepted: int, stop: StopConditions, sequence: torch.Tensor,
-         length: int, context: int, stats: GenerationStats) -> tuple[list[int], str | None]:
+         length: int, context: int, stats: GenerationStats, passes: int = 1) -> tuple[list[int], str | None]:
     """Emit what a verify pass settled: ``tokens`` are its ``accepted`` draft tokens (of
     ``drafted`` proposed) and then the target's own token. They go out up to the first EOS
     (not emitted) or stop condition, into ``sequence`` after its first ``length`` tokens.
 
-    The pass is recorded in ``stats`` once the stop conditions have cut it, so accepted
+    The pass (``passes``: a plain greedy chain's, one a token) is recorded in ``stats``
+    once the stop conditions have cut it, so accepted
     drafts that never reach the output (after EOS or a stop string) are not counted as
     accepted; on the last step ``stats.finish_reason`` and ``stats.stopped_by`` are set.
     Returns the emitted tokens and the finish reason: "stop", "length" (budget or
@@ -62,7 +63,7 @@ def emit(tokens: list[int], drafted: int, accepted: int, stop: StopConditions, s
             stopped_by = "stop_string" if finish == "stop" else "max_new_tokens"
             break
     sequence[length : length + len(emitted)] = torch.tensor(emitted, dtype=torch.long)
-    stats.record_step(drafted, accepted, len(emitted))
+    stats.record_step(drafted, accepted, len(emitted), passes)
     stats.new_tokens += len(emitted)
     if finish is None and length + len(emitted) >= context:
         finish, stopped_by = "length", "context"

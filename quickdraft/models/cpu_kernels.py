@@ -134,7 +134,7 @@ def library() -> ctypes.CDLL | None:
     lib.qd_forward.restype = _c_int64
     lib.qd_greedy_chain.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                     _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr,
-                                    _ptr, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _c_float, _c_int]
+                                    _ptr, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _c_float, _ptr, _c_int64, _c_int]
     lib.qd_greedy_chain.restype = _c_int64
     lib.qd_eagle_chain.argtypes = [_ptr, _c_float, _c_int64, _ptr, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                    _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr,
@@ -428,7 +428,7 @@ def greedy_chain(first: int | None, n: int, embed: torch.Tensor, stack: BlockSta
                  rope: tuple[torch.Tensor, torch.Tensor] | None, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  start: int, final_norm: tuple[torch.Tensor, float], head: LinearSpec,
                  head_ids: torch.Tensor | None, vocab: int, feed: torch.Tensor | None = None,
-                 min_confidence: float = 0.0) -> list[int]:
+                 min_confidence: float = 0.0, stop_ids: Sequence[int] = ()) -> list[int]:
     """A greedy chain of ``n`` tokens after ``first`` in one call: each step feeds the last
     token at position and cache slot ``start + i`` (its ``embed`` row, the blocks of
     ``stack`` from layer 0, ``final_norm``'s RMSNorm, ``head``) and takes the argmax of its
@@ -439,19 +439,22 @@ def greedy_chain(first: int | None, n: int, embed: torch.Tensor, stack: BlockSta
     n, D]`` each, contiguous). Returns ``[first, t1, .., tn]``; with ``min_confidence`` > 0
     (and ``feed``) it ends after the first of them, before ``tn``, whose softmax top-1
     probability is below it (``--draft-stop confidence:T`` / ``dv`` in the call), fed up to
-    the token before it."""
+    the token before it. It also ends at the first token in ``stop_ids`` (EOS: nothing is
+    computed past the end of a text)."""
     tokens = torch.empty(n + 1, dtype=torch.int64)
     if feed is None:
         tokens[0] = first
     fed = None if feed is None else feed.to(torch.int64).contiguous()
     ids, cos, sin, _alive = _chain_args(head_ids, rope)
+    stops = torch.tensor(list(stop_ids), dtype=torch.int64) if stop_ids else None
     _, _, n_kv_heads, max_len, head_dim = k_cache.shape
     count = library().qd_greedy_chain(
         embed.data_ptr(), embed.shape[1], stack.n, stack.norms, stack.eps, stack.linears, n_heads, n_kv_heads,
         head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len, half_cache(k_cache),
         start, final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab,
         None if fed is None else fed.data_ptr(), 0 if fed is None else fed.numel(), tokens.data_ptr(), n,
-        min_confidence, torch.get_num_threads())
+        min_confidence, None if stops is None else stops.data_ptr(), 0 if stops is None else stops.numel(),
+        torch.get_num_threads())
     return tokens[:count].tolist()
 
 

@@ -230,7 +230,8 @@ class NativeLM:
 
     @torch.inference_mode()
     def greedy_chain(self, first: int | torch.Tensor | None, n: int, vocab: int,
-                     feed: torch.Tensor | None = None, min_confidence: float = 0.0) -> list[int] | None:
+                     feed: torch.Tensor | None = None, min_confidence: float = 0.0,
+                     stop_ids: Sequence[int] = ()) -> list[int] | None:
         """Feed ``first`` and the next ``n - 1`` greedy tokens, one at a time, in one C call
         (``Transformer.greedy_chain``): ``[first, t1, .., tn]``, the argmax of each step's
         logits over ids below ``vocab``; the cache then holds ``first .. t(n-1)``.
@@ -238,12 +239,12 @@ class NativeLM:
         (where it cannot, nothing is read, so a GPU is not waited for). With ``feed``
         (``first`` None): those tokens are fed first, as :meth:`extend` would, and ``first``
         is the argmax of their last logits; ``min_confidence`` ends the chain early
-        (``Transformer.greedy_chain``). None where that path cannot run here (nothing
-        fed): step with :meth:`extend`."""
+        (``Transformer.greedy_chain``), as ``stop_ids`` do at the first of them. None where
+        that path cannot run here (nothing fed): step with :meth:`extend`."""
         if self.cache is None or self.static is not None:
             return None
         m = 0 if feed is None else feed.numel()
-        tokens = self.model.greedy_chain(first, n, self.length + m, self.cache, vocab, feed, min_confidence)
+        tokens = self.model.greedy_chain(first, n, self.length + m, self.cache, vocab, feed, min_confidence, stop_ids)
         if tokens is not None:  # (a chain that ended early fed one token fewer than it holds)
             self.length += m + len(tokens) - 1
             self.hidden_states = {}

@@ -550,8 +550,8 @@ class Transformer(nn.Module):
         return stack
 
     def greedy_chain(self, first: int | torch.Tensor | None, n: int, start: int, cache: KVCache,
-                     vocab: int, feed: torch.Tensor | None = None, min_confidence: float = 0.0
-                     ) -> list[int] | None:
+                     vocab: int, feed: torch.Tensor | None = None, min_confidence: float = 0.0,
+                     stop_ids: Sequence[int] = ()) -> list[int] | None:
         """``[first, t1, .., tn]``: ``first`` and ``n`` greedy tokens after it, fed at
         position and cache slot ``start`` on, in one C call (``cpu_kernels.greedy_chain``):
         what ``n`` one-token forwards (row 0) and ``argmax`` over the first ``vocab``
@@ -560,7 +560,8 @@ class Transformer(nn.Module):
         at positions ``start - len(feed) ..``, ``first`` None) the call feeds them first, as
         a forward over them would, and ``first`` is the argmax of its last logits.
         ``min_confidence`` (with ``feed``): the chain ends after the first token whose
-        softmax top-1 probability is below it (``cpu_kernels.greedy_chain``). None where it
+        softmax top-1 probability is below it (``cpu_kernels.greedy_chain``), as it does at
+        the first token in ``stop_ids``. None where it
         cannot run (not a Llama model whose blocks and head all run on our kernels, or the
         cache is too short): the caller steps in Python."""
         m = 0 if feed is None else feed.numel()
@@ -576,7 +577,7 @@ class Transformer(nn.Module):
         return cpu_kernels.greedy_chain(first, n, self.embed.weight, stack, self.layers[0].attn.n_heads,
                                         (cos[0, 0], sin[0, 0]), cache.k, cache.v, start,
                                         (self.norm.weight, self.norm.eps), spec, self.head_ids, vocab, feed,
-                                        min_confidence)
+                                        min_confidence, stop_ids)
 
     def one_call_parts(self) -> tuple[cpu_kernels.BlockStack, cpu_kernels.LinearSpec] | None:
         """The block stack and head spec our kernels run the whole model with in one call

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..decoding.engine import decode
+from ..decoding.engine import PLAIN_CHAIN, decode
 from ..decoding.sampling import SamplingParams
 from ..decoding.stats import GenerationStats
 from ..decoding.stopping import StopConditions
@@ -61,7 +61,8 @@ class StepCostSampler:
 
     One round times, at a context of ``context_length`` tokens: ``target.extend`` over n
     tokens for every verify size (logits of all of them, as the engine asks; n = 1 is a
-    plain decode step, timed after another one), and before each verify pass a burst of
+    plain decode step, timed after another one; a plain greedy token as the engine decodes
+    it, :func:`plain_token_seconds`, is ``t_ar``), and before each verify pass a burst of
     consecutive draft steps as the drafter runs them inside a speculative step
     (``_draft_burst``: one-token ``extend`` calls, or a greedy chain in one call; the first
     draft call after a target pass is slower: the target evicted the draft's weights from
@@ -81,11 +82,12 @@ class StepCostSampler:
         self.prefix, self.tail = ctx[: self.length], ctx[self.length :]
         self.burst = draft_burst or max(1, max(self.sizes) - 1)
         self.times: dict[int, list[float]] = {n: [] for n in self.sizes}
+        self.plain_times: list[float] = []  # a plain greedy token in a chain (plain_token_seconds)
         self.burst_times: dict[int, list[float]] = {j: [] for j in range(1, self.burst + 1)}
         self._ready = False
 
     def _prepare(self) -> None:
-        self.target.reset(self.length + max(self.sizes) + 1)
+        self.target.reset(self.length + max(*self.sizes, PLAIN_CHAIN) + 1)
         self.target.extend(self.prefix, logits="none")
         if self.draft is not None:
             self.draft.reset(self.length + self.burst + 1)
@@ -118,6 +120,9 @@ class StepCostSampler:
                     for _ in range(PLAIN_WARMUP):
                         self.target.extend(self.tail[:1])
                         self.target.crop(self.length)
+                    plain = plain_token_seconds(self.target, self.tail[:1], perf)
+                    if record and plain is not None:
+                        self.plain_times.append(plain)
                 elif self.draft is not None:
                     with row_dependent_rounding():  # the kernels DraftModelDrafter drafts with
                         burst = self._draft_burst(perf)
@@ -152,7 +157,7 @@ class StepCostSampler:
 
     def spread(self) -> float:
         """How noisy the recorded timings are (:func:`.timing.spread_of`)."""
-        return timing.spread_of([*self.times.values(), *self.burst_times.values()])
+        return timing.spread_of([*self.times.values(), *self.burst_times.values(), self.plain_times])
 
     def costs(self) -> StepCosts:
         if not self.times[1]:
@@ -160,11 +165,28 @@ class StepCostSampler:
         verify = {n: statistics.median(v) for n, v in self.times.items() if v}
         burst = {j: statistics.median(v) for j, v in self.burst_times.items() if v}
         return StepCosts(
-            t_ar=verify[1],
+            t_ar=statistics.median(self.plain_times) if self.plain_times else verify[1],
             t_draft=(burst[self.burst] / self.burst) if burst else 0.0,
             verify=verify,
             draft_burst=burst,
         )
+
+
+def plain_token_seconds(target: CausalLM, token: torch.Tensor, clock: Callable[[], float]) -> float | None:
+    """Seconds a token of plain greedy decoding costs as the engine decodes it where the
+    target runs greedy chains in one call (``engine.PLAIN_CHAIN`` tokens a call, after
+    ``token``, fed at the end of its cache; the cache is cropped back after): the cost
+    model's ``t_ar``, which a one-token ``extend`` overstates by the Python between
+    steps. None where the target has no such call (plain decoding steps with ``extend``)."""
+    chain = getattr(target, "greedy_chain", None)
+    if chain is None:
+        return None
+    length = target.length
+    started = clock()
+    tokens = chain(None, PLAIN_CHAIN - 1, target.vocab_size, feed=token)
+    elapsed = clock() - started
+    target.crop(length)
+    return None if tokens is None else elapsed / PLAIN_CHAIN
 
 
 def measure_step_costs(
@@ -296,8 +318,8 @@ CALIBRATION_PROMPTS = (
     "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
     "The quick brown fox jumps over the lazy dog. Speculative decoding lets a small model",
 )
-CACHE_VERSION = 4  # 2: entries named and keyed by policy.cache; 3: plain steps timed after plain steps;
-#                   4: after 16 of them
+CACHE_VERSION = 5  # 2: entries named and keyed by policy.cache; 3: plain steps timed after plain steps;
+#                   4: after 16 of them; 5: t_ar a plain greedy chain's token (plain_token_seconds)
 #: Use the draft only when its best k is predicted to be faster than plain decoding.
 MIN_GAIN = 1.0
 

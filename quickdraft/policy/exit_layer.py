@@ -16,14 +16,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..decoding.engine import decode
+from ..decoding.engine import PLAIN_CHAIN, decode
 from ..decoding.stats import GenerationStats
 from ..decoding.stopping import StopConditions
 from ..drafters.early_exit import EarlyExitDrafter, step_head
 from ..models.exit_head import ExitHead
 from ..models.lm import NativeLM, eos_token_ids
 from . import cache
-from .autok import CALIBRATION_PROMPTS
+from .autok import CALIBRATION_PROMPTS, plain_token_seconds
 from .cost_model import StepCosts, best_k, speedup_curve
 from .timing import device_clock
 
@@ -55,11 +55,11 @@ def _median_seconds(fn, repeats: int) -> float:
 def step_costs(target: NativeLM, head: ExitHead, context: torch.Tensor, max_k: int, share_kv: bool = True,
                repeats: int = 7) -> StepCosts:
     """StepCosts of early exit at ``head.exit_layer`` after ``context`` (token ids): t_ar is a
-    plain step, t_draft a draft step, verify[n] the verify pass over n tokens (from layer L
+    plain step (a token of a plain greedy chain where the target runs one), t_draft a draft step, verify[n] the verify pass over n tokens (from layer L
     with ``share_kv``); the base pass of the last drafted token is per-step overhead."""
     model, n_layers, layer = target.model, target.config.n_layers, head.exit_layer
     length = context.numel()
-    target.reset(length + max_k + 2)
+    target.reset(length + max(max_k + 2, PLAIN_CHAIN + 1))
     target.extend(context, logits="none")
     one = context[-1:].view(1, 1).to(target.device)  # fed to the model directly, not through target.extend
     # As the drafter runs them: int positions (slice writes, no gathers) and the extra
@@ -72,6 +72,9 @@ def step_costs(target: NativeLM, head: ExitHead, context: torch.Tensor, max_k: i
                      layers=layers, logits=logits)
 
     t_ar = _median_seconds(lambda: run(one, (0, n_layers)), repeats)
+    chained = [plain_token_seconds(target, context[-1:], device_clock) for _ in range(repeats)]
+    if None not in chained:  # plain decoding as the engine runs it: chains in one call
+        t_ar = statistics.median(chained)
 
     def draft_step():
         h = run(one, (0, layer), logits="none").hidden
@@ -120,7 +123,7 @@ def measure_exit_layer(target: NativeLM, tokenizer, heads: dict[int, ExitHead] |
 
 
 #: Bumped when what :func:`cached_exit_k` measures changes meaning (entries measured again).
-EXIT_K_VERSION = 1
+EXIT_K_VERSION = 2  # 2: t_ar a plain greedy chain's token (autok.plain_token_seconds)
 #: The longest chain early exit's k is chosen among (the bench's heuristic stop drafted
 #: 7-8 tokens a step with the embedded target's default head).
 EXIT_MAX_K = 8

@@ -124,7 +124,8 @@ def measure_head_method(method: str, k: int, target: CausalLM, prompts: Sequence
 
 
 #: Bumped when what :func:`cached_eagle_k` measures changes meaning (entries measured again).
-EAGLE_K_VERSION = 3  # 2: plain steps timed after plain steps (autok.StepCostSampler); 3: after 16
+EAGLE_K_VERSION = 4  # 2: plain steps timed after plain steps (autok.StepCostSampler); 3: after 16;
+#                     4: t_ar a plain greedy chain's token (autok.plain_token_seconds)
 #: Tokens of each calibration prompt's greedy run the chains are timed on.
 CHAIN_TOKENS = 64
 

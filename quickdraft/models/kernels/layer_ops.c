@@ -906,6 +906,13 @@ int64_t qd_forward(const float *embed, int64_t hidden, int64_t n_layers, const f
     return 0;
 }
 
+static int is_stop(int64_t token, const int64_t *stop_ids, int64_t n_stop) {
+    for (int64_t j = 0; j < n_stop; j++)
+        if (token == stop_ids[j])
+            return 1;
+    return 0;
+}
+
 /* A greedy draft chain of a Llama model over one row, in one call. First, if m > 0, the
  * feed: tokens feed[0 .. m-1] (what the model's cache lacks) at positions and cache slots
  * start - m .. start - 1 in one causal m-row pass (qd_forward, as the model's forward over
@@ -919,14 +926,16 @@ int64_t qd_forward(const float *embed, int64_t hidden, int64_t n_layers, const f
  * vocabulary of a restricted head (head->out ids); vocab: only ids below it are drafted.
  * min_confidence > 0 (--draft-stop confidence:T, dv): the chain ends at the first token
  * tokens[i], i < n, whose top_probability is below it (that token still drafted, nothing
- * fed after it), as the Python loop's keep_going does. Returns how many tokens it wrote
+ * fed after it), as the Python loop's keep_going does. stop_ids (n_stop of them, NULL for
+ * none): the chain also ends at the first token that is one of them (plain decoding's EOS
+ * ids: nothing is computed past the end of the text). Returns how many tokens it wrote
  * (n + 1 unless it ended early; the cache then holds the first count - 1 after the feed). */
 int64_t qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, const float *const *norms, float eps,
                      const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos, const float *ssin,
                      void *k_cache, void *v_cache, int64_t layer_stride, int64_t max_len, int64_t kv16, int64_t start,
                      const float *final_norm, float final_eps, const QdLinear *head, const int64_t *head_ids,
                      int64_t vocab, const int64_t *feed, int64_t m, int64_t *tokens, int64_t n, float min_confidence,
-                     int threads) {
+                     const int64_t *stop_ids, int64_t n_stop, int threads) {
     float *x = malloc((size_t)hidden * sizeof(float)), *logits = malloc((size_t)head->out * sizeof(float));
     int64_t count = n + 1;
     if (m > 0) {
@@ -938,8 +947,9 @@ int64_t qd_greedy_chain(const float *embed, int64_t hidden, int64_t n_layers, co
     }
     for (int64_t i = 0; i < n; i++) {
         /* (With m = 0 the caller drew tokens[0]: its logits are not here to weigh.) */
-        if (min_confidence > 0.0f && (m > 0 || i > 0) &&
-            top_probability(logits, head->out, head_ids, vocab) < min_confidence) {
+        if ((min_confidence > 0.0f && (m > 0 || i > 0) &&
+             top_probability(logits, head->out, head_ids, vocab) < min_confidence) ||
+            is_stop(tokens[i], stop_ids, n_stop)) {
             count = i + 1;
             break;
         }
