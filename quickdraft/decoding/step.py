@@ -46,9 +46,9 @@ def emit(tokens: list[int], drafted: int, accepted: int, stop: StopConditions, s
     (not emitted) or stop condition, into ``sequence`` after its first ``length`` tokens.
 
     The pass (``passes``: a plain greedy chain's, one a token) is recorded in ``stats``
-    once the stop conditions have cut it, so accepted
-    drafts that never reach the output (after EOS or a stop string) are not counted as
-    accepted; on the last step ``stats.finish_reason`` and ``stats.stopped_by`` are set.
+    once the stop conditions have cut it, so accepted drafts that never reach the output
+    (after EOS or a stop string) are not counted as accepted; on the last step
+    ``stats.finish_reason`` and ``stats.stopped_by`` are set.
     Returns the emitted tokens and the finish reason: "stop", "length" (budget or
     context) or None."""
     emitted: list[int] = []
