@@ -520,7 +520,7 @@ class SpeculativeGenerator:
         from .policy.autok import cached_k
 
         if not isinstance(self.drafter, DraftModelDrafter):
-            raise ValueError("choosing k by measurement needs a draft model")
+            raise ValueError("choosing k by measurement needs a draft model; resolve_k() settles k for every method")
         choice = cached_k(self.target, self.drafter.model, self.tokenizer, remeasure=remeasure, log=log)
         self.num_speculative_tokens = choice.k
         self.k_choice = choice
