@@ -14,8 +14,9 @@ from typing import Protocol
 
 import torch
 
-from . import cpu_kernels, gguf
+from . import gguf
 from .config import ModelConfig, UnsupportedModelError
+from .cpu_kernels import ForwardCall
 from .decode_linear import use_decode_linears
 from .hf_cache import forward_with_cache
 from .loading import (
@@ -132,7 +133,7 @@ class NativeLM:
         self.hidden_states: dict[int, torch.Tensor] = {}
         self.static_width, self.static_compile = 0, False
         self.static: StaticStep | None = None
-        self.one_call: cpu_kernels.ForwardCall | None | bool = False  # set up at the first pass after a reset
+        self.one_call: ForwardCall | None | bool = False  # set up at the first pass after a reset
 
     def use_static_step(self, width: int, compile: bool = False) -> None:
         """Run chain passes of up to ``width`` tokens (plain steps, verify passes) through a
@@ -210,11 +211,11 @@ class NativeLM:
         """A contiguous pass as one C call (``Transformer.forward_call``; the same results bit
         for bit), where it runs: ``(logits,)`` (the hidden states in ``hidden_states``), else
         None (nothing fed)."""
-        if self.one_call is False:  # (once a generation: the check walks every layer's linears)
+        if self.one_call is False:  # once a generation: the checks walk every layer's linears
             self.one_call = self.model.forward_call(self.cache)
         final = self.config.n_layers
-        if (self.one_call is None or any(layer != final for layer in output_hidden_states)
-                or (type(logits) is int and logits < 1) or not cpu_kernels.fused_layers(self.model.embed.weight)):
+        if self.one_call is None or any(layer != final for layer in output_hidden_states) or (
+                type(logits) is int and logits < 1):
             return None
         ids = tokens.view(-1)
         if ids.dtype != torch.long or not ids.is_contiguous():

@@ -71,10 +71,11 @@ def step_costs(target: NativeLM, head: ExitHead, context: torch.Tensor, max_k: i
         return model(None if hidden is not None else tokens, length, target.cache, hidden=hidden,
                      layers=layers, logits=logits)
 
-    t_ar = _median_seconds(lambda: run(one, (0, n_layers)), repeats)
+    # A plain step as the engine decodes plain greedy text: a token of a chain in one call
+    # where the target runs them, else one pass.
     chained = [plain_token_seconds(target, context[-1:], device_clock) for _ in range(repeats)]
-    if None not in chained:  # plain decoding as the engine runs it: chains in one call
-        t_ar = statistics.median(chained)
+    t_ar = (statistics.median(chained) if None not in chained
+            else _median_seconds(lambda: run(one, (0, n_layers)), repeats))
 
     def draft_step():
         h = run(one, (0, layer), logits="none").hidden
