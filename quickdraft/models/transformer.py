@@ -561,9 +561,9 @@ class Transformer(nn.Module):
         a forward over them would, and ``first`` is the argmax of its last logits.
         ``min_confidence`` (with ``feed``): the chain ends after the first token whose
         softmax top-1 probability is below it (``cpu_kernels.greedy_chain``), as it does at
-        the first token in ``stop_ids``. None where it
-        cannot run (not a Llama model whose blocks and head all run on our kernels, or the
-        cache is too short): the caller steps in Python."""
+        the first token in ``stop_ids``. None where it cannot run (not a Llama model whose
+        blocks and head all run on our kernels, or the cache is too short): the caller
+        steps in Python."""
         m = 0 if feed is None else feed.numel()
         if (not isinstance(cache.k, torch.Tensor) or start + n > cache.max_len or start < m
                 or (feed is None) == (first is None) or (min_confidence > 0 and feed is None)):
