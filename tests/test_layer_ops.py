@@ -386,8 +386,10 @@ def test_a_prefill_of_many_rows_rounds_each_token_as_its_own_step(quantize):
 def test_a_ragged_pass_in_one_call_is_the_per_op_row_loop_bit_for_bit(quantize, monkeypatch):
     """The batched engine's ragged passes (rows packed one after another, each attending in
     its own cache row, over its own slots, with its own causal mask) run all blocks in one
-    C call too (cpu_kernels.blocks_ragged): logits and caches equal the per-op path's row
-    loop bit for bit, prefills and mixed-width steps in any row order, hidden states kept."""
+    C call too (cpu_kernels.blocks_ragged), and a pass of one row the whole model in one
+    call (Transformer.forward_call, at that cache row): logits and caches equal the per-op
+    path's row loop bit for bit, prefills and mixed-width steps in any row order, hidden
+    states kept."""
     from quickdraft.models.ragged import Feed, ragged_forward, ragged_forward_keeping
 
     model = tiny_model(quantize)
@@ -403,14 +405,26 @@ def test_a_ragged_pass_in_one_call_is_the_per_op_row_loop_bit_for_bit(quantize, 
         alone = ragged_forward(model, cache, [Feed(1, prompts[1].numel() + widths[1], torch.tensor([7]), 1)])
         kept, states = ragged_forward_keeping(model, cache, [Feed(0, 10, torch.tensor([5, 6]), 2),
                                                              Feed(3, 3, torch.tensor([8]), 1)], (1, 2))
-        return [*prefill, *step, *alone, *kept, *(t for row in states for t in row.values()), cache.k, cache.v]
+        final = model.config.n_layers
+        lone, lone_states = ragged_forward_keeping(model, cache, [Feed(3, 4, torch.tensor([9, 10, 11]), 2)], (final,))
+        return [*prefill, *step, *alone, *kept, *(t for row in states for t in row.values()), *lone,
+                lone_states[0][final], cache.k, cache.v]
 
     calls = count_calls(monkeypatch, "blocks_ragged")
+    one_calls = []
+    real_call = cpu_kernels.ForwardCall.__call__
+
+    def one_call(self, *args):
+        one_calls.append(args[-1])  # the cache row
+        return real_call(self, *args)
+
+    monkeypatch.setattr(cpu_kernels.ForwardCall, "__call__", one_call)
     stacked = run()
-    assert calls["blocks_ragged"] == 3 + 2  # the last pass: one call per stretch between the kept states
+    assert calls["blocks_ragged"] == 2 + 2  # the kept states' pass: one call per stretch between them
+    assert one_calls == [1, 3]  # the lone rows' passes
     monkeypatch.setattr(type(model), "block_stack", lambda self, start, stop: None)
     per_op = run()
-    assert calls["blocks_ragged"] == 5
+    assert calls["blocks_ragged"] == 4 and one_calls == [1, 3]
     for got, want in zip(stacked, per_op, strict=True):
         assert torch.equal(got, want)
 

@@ -474,22 +474,26 @@ class ForwardCall:
         self.hidden, self.vocab = embed.shape[1], head.out_features
         self._model = (embed.data_ptr(), self.hidden, stack.n, stack.norms, stack.eps, stack.linears, n_heads,
                        n_kv_heads, head_dim)
-        self._cache = (k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len, half_cache(k_cache))
+        self._keys, self._values = k_cache.data_ptr(), v_cache.data_ptr()
+        self._row_bytes = k_cache.stride(1) * k_cache.element_size()
+        self._cache = (k_cache.stride(0), max_len, half_cache(k_cache))
         self._head = (final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), embed.shape[0])
 
     def __call__(self, tokens: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor],
-                 rows: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """Feed ``tokens`` (``[m]`` int64, contiguous) at positions and cache slots ``start ..
-        start + m - 1``, causally after the cache; ``rope``: their cos and signed sin rows
-        (``[m, D]`` each, contiguous). Returns the final hidden states ``[m, H]`` (before the
-        norm) and the logits of the last ``rows`` tokens (None for 0); None, with nothing
-        written, where a token is not a row of the embedding."""
+                 rows: int, cache_row: int = 0) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Feed ``tokens`` (``[m]`` int64, contiguous) at positions and slots ``start .. start
+        + m - 1`` of cache row ``cache_row``, causally after what it holds; ``rope``: their cos
+        and signed sin rows (``[m, D]`` each, contiguous). Returns the final hidden states
+        ``[m, H]`` (before the norm) and the logits of the last ``rows`` tokens (None for 0);
+        None, with nothing written, where a token is not a row of the embedding."""
         m = tokens.numel()
         x = torch.empty(m, self.hidden, dtype=torch.float32)
         logits = torch.empty(rows, self.vocab, dtype=torch.float32) if rows else None
-        status = library().qd_forward(*self._model, rope[0].data_ptr(), rope[1].data_ptr(), *self._cache, start,
-                                      *self._head, tokens.data_ptr(), m, x.data_ptr(), rows,
-                                      None if logits is None else logits.data_ptr(), torch.get_num_threads())
+        offset = cache_row * self._row_bytes
+        status = library().qd_forward(*self._model, rope[0].data_ptr(), rope[1].data_ptr(), self._keys + offset,
+                                      self._values + offset, *self._cache, start, *self._head, tokens.data_ptr(), m,
+                                      x.data_ptr(), rows, None if logits is None else logits.data_ptr(),
+                                      torch.get_num_threads())
         return None if status else (x, logits)
 
 

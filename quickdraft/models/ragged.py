@@ -20,6 +20,7 @@ identical per-row arithmetic, so:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -71,9 +72,38 @@ def ragged_forward_keeping(model: Transformer, cache: KVCache, feeds: Sequence[F
     return _ragged(model, cache, feeds, keep=tuple(layers))
 
 
+#: KVCache -> the model's one-call pass over it (``Transformer.forward_call``), or None where
+#: it cannot run: set up at a cache's first lone-row pass (the check walks every layer).
+_ONE_CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _lone_row(model: Transformer, cache: KVCache, feed: Feed, keep: tuple[int, ...]):
+    """A pass of one row as one C call (what the batched engine's steps are while one row
+    is active, and what a lone generation's are): the same logits, states and cache bit for
+    bit as the ragged pass (each row of which runs the same kernels in the same order), or
+    None where the call cannot run (nothing fed)."""
+    if cache not in _ONE_CALLS:
+        _ONE_CALLS[cache] = model.forward_call(cache)
+    call = _ONE_CALLS[cache]
+    if call is None or any(layer != model.config.n_layers for layer in keep):
+        return None
+    tokens = feed.tokens if feed.tokens.dtype == torch.long else feed.tokens.to(torch.long)
+    cos, sin = model._rope(feed.start, tokens.numel())
+    out = call(tokens.contiguous(), feed.start, (cos[0, 0], sin[0, 0]), feed.logits, feed.cache_row)
+    if out is None:  # a token the embedding lacks: the ragged pass raises the error
+        return None
+    return [out[1]], [{layer: out[0] for layer in keep}]
+
+
 def _ragged(model: Transformer, cache: KVCache, feeds: Sequence[Feed], layers: tuple[int, int] | None = None,
             head: ExitHead | None = None, head_cache: KVCache | None = None, keep: tuple[int, ...] = ()):
     invariant = invariant_rows(model)
+    if (len(feeds) == 1 and layers is None and head is None and feeds[0].tokens.device.type == "cpu"
+            and canonical_rows(feeds[0].tokens.numel(), invariant) == feeds[0].tokens.numel()
+            and canonical_rows(feeds[0].logits, invariant) == feeds[0].logits):
+        out = _lone_row(model, cache, feeds[0], keep)
+        if out is not None:
+            return out
     ragged, total = [], 0
     for f in feeds:
         ragged.append(RaggedRow(f.cache_row, f.start, f.tokens.numel(), total))
