@@ -425,6 +425,9 @@ def test_a_ragged_pass_in_one_call_is_the_per_op_row_loop_bit_for_bit(quantize, 
     monkeypatch.setattr(type(model), "block_stack", lambda self, start, stop: None)
     per_op = run()
     assert calls["blocks_ragged"] == 4 and one_calls == [1, 3]
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="exceeds the KV cache"):  # a lone row past its cache: the same error
+        ragged_forward(model, model.new_cache(2, 8), [Feed(1, 6, torch.tensor([1, 2, 3]), 1)])
     for got, want in zip(stacked, per_op, strict=True):
         assert torch.equal(got, want)
 

@@ -85,7 +85,8 @@ def _lone_row(model: Transformer, cache: KVCache, feed: Feed, keep: tuple[int, .
     if cache not in _ONE_CALLS:
         _ONE_CALLS[cache] = model.forward_call(cache)
     call = _ONE_CALLS[cache]
-    if call is None or any(layer != model.config.n_layers for layer in keep):
+    if (call is None or any(layer != model.config.n_layers for layer in keep)
+            or feed.start + feed.tokens.numel() > cache.max_len):  # (the ragged pass raises the error)
         return None
     tokens = feed.tokens if feed.tokens.dtype == torch.long else feed.tokens.to(torch.long)
     cos, sin = model._rope(feed.start, tokens.numel())
