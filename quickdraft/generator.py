@@ -80,9 +80,11 @@ class SpeculativeGenerator:
     >>> out.text, out.stats.mean_accepted_tokens
 
     ``num_speculative_tokens`` is the default draft length of :meth:`generate` and
-    :meth:`stream` (4 unless set; :meth:`tune_num_speculative_tokens` sets it to the cost
-    model's choice for this pair and machine, 0 when the draft is predicted to slow
-    decoding down: 0 decodes plainly, without the drafter).
+    :meth:`stream`. Unless given (here or by setting the attribute), the first generation
+    settles it with :meth:`resolve_k`: the cost model's choice for this pair and machine
+    where the method has one (measured once, a few seconds, then cached; 0 when the draft
+    is predicted to slow decoding down: 0 decodes plainly, without the drafter), else the
+    method's own k (4 for a plain draft chain without a measurable draft).
     """
 
     def __init__(
@@ -90,14 +92,19 @@ class SpeculativeGenerator:
         target: CausalLM,
         tokenizer,
         drafter: Drafter | None = None,
-        num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
+        num_speculative_tokens: int | None = None,
         acceptance: str = "mss",
+        log: Callable[[str], None] | None = None,
     ) -> None:
         self.target = target
         self.tokenizer = tokenizer
         self.drafter = drafter or NoDrafter()
         self.eos_token_ids = eos_token_ids(target, tokenizer)
-        self.num_speculative_tokens = num_speculative_tokens
+        # k until settled (given, set, or resolve_k on the first generation)
+        self._k = DEFAULT_NUM_SPECULATIVE_TOKENS if num_speculative_tokens is None else num_speculative_tokens
+        self._k_settled = num_speculative_tokens is not None
+        self.log = log  # hears of a cost-model measurement before it runs (resolve_k on the first generation)
+        self._remeasure = False  # whether that resolve_k measures again (from_pretrained's remeasure)
         self.acceptance = acceptance  # the sampling rule: mss, or spectr for multi-draft
         self.plan: MethodPlan | None = None  # the resolved method, when built by for_pair
         self.draft: CausalLM | None = None  # the draft model given to for_pair, if any
@@ -111,6 +118,15 @@ class SpeculativeGenerator:
         #: Run the target's chain passes at a fixed width (``capture=True`` in from_pretrained):
         #: captured as CUDA graphs on a GPU, eager at static shapes on the CPU.
         self.capture = False
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Draft tokens a step proposes when a call does not say (0: plain decoding)."""
+        return self._k
+
+    @num_speculative_tokens.setter
+    def num_speculative_tokens(self, k: int) -> None:
+        self._k, self._k_settled = k, True
 
     @classmethod
     def from_pretrained(
@@ -195,13 +211,14 @@ class SpeculativeGenerator:
         k the method itself fixes, if any, set."""
         options = DraftOptions() if options is None else options
         plan = resolve_method(target, draft, tokenizer, method, options, remeasure=remeasure, log=log, kind=kind)
-        gen = cls(target, tokenizer, plan.drafter(draft, target), acceptance=acceptance)
+        gen = cls(target, tokenizer, plan.drafter(draft, target), acceptance=acceptance, log=log)
         gen.plan, gen.method_choice, gen.draft = plan, plan.choice, draft
+        gen._remeasure = remeasure
         if method == "auto":
             gen._auto = (options, remeasure)
         fixed = (plan.k, "auto") if plan.k is not None else gen._method_k()
-        if fixed is not None:
-            gen.num_speculative_tokens = fixed[0]
+        if fixed is not None:  # the method's k until resolve_k settles it (it may measure better)
+            gen._k = fixed[0]
         return gen
 
     def for_chats(self, log: Callable[[str], None] | None = None) -> SpeculativeGenerator:
@@ -314,6 +331,8 @@ class SpeculativeGenerator:
     def _decode(self, ids, max_new_tokens, temperature, top_k, top_p, seed, num_speculative_tokens,
                 stop, sampling, stats, stop_ids: Sequence[int] = ()) -> Iterator[Step]:
         params = sampling_params(temperature, top_k, top_p, seed, sampling)
+        if num_speculative_tokens is None and not self._k_settled:
+            self.resolve_k(remeasure=self._remeasure, log=self.log)  # once: cached on disk, then here
         k = self.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
         # stop_ids end it as EOS does: not part of the output
         conditions = StopConditions(max_new_tokens, [*self.eos_token_ids, *stop_ids], stop_strings(stop),
@@ -367,8 +386,10 @@ class SpeculativeGenerator:
             seed: seed of the sampling generator (None: a random seed). The same seed and
                 settings give the same output.
             num_speculative_tokens: draft tokens proposed per step (k); None uses
-                ``self.num_speculative_tokens``, 0 decodes without the drafter. Only speed
-                depends on it, never the output.
+                ``self.num_speculative_tokens`` (settled by :meth:`resolve_k` on the first
+                generation unless set: a cost-model measurement of a few seconds, once per
+                machine), 0 decodes without the drafter. Only speed depends on it, never
+                the output.
             stop: a stop string or several; generation ends at the first one, which is cut
                 from ``text`` (its tokens stay in ``token_ids``).
             truncate_prompt: drop the beginning of a prompt too long for the context
@@ -462,8 +483,8 @@ class SpeculativeGenerator:
         missing or with ``remeasure``; 0 = plain decoding when the draft is predicted to
         lose; ``log`` gets its summary line); for early exit and EAGLE's default CPU chain
         (checked before its own depth), the cost model's k for the target, its head and the
-        machine (likewise); otherwise the method's default. (The API's generate uses
-        ``num_speculative_tokens`` as it stands: the method's default until this is called.)"""
+        machine (likewise); otherwise the method's default. The first :meth:`generate`,
+        :meth:`stream` or :meth:`steps` without a k calls it when k is not settled yet."""
         if isinstance(self.drafter, NoDrafter):
             return None, None
         if requested is not None:

@@ -118,13 +118,37 @@ def test_stream_raises_for_a_prompt_that_does_not_fit(gen):
 
 
 def test_default_k_is_the_generators_and_tuning_sets_it(gen, private_cache_dir):
-    assert gen.num_speculative_tokens == 4
     choice = gen.tune_num_speculative_tokens()
     # k = 0 (no draft) when the tiny pair is predicted slower than plain decoding.
     assert gen.num_speculative_tokens == choice.k and 0 <= choice.k <= 8 and 1 <= choice.best_k <= 8
     assert choice.path is not None and choice.path.is_relative_to(private_cache_dir)
     again = gen.tune_num_speculative_tokens()
     assert not again.measured and again.k == choice.k
+
+
+def test_the_first_generation_settles_k_with_the_cost_model(tiny_family, private_cache_dir):
+    """An API user who never calls resolve_k() decodes with the cost model's k, not the
+    method's default (EAGLE on SmolLM2: a chain of 6, slower than plain decoding); a k the
+    user gave, to the constructor, the attribute or a call, is never replaced."""
+    from quickdraft.policy.autok import cached_k
+
+    heard = []
+    gen = SpeculativeGenerator.from_pretrained(tiny_family["target"], tiny_family["unrelated"], log=heard.append)
+    assert gen.num_speculative_tokens == 4  # the default until settled
+    gen.generate("def f(x):", max_new_tokens=4)
+    choice = cached_k(gen.target, gen.drafter.model, gen.tokenizer)
+    assert not choice.measured  # the first generation measured it (and cached it)
+    assert gen.num_speculative_tokens == choice.k and heard  # and its summary line
+    gen.num_speculative_tokens = 7  # set by the user: kept
+    gen.generate("def f(x):", max_new_tokens=4)
+    assert gen.num_speculative_tokens == 7
+
+    given = SpeculativeGenerator(gen.target, gen.tokenizer, gen.drafter, num_speculative_tokens=3)
+    given.generate("def f(x):", max_new_tokens=4)
+    assert given.num_speculative_tokens == 3
+    called = SpeculativeGenerator.from_pretrained(tiny_family["target"], tiny_family["unrelated"])
+    out = called.generate("def f(x):", max_new_tokens=4, num_speculative_tokens=2)
+    assert called.num_speculative_tokens == 4 and out.stats.drafted_tokens <= 2 * out.stats.target_forward_passes
 
 
 # --- reported figures (issue 8, point 4) -----------------------------------------------------
