@@ -90,6 +90,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         file = packaged_file(p)
         where = file if file is not None else f"not installed: `{p.install_command}` (~{p.download_mb} MB)"
         pair = f", draft: {p.shipped_draft}" if p.shipped_draft else ""
+        pair += f", method: {p.method}" if p.method != "draft" else ""
         print(f"{p.name:<22} {'target':<7} {p.params / 1e6:6.1f}M params, GGUF from {p.requirement}{pair}\n"
               f"{'':<22} {where}")
     return 0
@@ -163,7 +164,10 @@ def choose_k(args: argparse.Namespace, gen) -> tuple[int | None, str | None]:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
+    from .models.registry import default_method
     from .quiet import quiet_transformers
+
+    args.method = args.method or default_method(args.model, args.draft)
 
     if args.prompts_file is not None:
         if args.system is not None:
@@ -472,8 +476,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     gen.add_argument("--draft", "--drafter", help="draft model with the target's tokenizer (default: the target's "
                      "paired draft); for --method early-exit an exit head directory (quickdraft train exit-head) "
                      "or 'shared' (the target's own final norm + LM head)")
-    gen.add_argument("--method", choices=list(METHODS), default="draft",
-                     help="; ".join(f"{name} = {spec.summary}" for name, spec in METHODS.items()))
+    gen.add_argument("--method", choices=list(METHODS), default=None,
+                     help="; ".join(f"{name} = {spec.summary}" for name, spec in METHODS.items())
+                     + " (default: draft; for a model that names its own, as smollm2-135m does with auto, "
+                     "that one unless --draft is given)")
     add_method_options(gen)
     gen.add_argument("--show-tree", action="store_true",
                      help="draw the first step's proposal tree with the accepted nodes marked (stderr)")

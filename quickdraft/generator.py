@@ -133,7 +133,7 @@ class SpeculativeGenerator:
         cls,
         model: str | Path | None = None,
         draft: str | Path | None = None,
-        method: str = "draft",
+        method: str | None = None,
         backend: str = "auto",
         options: DraftOptions | None = None,
         acceptance: str = "mss",
@@ -151,7 +151,8 @@ class SpeculativeGenerator:
         paired draft); for ``early-exit``, ``draft`` is an exit head directory or ``"shared"``
         (default: the head shipped for the target, if any). ``options`` shape the method
         (tree, number of drafts, n-gram sizes, exit layer; None: the defaults); ``acceptance`` is the sampling
-        rule (mss, or spectr for multi-draft).
+        rule (mss, or spectr for multi-draft). ``method`` None: ``"draft"``, or the method a
+        packaged model names for itself when no ``draft`` is given (smollm2-135m: ``"auto"``).
 
         ``method="auto"`` lets the cost model pick the method, k and tree shape for this
         pair and machine (measured once, a few seconds, then cached; ``remeasure`` measures
@@ -171,8 +172,10 @@ class SpeculativeGenerator:
         (``models/static_step.py``), captured with ``torch.compile(mode="reduce-overhead")``
         on CUDA (falling back to eager where that fails); native runtime only."""
         from .models.placement import resolve_placement
+        from .models.registry import default_method
         from .pair import load_pair
 
+        method = method or default_method(model, draft)
         if method not in METHODS:
             raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
         options = DraftOptions() if options is None else options

@@ -55,6 +55,20 @@ def test_name_resolves_to_the_gguf_in_the_package(installed, capsys):
     assert json.loads(capsys.readouterr().out)["settings"]["model"] == str(installed)
 
 
+def test_a_packaged_model_names_the_method_it_decodes_with_by_default(installed, capsys):
+    """SmolLM2's own draft is weak, its drafters win on different text: with no --method it
+    decodes with auto, named or by its file, unless a draft is given."""
+    assert registry.default_method(NAME) == registry.default_method(installed) == "auto"
+    assert registry.default_method(NAME, "some/draft") == "draft"
+    assert registry.default_method(None) == registry.default_method("qd-stdlib-target") == "draft"
+    assert registry.default_method(installed.with_name("other.gguf")) == "draft"
+    assert main(["models", "--json"]) == 0
+    entry = next(m for m in json.loads(capsys.readouterr().out) if m["name"] == NAME)
+    assert entry["method"] == "auto"
+    assert main(["models"]) == 0
+    assert "method: auto" in capsys.readouterr().out
+
+
 def test_missing_package_names_the_install_command(not_installed, capsys):
     with pytest.raises(CheckpointError, match=f"quickdraft models install {NAME}"):
         resolve_model_dir(NAME)

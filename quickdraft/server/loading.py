@@ -97,12 +97,14 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
 
     from .. import __version__
     from ..generator import SpeculativeGenerator
+    from ..models.registry import default_method
     from ..quiet import quiet_transformers
     from .app import ServerState
     from .auth import guard_settings
     from .metrics import ServerMetrics
     from .scheduler import Scheduler
 
+    args.method = args.method or default_method(args.model, args.draft)
     if getattr(args, "auto_for", None) is not None and args.method != "auto":
         raise CliError("--auto-for goes with --method auto")  # before anything loads
     if args.threads:
