@@ -185,12 +185,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                                    remeasure=args.remeasure, log=notice,
                                                    draft_vocab=args.draft_vocab, device=args.device,
                                                    dtype=args.dtype, capture=args.capture,
-                                                   quantize=args.quantize, kv_cache=args.kv_cache)
+                                                   quantize=args.quantize, kv_cache=args.kv_cache,
+                                                   kind="completion" if messages is None else "chat")
     # a bad prompt, or a chat with a model without a chat template, fails first
     gen.encode_prompt(prompt if messages is None else gen.chat_ids(messages), args.truncate_prompt,
                       room=args.max_new_tokens)
     if messages is not None:  # --method auto: its choice for chats (measured on chats, once)
-        gen = gen.for_chats(log=notice)
+        gen = gen.for_chats(log=notice)  # (itself: built for chats)
     k, k_source = choose_k(args, gen)
     if args.show_tree:
         from .show_tree import TreeRecorder

@@ -145,6 +145,7 @@ class SpeculativeGenerator:
         quantize: str | None = None,
         capture: bool = False,
         kv_cache: str | None = None,
+        kind: str = "completion",
     ) -> SpeculativeGenerator:
         """Load a target (default: the embedded default) and, for the methods that need one
         (draft, tree, multi-draft, hybrid, auto), a draft (default: the embedded target's
@@ -157,7 +158,8 @@ class SpeculativeGenerator:
         ``method="auto"`` lets the cost model pick the method, k and tree shape for this
         pair and machine (measured once, a few seconds, then cached; ``remeasure`` measures
         again, ``log`` gets a line before a measurement); the choice is in
-        :attr:`method_choice`. ``draft_vocab``: how many of its most frequent tokens the
+        :attr:`method_choice`; ``kind="chat"`` measures it on chats only (a generator for
+        chats alone: :meth:`for_chats` is itself). ``draft_vocab``: how many of its most frequent tokens the
         draft model, EAGLE drafter, prophet or exit head scores (None: its ``draft_vocab.json``
         default, 0: all; output is the same either way).
 
@@ -187,7 +189,7 @@ class SpeculativeGenerator:
         pair = load_pair(model, draft, need_draft=method in NEEDS_DRAFT, backend=backend, draft_vocab=draft_vocab,
                          method=method, placement=placement)
         gen = cls.for_pair(pair.target, pair.draft, pair.tokenizer, method, options, acceptance,
-                           remeasure=remeasure, log=log)
+                           remeasure=remeasure, log=log, kind=kind)
         if capture and not hasattr(gen.target, "use_static_step"):
             raise ValueError("capture needs the native runtime for the target (drop --backend hf)")
         gen.capture = capture
@@ -213,12 +215,16 @@ class SpeculativeGenerator:
         the requests ``auto`` chooses for, completions or chats), the drafter built, and the
         k the method itself fixes, if any, set."""
         options = DraftOptions() if options is None else options
+        if kind == "chat" and not has_chat_template(tokenizer):  # no chats to measure: chat_ids says why
+            kind = "completion"
         plan = resolve_method(target, draft, tokenizer, method, options, remeasure=remeasure, log=log, kind=kind)
         gen = cls(target, tokenizer, plan.drafter(draft, target), acceptance=acceptance, log=log)
         gen.plan, gen.method_choice, gen.draft = plan, plan.choice, draft
         gen._remeasure = remeasure
         if method == "auto":
             gen._auto = (options, remeasure)
+            if kind == "chat":  # chosen for chats already
+                gen._for_chats = gen
         fixed = (plan.k, "auto") if plan.k is not None else gen._method_k()
         if fixed is not None:  # the method's k until resolve_k settles it (it may measure better)
             gen._k = fixed[0]

@@ -256,3 +256,12 @@ def test_auto_gives_chats_their_own_choice(chatml, plain, tmp_path, monkeypatch,
                              str(BUDGET), "--json")
     assert code == 0 and json.loads(out)["token_ids"] == want
     assert "for chats" in err and "measuring" not in err  # cached above
+    # A generator built for chats measures chats alone (a chat from the CLI: one measurement)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh"))
+    code, out, err = run_cli("--model", str(chatml), "--draft", str(chatml), "--method", "auto", "--system",
+                             MESSAGES[0]["content"], "--chat", MESSAGES[1]["content"], "--max-new-tokens",
+                             str(BUDGET), "--json")
+    assert code == 0 and json.loads(out)["token_ids"] == want
+    assert err.count("measuring which method") == 1 and "for chats, once" in err
+    only = SpeculativeGenerator.from_pretrained(chatml, chatml, method="auto", kind="chat")
+    assert only.method_choice.kind == "chat" and only.for_chats() is only and not only.method_choice.measured

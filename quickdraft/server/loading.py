@@ -125,6 +125,7 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
             dtype=getattr(args, "dtype", None),
             quantize=getattr(args, "quantize", None),
             kv_cache=getattr(args, "kv_cache", None),
+            kind=getattr(args, "auto_for", None) or "completion",
         )
     gen = auto_for(args, gen, log)
     k, k_source = choose_k(args, gen)
