@@ -58,7 +58,8 @@ def test_auto_weighs_the_head_methods_beside_the_draft_methods(tmp_path, monkeyp
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     gen = SpeculativeGenerator.from_pretrained(method="draft")
     choice = choose_method(gen.target, gen.draft, gen.tokenizer, prompts=PROMPTS[:1], new_tokens=24, max_k=4)
-    for label in ("medusa k=4", "prophet k=4", "eagle k=6", "eagle k=1 tree=1", "hybrid-eagle k=6 tree=1,1",
+    for label in ("medusa k=4", "prophet k=4", "eagle k=6", "eagle k=1 tree=1", "eagle k=2 tree=1,1",
+                  "eagle k=3 tree=1,1,1", "hybrid-eagle k=6 tree=1,1",
                   "draft k=4", "tree 2,1"):
         assert label in choice.table
     assert choice.predicted == max(s for s, _ in choice.table.values())

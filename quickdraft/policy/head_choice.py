@@ -39,12 +39,15 @@ HEAD_KS = {method: (k,) for method, k in HEAD_BATCH_K.items()}
 #: Further shapes auto weighs, as (k, tree): EAGLE one token ahead (a chain of 1). Where a
 #: verify pass costs nearly k + 1 steps (SmolLM2's compute-bound int4 products on a 2-core
 #: AVX2 CPU) only that pays: 1.14x / 1.31x over plain decoding on chat / code, where the
-#: default dynamic tree ran at 0.5x (docs/llama_cpp.md). And a chain of 5, whose levels
-#: cost no mask or full-vocabulary scores (drafters/eagle.py): beside the embedded target
-#: 1.80x plain decoding where the dynamic tree of 8 made 1.02x (one bench run).
+#: default dynamic tree ran at 0.5x (docs/llama_cpp.md). Chains of 2 and 3, where a pass of
+#: 3-4 tokens costs little more than one (SmolLM2's int4 blocks on AVX-512 VNNI: on the
+#: bench's chat prompts, in one process, chains of 1 / 2 / 3 / 5 made 1.21 / 1.32 / 1.23 /
+#: 1.16x plain decoding, and auto, weighing 1 and 5 only, chose 5). And a chain of 5, whose
+#: levels cost no mask or full-vocabulary scores (drafters/eagle.py): beside the embedded
+#: target 1.80x plain decoding where the dynamic tree of 8 made 1.02x (one bench run).
 HEAD_SHAPES: dict[str, tuple[tuple[int, tuple[int, ...]], ...]] = {
     method: tuple((k, ()) for k in ks) for method, ks in HEAD_KS.items()}
-HEAD_SHAPES["eagle"] += ((1, (1,)), (5, (1, 1, 1, 1, 1)))
+HEAD_SHAPES["eagle"] += tuple((k, (1,) * k) for k in (1, 2, 3, 5))
 #: Prompt lookup, else the EAGLE drafter's chain, at its defaults: SmolLM2's code prompts
 #: 2.07-2.17x plain decoding where the n-gram alone made 1.74-1.84x (docs/smollm2/bench.md,
 #: "Session 37").

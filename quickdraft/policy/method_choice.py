@@ -86,7 +86,7 @@ def calibration_ids(tokenizer, kind: str = "completion") -> list[list[int]]:
     if kind == "chat":
         return [chat_prompt_ids(tokenizer, [{"role": "user", "content": text}]) for text in CHAT_CALIBRATION]
     return [tokenizer(text, verbose=False)["input_ids"] for text in CALIBRATION_PROMPTS]
-CACHE_VERSION = 14  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
+CACHE_VERSION = 15  # 2: verify passes no longer padded to the drafter's width; 3: keyed by policy.cache;
 #                   4: no token trees for a transformers-backend pair; 5: shipped head methods weighed;
 #                   6: EAGLE one token ahead weighed too (HEAD_SHAPES); 7: an int8 EAGLE
 #                   drafter, its chains without tree masks, and its chain of 5 weighed;
@@ -95,7 +95,8 @@ CACHE_VERSION = 14  # 2: verify passes no longer padded to the drafter's width; 
 #                   11: hybrid-eagle weighed beside a shipped EAGLE drafter;
 #                   12: n-gram and head methods priced with draft-free step costs;
 #                   13: n-gram and hybrid search the target's shipped datastore,
-#                   hybrid-eagle's n-gram matches 3+ tokens; 14: t_ar a plain greedy chain's token
+#                   hybrid-eagle's n-gram matches 3+ tokens; 14: t_ar a plain greedy chain's token;
+#                   15: EAGLE chains of 2 and 3 weighed too
 
 
 @dataclass(frozen=True)
