@@ -164,10 +164,9 @@ def choose_k(args: argparse.Namespace, gen) -> tuple[int | None, str | None]:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .generator import SpeculativeGenerator
-    from .models.registry import default_method
     from .quiet import quiet_transformers
 
-    args.method = args.method or default_method(args.model, args.draft)
+    set_default_method(args)
 
     if args.prompts_file is not None:
         if args.system is not None:
@@ -324,16 +323,29 @@ def show_tree(gen) -> int:
     return 0
 
 
+def set_default_method(args: argparse.Namespace) -> None:
+    """``--method`` when not given: the model's own (``registry.default_method``), noted in
+    ``args.method_named`` as an error about it should put it ("auto, smollm2-135m's default")."""
+    from .models.registry import DEFAULT_METHOD, default_method
+
+    args.method_named = f"--method {args.method}" if args.method else None
+    if args.method is None:
+        args.method = default_method(args.model, args.draft)
+        whose = "the default" if args.method == DEFAULT_METHOD else f"{args.model}'s default"
+        args.method_named = f"--method {args.method} ({whose}; name another)"
+
+
 def draft_options(args: argparse.Namespace):
     """The method settings of ``generate`` (and bench) flags; checks them before loading."""
     from .drafters import DraftOptions
     from .drafters.factory import CHAIN_METHODS, DATASTORE_METHODS
 
+    named = getattr(args, "method_named", None) or f"--method {args.method}"
     if args.datastore is not None and args.method not in DATASTORE_METHODS:
-        raise CliError(f"--datastore is searched by {', '.join(DATASTORE_METHODS)}'s prompt lookup; --method "
-                       f"{args.method} has none (drop --datastore)")
+        raise CliError(f"--datastore is searched by {', '.join(DATASTORE_METHODS)}'s prompt lookup; "
+                       f"{named} has none (drop --datastore)")
     if args.draft_stop != "fixed" and args.method not in CHAIN_METHODS:
-        raise CliError(f"--draft-stop {args.draft_stop} stops chains; --method {args.method} does not draft one "
+        raise CliError(f"--draft-stop {args.draft_stop} stops chains; {named} does not draft one "
                        f"(use it with {', '.join(CHAIN_METHODS)})")
     try:
         return DraftOptions(args.tree, args.tree_children, args.num_drafts, args.ngram_max, args.ngram_min,

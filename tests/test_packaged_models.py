@@ -67,6 +67,12 @@ def test_a_packaged_model_names_the_method_it_decodes_with_by_default(installed,
     assert entry["method"] == "auto"
     assert main(["models"]) == 0
     assert "method: auto" in capsys.readouterr().out
+    # a flag the default method cannot use names the default it was checked against
+    assert main(["generate", "--model", NAME, "--prompt", "x", "--draft-stop", "dv"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and f"--method auto ({NAME}'s default; name another) does not draft one" in err
+    assert main(["generate", "--prompt", "x", "--datastore", "none"]) == 2
+    assert "--method draft (the default; name another) has none" in capsys.readouterr().err
 
 
 def test_missing_package_names_the_install_command(not_installed, capsys):

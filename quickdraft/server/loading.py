@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..cli import CliError, choose_k, draft_options, notice
+from ..cli import CliError, choose_k, draft_options, notice, set_default_method
 
 if TYPE_CHECKING:  # imported when a server loads, not when the CLI parses its options
     from .app import ServerState
@@ -97,14 +97,13 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
 
     from .. import __version__
     from ..generator import SpeculativeGenerator
-    from ..models.registry import default_method
     from ..quiet import quiet_transformers
     from .app import ServerState
     from .auth import guard_settings
     from .metrics import ServerMetrics
     from .scheduler import Scheduler
 
-    args.method = args.method or default_method(args.model, args.draft)
+    set_default_method(args)
     if getattr(args, "auto_for", None) is not None and args.method != "auto":
         raise CliError("--auto-for goes with --method auto")  # before anything loads
     if args.threads:
