@@ -78,3 +78,27 @@ def test_chat_prompts_need_a_template(tmp_path):
     config = BenchConfig(model=str(bare), methods=("ar",), max_new_tokens=4, repeats=1, sweep=())
     with pytest.raises(BenchError, match="chat prompt chat-code-1: model bare has no chat template"):
         run_benchmark(load_context(config), select(builtin_prompts(("chat",)), None, 1), config)
+
+
+def test_the_auto_row_decodes_chat_prompts_with_the_choice_for_chats():
+    """Auto's row runs each prompt as users get it: a chat prompt (an id in
+    ``ctx.chat_prompts``, warm-up included) with the choice measured on chats, others with
+    the choice for completions (here: plain decoding and the draft, real rows both)."""
+    from quickdraft.bench.methods import EngineMethod
+    from quickdraft.bench.registry import AutoMethod
+    from quickdraft.decoding.sampling import SamplingParams
+    from quickdraft.drafters import DraftModelDrafter
+
+    ctx = load_context(BenchConfig(methods=("ar", "draft"), sweep=()))
+    ctx.chat_prompts = {"chat-1"}
+    completion = EngineMethod("auto", None, None, settings={"chose": "ar"})
+    chat = EngineMethod("auto", lambda c: DraftModelDrafter(c.draft, c.target.vocab_size), 4,
+                        settings={"chose": "draft k=4"})
+    row = AutoMethod(completion, chat)
+    assert row.settings == {"chose": "ar", "chats": "draft k=4"} and row.k == 4 and row.speculative
+    ids = ctx.tokenizer("def add(a, b):", return_tensors="pt")["input_ids"][0]
+    runs = {key: row.run(ctx, ids, 12, SamplingParams(), key) for key in ("chat-1", "warm-up:chat-1", "code-1")}
+    assert runs["chat-1"].stats.drafted_tokens > 0 and runs["warm-up:chat-1"].stats.drafted_tokens > 0
+    assert runs["code-1"].stats.drafted_tokens == 0
+    assert runs["chat-1"].tokens == runs["code-1"].tokens  # lossless either way
+    assert AutoMethod(completion, None).settings == {"chose": "ar"}

@@ -73,6 +73,10 @@ def test_a_packaged_model_names_the_method_it_decodes_with_by_default(installed,
     assert "\n" not in err and f"--method auto ({NAME}'s default; name another) does not draft one" in err
     assert main(["generate", "--prompt", "x", "--datastore", "none"]) == 2
     assert "--method draft (the default; name another) has none" in capsys.readouterr().err
+    from quickdraft.bench.cli import default_methods
+
+    assert default_methods(NAME, None) == ("ar", "auto", "draft", "hf-ar", "hf-assisted")
+    assert default_methods(NAME, "d") is None and default_methods(None, None) is None
 
 
 def test_missing_package_names_the_install_command(not_installed, capsys):

@@ -45,7 +45,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=BACKENDS,
                    help="model runtime, as for generate: native, hf (transformers) or auto = native "
                         f"when it supports the checkpoint, else transformers (default {BenchConfig.backend})")
-    p.add_argument("--methods", help=f"comma-separated methods (default: {','.join(DEFAULT_METHODS)})")
+    p.add_argument("--methods", help=f"comma-separated methods (default: {','.join(DEFAULT_METHODS)}, and the "
+                   "method a model names for itself after ar: auto for smollm2-135m)")
     p.add_argument("--categories", metavar="NAMES",
                    help=f"comma-separated prompt categories: {', '.join(ALL_CATEGORIES)} (default: "
                         f"{','.join(CATEGORIES)}; for a packaged instruct model such as smollm2-135m: "
@@ -177,6 +178,16 @@ def run_bench(args) -> int:
         return 130
 
 
+def default_methods(model: str | None, draft: str | None) -> tuple[str, ...] | None:
+    """The rows a bench without ``--methods`` runs: :data:`DEFAULT_METHODS`, with the
+    method the model decodes with by default beside plain decoding where that is another
+    (smollm2-135m: auto); None for the config's own default."""
+    from ..models.registry import DEFAULT_METHOD, default_method
+
+    method = default_method(model, draft)
+    return None if method == DEFAULT_METHOD else tuple(dict.fromkeys(["ar", method, *DEFAULT_METHODS]))
+
+
 def _run(args, started: float) -> int:
     from .context import load_context
     from .prompts import builtin_prompts, load_prompts, parse_categories, select
@@ -185,6 +196,8 @@ def _run(args, started: float) -> int:
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip()) if args.methods is not None else None
     if methods == ():
         raise BenchError("--methods is empty")
+    if methods is None and getattr(args, "batch_size", None) is None:
+        methods = default_methods(args.model, args.draft)
     baseline = getattr(args, "baseline", None)
     llama_dir = None
     if baseline:

@@ -34,6 +34,7 @@ class BenchContext:
         # seconds of each prompt's prefill, per transformers row (see HFMethod)
         self.prefill_timings: dict[tuple, list[float]] = {}
         self.llama_cpp = None  # the llama.cpp rows' binaries and GGUF files (llama_cpp.setup)
+        self.chat_prompts: set[str] = set()  # ids of the run's chat prompts (auto's row decodes them as chats)
 
     def hf_model(self, which: str):
         """The transformers model ("target" or "draft") loaded from the same directory, on

@@ -249,14 +249,38 @@ register_method("early-exit", _early_exit_rows,
                 help="the target's first L layers + an exit head (shared head and each shipped head; "
                      "with and without sharing the KV cache)")
 
+class AutoMethod(EngineMethod):
+    """``--method auto`` as users get it: the choice for completions, and for the run's chat
+    prompts (``ctx.chat_prompts``) the choice measured on chats, as ``generate --chat`` and
+    the server's ``--auto-for chat`` decode them."""
+
+    def __init__(self, completion: EngineMethod, chat: EngineMethod | None) -> None:
+        settings = dict(completion.settings)
+        if chat is not None:
+            settings["chats"] = chat.settings["chose"]
+        super().__init__("auto", None, max(completion.k or 0, chat.k or 0 if chat else 0) or None, settings)
+        self.speculative = completion.speculative or (chat is not None and chat.speculative)
+        self.completion, self.chat = completion, chat
+
+    def run(self, ctx, prompt, max_new_tokens, params, prompt_key=""):
+        chat = self.chat is not None and prompt_key.removeprefix("warm-up:") in ctx.chat_prompts
+        return (self.chat if chat else self.completion).run(ctx, prompt, max_new_tokens, params, prompt_key)
+
+
 def _auto_rows(ctx, config, k):
     """The method, k and tree the cost model picks for this pair and machine (cached, as
-    ``--method auto`` uses it); k here is the chosen one, not the run's."""
+    ``--method auto`` uses it), per kind of prompt where the run has chats; k here is the
+    chosen one, not the run's."""
+    from ..chat import has_chat_template
     from ..resolve import resolve_method
 
-    plan = resolve_method(ctx.target, ctx.draft, ctx.tokenizer, "auto")
-    factory = (lambda c: plan.drafter(c.draft, c.target)) if plan.method != "ar" else None
-    return [EngineMethod("auto", factory, plan.k, settings={"chose": plan.choice.label})]
+    def row(kind: str) -> EngineMethod:
+        plan = resolve_method(ctx.target, ctx.draft, ctx.tokenizer, "auto", kind=kind)
+        factory = (lambda c: plan.drafter(c.draft, c.target)) if plan.method != "ar" else None
+        return EngineMethod("auto", factory, plan.k, settings={"chose": plan.choice.label})
+
+    chats = bool(ctx.chat_prompts) and has_chat_template(ctx.tokenizer)
+    return [AutoMethod(row("completion"), row("chat") if chats else None)]
 
 
 register_method("auto", _auto_rows,

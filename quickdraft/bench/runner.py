@@ -94,6 +94,7 @@ def run_benchmark(
     room = config.max_new_tokens + max(config.k or 0, max_sweep, 8) + 2
     if any(p.is_chat for p in prompts):
         stop_at_end_of_turn(ctx)
+    ctx.chat_prompts = {p.id for p in prompts if p.is_chat}
     encoded = encode_prompts(ctx, prompts, room)
     prompt_ids = [e.ids for e in encoded]
     categories = _categories(prompts)
