@@ -274,13 +274,17 @@ int qd_avx512_supported(void) {
  * q4a8.h: layouts, rules and why) with AVX-512 VNNI: a vector is one tile's 16 weight rows,
  * 4 weights each, and one vpdpbusd adds each lane's 4 products with 4 bytes of x
  * (broadcast); 8 of them make a group's exact sum, two chains of 4 in flight. A pass takes
- * two tiles x up to Q_PAIR_ROWS rows of x (four chains per row in flight for a one-row
- * step, each broadcast of x serving 32 outputs) or one tile x up to Q_ONE_ROWS rows; the
- * first pass over tiles prefetches the tiles after them. One tile and 8 rows at 5-24 rows
- * (a verify pass: weights streamed from memory, read in one pass where 8 rows fit), two
- * tiles from 25 (a prefill or a batch: the broadcasts of x dominate). SmolLM2 and the
- * embedded target, whole passes (scripts/step_ab.py build --quantize, session 33): two
- * tiles took 1.02-1.09x the time at 5-16 rows, 0.96x at 32, 0.86-0.93x at 64-256. */
+ * one tile x up to Q_ONE_ROWS rows of x or two tiles x up to Q_PAIR_ROWS rows (each
+ * broadcast of x serving 32 outputs); the first pass over tiles prefetches the tiles after
+ * them. One tile up to 24 rows (a step or a verify pass: weights streamed from memory in
+ * one sequential stream, read in one pass where 8 rows fit), two tiles from 25 (a prefill
+ * or a batch: the broadcasts of x dominate). SmolLM2 and the embedded target, whole passes
+ * (scripts/step_ab.py build --quantize, session 33): two tiles took 1.02-1.09x the time at
+ * 5-16 rows, 0.96x at 32, 0.86-0.93x at 64-256. Up to 4 rows took two tiles too (four
+ * chains per row in flight) until session 44: since session 42's blocks put a tile's
+ * bytes in one stream, two tiles read two streams at once, and on the AMD EPYC (Zen 4)
+ * host one tile took 0.90-0.94x the time at 1-4 rows (scripts/step_ab.py build smollm2-135m
+ * --rev 90186b0 --widths 1,2,3,4,5,7: 0.935 / 0.915 / 0.915 / 0.897, 5 and 7 unchanged). */
 #if defined(__clang__)
 #pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))), apply_to = function)
 #else
@@ -306,9 +310,9 @@ static inline __m512i bytes4_x16(const uint8_t *p) {
     return _mm512_set1_epi32(word);
 }
 
-/* Whether a product of M rows takes two tiles a pass: up to 4 rows, and from 25. */
+/* Whether a product of M rows takes two tiles a pass: from 25 rows. */
 static inline int pair_tiles(int64_t M) {
-    return M <= Q_PAIR_ROWS || M > Q_ONE_MAX_ROWS;
+    return M > Q_ONE_MAX_ROWS;
 }
 
 /* Unit u of a product's tiles, `step` (1 or 2) tiles a unit: its first tile t, how many
