@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..cli import CliError, choose_k, draft_options, notice, set_default_method
+from ..cli import CliError, choose_k, draft_options, notice
 
 if TYPE_CHECKING:  # imported when a server loads, not when the CLI parses its options
     from .app import ServerState
@@ -103,7 +103,6 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
     from .metrics import ServerMetrics
     from .scheduler import Scheduler
 
-    set_default_method(args)
     if getattr(args, "auto_for", None) is not None and args.method != "auto":
         raise CliError("--auto-for goes with --method auto")  # before anything loads
     if args.threads:
