@@ -91,6 +91,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         where = file if file is not None else f"not installed: `{p.install_command}` (~{p.download_mb} MB)"
         pair = f", draft: {p.shipped_draft}" if p.shipped_draft else ""
         pair += f", method: {p.method}" if p.method != "draft" else ""
+        pair += f" (serve: {p.serve_method})" if p.serve_method != p.method else ""
         print(f"{p.name:<22} {'target':<7} {p.params / 1e6:6.1f}M params, GGUF from {p.requirement}{pair}\n"
               f"{'':<22} {where}")
     return 0
@@ -323,14 +324,15 @@ def show_tree(gen) -> int:
     return 0
 
 
-def set_default_method(args: argparse.Namespace) -> None:
-    """``--method`` when not given: the model's own (``registry.default_method``), noted in
-    ``args.method_named`` as an error about it should put it ("auto, smollm2-135m's default")."""
+def set_default_method(args: argparse.Namespace, serving: bool = False) -> None:
+    """``--method`` when not given: the model's own (``registry.default_method``; ``serving``:
+    its server's), noted in ``args.method_named`` as an error about it should put it ("auto,
+    smollm2-135m's default")."""
     from .models.registry import DEFAULT_METHOD, default_method
 
     args.method_named = f"--method {args.method}" if args.method else None
     if args.method is None:
-        args.method = default_method(args.model, args.draft)
+        args.method = default_method(args.model, args.draft, serving)
         whose = "the default" if args.method == DEFAULT_METHOD else f"{args.model}'s default"
         args.method_named = f"--method {args.method} ({whose}; name another)"
 

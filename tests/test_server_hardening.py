@@ -395,3 +395,21 @@ def test_the_k_reported_is_the_k_used(serve):
     fixed = serve()
     status, body = fixed.post("/v1/completions", completion())
     assert body["timings"]["draft_k"] == 2 and fixed.health()["num_speculative_tokens_used"] == 2
+
+
+@pytest.mark.slow  # 10-20 s: sorted first (conftest.py), never a worker's last test
+def test_batched_eagle_rows_draft_the_k_the_server_settled():
+    """A head method's batched rows have no batch policy: they drafted their fixed k (EAGLE:
+    6) whatever the cost model had settled and the banner said (SmolLM2: 2; a lone chat
+    request 157-259 tok/s against ~320 at 2)."""
+    from quickdraft.cli import build_parser
+    from quickdraft.drafters.per_row import HEAD_BATCH_K
+    from quickdraft.server.loading import load_server
+
+    loaded = load_server(build_parser().parse_args(["serve", "--method", "eagle", "--max-batch-size", "2"]))
+    engine = loaded.scheduler.engine
+    assert engine.name == "batch" and loaded.k is not None, loaded.k_source
+    assert engine.num_speculative_tokens == loaded.k == loaded.state.settings["num_speculative_tokens"]
+    assert engine.k_for(1) == engine.k_for(2) == loaded.k
+    given = load_server(build_parser().parse_args(["serve", "--method", "eagle", "-k", "3", "--max-batch-size", "2"]))
+    assert given.scheduler.engine.num_speculative_tokens == 3 != HEAD_BATCH_K["eagle"]

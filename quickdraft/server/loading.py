@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..cli import CliError, choose_k, draft_options, notice
+from ..cli import CliError, choose_k, draft_options, notice, set_default_method
+from ..drafters.per_row import HEAD_BATCH_K
 
 if TYPE_CHECKING:  # imported when a server loads, not when the CLI parses its options
     from .app import ServerState
@@ -103,6 +104,7 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
     from .metrics import ServerMetrics
     from .scheduler import Scheduler
 
+    set_default_method(args, serving=True)
     if getattr(args, "auto_for", None) is not None and args.method != "auto":
         raise CliError("--auto-for goes with --method auto")  # before anything loads
     if args.threads:
@@ -129,8 +131,11 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
     k, k_source = choose_k(args, gen)
     plan = gen.plan
     # -k and auto's k hold at every batch size; otherwise the batched engine's own policy
-    # picks k per batch size
-    fixed_k = args.num_speculative_tokens is not None or plan.choice is not None
+    # picks k per batch size. A head method's batched rows have no such policy (they drafted
+    # their fixed HEAD_BATCH_K: EAGLE chains of 6 on SmolLM2 while the cost model, and this
+    # server's banner, said 2): they draft the k settled here.
+    fixed_k = (args.num_speculative_tokens is not None or plan.choice is not None
+               or (plan.method in HEAD_BATCH_K and k is not None))
     engine = make_engine(
         args.engine,
         gen.target,
