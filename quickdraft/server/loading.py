@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..cli import CliError, choose_k, draft_options, notice, set_default_method
-from ..drafters.per_row import HEAD_BATCH_K
 
 if TYPE_CHECKING:  # imported when a server loads, not when the CLI parses its options
     from .app import ServerState
@@ -97,6 +96,7 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
     import torch
 
     from .. import __version__
+    from ..drafters.per_row import HEAD_BATCH_K
     from ..generator import SpeculativeGenerator
     from ..quiet import quiet_transformers
     from .app import ServerState
