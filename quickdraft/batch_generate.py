@@ -20,6 +20,7 @@ from .drafters.early_exit import EarlyExitDrafter
 from .drafters.factory import BATCH_METHODS, DraftOptions
 from .drafters.hybrid import HybridDrafter
 from .drafters.medusa import MedusaDrafter
+from .drafters.per_row import HEAD_BATCH_K
 from .drafters.prophet import ProphetDrafter
 from .drafters.shapes import Shape
 from .text import Generation
@@ -111,6 +112,10 @@ def generate_many(gen, requests: Sequence[Request], batch_size: int = 8,
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     method, draft, options = batch_method(gen.drafter)
+    if num_speculative_tokens is None and method in HEAD_BATCH_K:
+        # A head method's rows have no batch policy: they draft the generator's k (the cost
+        # model's, settled as for one prompt), not HEAD_BATCH_K (EAGLE: 6 where SmolLM2 pays at 2).
+        num_speculative_tokens = gen.settled_k()
     encoded = []
     for req in requests:
         stats = GenerationStats()

@@ -128,6 +128,13 @@ class SpeculativeGenerator:
     def num_speculative_tokens(self, k: int) -> None:
         self._k, self._k_settled = k, True
 
+    def settled_k(self) -> int:
+        """``num_speculative_tokens``, settled first by :meth:`resolve_k` (with
+        from_pretrained's ``log`` and ``remeasure``) if nobody gave, set or resolved it yet."""
+        if not self._k_settled:
+            self.resolve_k(remeasure=self._remeasure, log=self.log)  # once: cached on disk, then here
+        return self._k
+
     @classmethod
     def from_pretrained(
         cls,
@@ -340,9 +347,7 @@ class SpeculativeGenerator:
     def _decode(self, ids, max_new_tokens, temperature, top_k, top_p, seed, num_speculative_tokens,
                 stop, sampling, stats, stop_ids: Sequence[int] = ()) -> Iterator[Step]:
         params = sampling_params(temperature, top_k, top_p, seed, sampling)
-        if num_speculative_tokens is None and not self._k_settled:
-            self.resolve_k(remeasure=self._remeasure, log=self.log)  # once: cached on disk, then here
-        k = self.num_speculative_tokens if num_speculative_tokens is None else num_speculative_tokens
+        k = self.settled_k() if num_speculative_tokens is None else num_speculative_tokens
         # stop_ids end it as EOS does: not part of the output
         conditions = StopConditions(max_new_tokens, [*self.eos_token_ids, *stop_ids], stop_strings(stop),
                                     self.tokenizer)

@@ -53,3 +53,16 @@ def test_batched_rows_of_a_fused_eagle_drafter_read_every_layer_it_fuses(plain, 
     assert sum(o.stats.accepted_tokens for o in outs) > 0
     engine = make_batch_engine(gen.target, "eagle", None, max_batch_size=2, options=gen.plan.options)
     assert engine.reads == (2, 5, 8)
+
+
+def test_batched_head_rows_draft_the_generators_k(plain):
+    """A list of prompts through a head method drafts the generator's settled k (the cost
+    model's, as one prompt would), not the method's fixed HEAD_BATCH_K."""
+    from quickdraft.drafters.per_row import HEAD_BATCH_K
+
+    gen = SpeculativeGenerator.from_pretrained(method="eagle")
+    gen.num_speculative_tokens = 2  # as if the cost model had settled it
+    outs = gen.generate(PROMPTS, max_new_tokens=40, batch_size=len(PROMPTS))
+    assert [o.token_ids for o in outs] == plain
+    deepest = max(len(o.stats.drafted_per_position) for o in outs)
+    assert deepest == 2 < HEAD_BATCH_K["eagle"]
