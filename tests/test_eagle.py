@@ -374,6 +374,7 @@ def test_a_greedy_chain_proposes_what_the_tree_loop_proposes(monkeypatch):
     prompt = torch.tensor(pair.tokenizer("def median(values):\n")["input_ids"])
     scored = EagleHead.sub_logits
     monkeypatch.setattr(EagleHead, "greedy_chain", lambda *args, **kwargs: None)  # the chain's Python levels
+    monkeypatch.setattr(EagleDrafter, "greedy_rounds", lambda *args, **kwargs: None)  # a round at a time
     # The tree loop has no blind first round (a chain's only): both start drafting after the prefill.
     monkeypatch.setattr(EagleDrafter, "_draft_blind", lambda self, sequence, k: EMPTY)
     runs = []

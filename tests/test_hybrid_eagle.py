@@ -78,6 +78,7 @@ def record_rounds(drafter: HybridDrafter) -> list[dict]:
         return out
 
     drafter.propose, eagle.propose = by_hybrid, by_eagle
+    drafter.greedy_rounds = None  # every round through propose (several in one C call: test_spec_rounds.py)
     return rounds
 
 

@@ -44,6 +44,13 @@ class Drafter(Protocol):
     and accepted (its prefill first, then each pass's accepted tokens), taken from the
     verify pass itself: no extra target pass. The step's new token, not yet fed to the
     target, comes in the next call. Native runtime only.
+
+    Optionally (the batch-1 loop looks for it, when decoding greedily by its own rule) a
+    drafter whose greedy rounds can run several at a time in one C call has
+    ``greedy_rounds(target, sequence, length, k, remaining, context, stop_ids, chunk)``:
+    it runs them (writing the settled tokens into ``sequence``) and returns their counts
+    (``cpu_kernels.SpecRounds``), the same tokens, caches and counts as the loop's rounds
+    through ``propose``, ``verified`` and ``observe``; or None where it cannot.
     """
 
     name: str

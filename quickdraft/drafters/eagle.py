@@ -235,6 +235,28 @@ class EagleDrafter:
         self._drafted = proposal.tokens.numel()
         return proposal
 
+    def greedy_rounds(self, target: CausalLM, sequence: torch.Tensor, length: int, k: int, remaining: int,
+                      context: int, stop_ids: Sequence[int], chunk: int,
+                      ngram: tuple[int, int] | None = None) -> cpu_kernels.SpecRounds | None:
+        """Greedy rounds of this chain, verified by ``target``, in one C call
+        (``NativeLM.spec_rounds``; ``ngram``: prompt lookup's tail sizes first, hybrid-eagle),
+        until ``chunk`` tokens are settled or ``remaining`` / ``context`` / a stop id ends
+        them: the tokens, caches and positions the engine's rounds through :meth:`propose`,
+        :meth:`verified` and :meth:`observe` give. None where that call does not run (a
+        tree, a stop policy, sampling, before the prefill, a drafter without its C chain or
+        reading other layers than the final one)."""
+        spec_rounds = getattr(target, "spec_rounds", None)
+        if (spec_rounds is None or not self.greedy_chains or self.stop_policy is not None or self.call is None
+                or self.reads_hidden != (self.target.config.n_layers,) or self.fed < 1 or self.known < length - 1
+                or self.head.maps_features != self.call.maps or not self.params.greedy):
+            return None
+        widths = self.shape.widths  # a chain (greedy_chains)
+        out = spec_rounds(sequence, length, self.call, (self.fed, self.known, self.offset),
+                          self.features, k, len(widths), ngram, remaining, context, chunk, stop_ids)
+        if out is not None:
+            self.fed, self.known, self._drafted = out.fed, out.known, 0
+        return out
+
     def _depth(self, k: int) -> int:
         """How deep this round drafts: the shape's depth for k, or less where the stop
         policy says so."""

@@ -4,6 +4,7 @@ model; ``hybrid-eagle``: an EAGLE drafter)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -11,6 +12,10 @@ from ..decoding.drafter import Drafter
 from ..decoding.proposal import Proposal
 from ..decoding.sampling import SamplingParams
 from .ngram import NgramDrafter
+
+if TYPE_CHECKING:
+    from ..models.cpu_kernels import SpecRounds
+    from ..models.lm import CausalLM
 
 
 class HybridDrafter:
@@ -53,6 +58,17 @@ class HybridDrafter:
             return found
         drafted = self.model.propose(slots, sequences, rest)
         return [p if p.size else d for p, d in zip(found, drafted)]
+
+    def greedy_rounds(self, target: CausalLM, sequence: torch.Tensor, length: int, k: int, remaining: int,
+                      context: int, stop_ids: Sequence[int], chunk: int) -> SpecRounds | None:
+        """The model drafter's greedy rounds in one C call with prompt lookup first
+        (``EagleDrafter.greedy_rounds``), where it has them and the lookup has no datastore;
+        else None."""
+        rounds = getattr(self.model, "greedy_rounds", None)
+        if rounds is None or self.ngram.datastore is not None:
+            return None
+        return rounds(target, sequence, length, k, remaining, context, stop_ids, chunk,
+                      ngram=(self.ngram.ngram_max, self.ngram.ngram_min))
 
     def verified(self, slot: int, length: int, path: list[int]) -> None:
         # The draft model hears only of its own proposals: after an n-gram chain its state

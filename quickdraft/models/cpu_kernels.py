@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,13 @@ def library() -> ctypes.CDLL | None:
                                    _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _c_float,
                                    _c_int]
     lib.qd_eagle_chain.restype = _c_int64
+    lib.qd_spec_rounds.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64, _ptr,
+                                   _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64,
+                                   _ptr, _c_float, _c_int64, _ptr, _ptr, _c_float, _ptr, _c_int64, _c_int64, _ptr, _ptr, _c_int64,
+                                   _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr, _c_int64, _ptr, _ptr, _c_int64,
+                                   _ptr, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64,
+                                   _c_int64, _c_int64, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _c_int]
+    lib.qd_spec_rounds.restype = _c_int64
     for fn in (lib.qd_block, lib.qd_blocks, lib.qd_blocks_ragged, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_bf16dp_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend, lib.qd_argmax_rows):
         fn.restype = None
     return lib
@@ -561,6 +569,63 @@ class EagleChain:
             self._feature.data_ptr(), feed.data_ptr(), features.data_ptr(), self._feature_in if raw else None,
             self._chunks, feed.numel(), self._tokens.data_ptr(), n, min_confidence, torch.get_num_threads())
         return self._tokens.tolist()[:count]
+
+
+@dataclass
+class SpecRounds:
+    """What :func:`spec_rounds` did: each round's ``(drafted, accepted, settled)`` counts (the
+    settled tokens follow each other in the sequence after its old length), the sequence's
+    and the target cache's new lengths, the drafter's ``fed`` and ``known`` positions, and
+    whether the target's pass refused a token (the rounds before it stand)."""
+
+    rounds: list[tuple[int, int, int]]
+    length: int
+    cached: int
+    fed: int
+    known: int
+    refused: bool
+
+
+def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torch.Tensor, torch.Tensor],
+                sequence: torch.Tensor, length: int, cached: int, fed: int, known: int, offset: int, features: torch.Tensor | None, k: int, depth: int,
+                ngram: tuple[int, int] | None, remaining: int, context: int, chunk: int,
+                stop_ids: Sequence[int]) -> SpecRounds:
+    """Greedy speculative rounds in one call (``qd_spec_rounds``): prompt lookup (``ngram``:
+    its largest and smallest tail) when it matches, else ``chain``'s EAGLE chain of at most
+    ``depth`` (reading the target's final states, through its map if it has one); the target's
+    pass (``forward``) over what its cache lacks (``sequence[cached:length]``) and the
+    chain; the longest prefix it agrees with and its own next token, written into
+    ``sequence`` (int64, contiguous, with room); the kept tokens' final states into
+    ``features`` (by position, the drafter's ``fed`` / ``known`` / ``offset`` as
+    ``EagleDrafter`` keeps them). Until ``chunk`` tokens are settled, ``remaining`` (the
+    token budget) or ``context`` is reached, a token of ``stop_ids`` is settled, or the
+    drafter's cache is full. ``rope``: cos and signed sin from position 0, covering every
+    position fed. The same tokens and caches, bit for bit, as the engine's loop."""
+    rounds_max = chunk + 1
+    records = torch.empty(3 * rounds_max, dtype=torch.int64)
+    state = torch.tensor([length, cached, fed, known, offset], dtype=torch.int64)
+    stops = torch.tensor(list(stop_ids), dtype=torch.int64) if stop_ids else None
+    cos, sin = rope
+    if chain is None:
+        eagle = (None, 0.0, 0, None, None, 0.0, None, 0, 0, None, None, 0, 0, 0, None, 0.0, None, None, 0, None, None,
+                 1)
+    else:
+        embed, scale, width, fc, norms, eps, linears, n_heads, n_kv_heads, head_dim = chain._model
+        if head_dim != forward._model[8] or (width != forward.hidden and not chain.maps) or chain._chunks != 1:
+            raise ValueError("spec_rounds: an EAGLE chain of the target's head size reading its final states")
+        eagle = (embed, scale, width, fc, norms, eps, linears, n_heads, n_kv_heads, *chain._cache, *chain._head,
+                 chain._feature.data_ptr(), chain._feature_in, 1)
+    count = library().qd_spec_rounds(
+        *forward._model, forward._keys, forward._values, *forward._cache,
+        *forward._head, *eagle, cos.data_ptr(), sin.data_ptr(), sequence.data_ptr(), state.data_ptr(),
+        None if features is None else features.data_ptr(), 0 if features is None else features.shape[1], k, depth,
+        *(ngram or (0, 0)), remaining, context, chunk, None if stops is None else stops.data_ptr(),
+        0 if stops is None else stops.numel(), records.data_ptr(), rounds_max, torch.get_num_threads())
+    done = count if count >= 0 else -1 - count
+    flat = records[: 3 * done].tolist()
+    rounds = [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
+    length, cached, fed, known, _ = state.tolist()
+    return SpecRounds(rounds, length, cached, fed, known, count < 0)
 
 
 def fused_layers(x: torch.Tensor) -> bool:

@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from . import gguf
+from . import cpu_kernels, gguf
 from .config import ModelConfig, UnsupportedModelError
 from .cpu_kernels import ForwardCall
 from .decode_linear import use_decode_linears
@@ -250,6 +250,27 @@ class NativeLM:
             self.length += m + len(tokens) - 1
             self.hidden_states = {}
         return tokens
+
+    @torch.inference_mode()
+    def spec_rounds(self, sequence: torch.Tensor, length: int, chain: cpu_kernels.EagleChain | None,
+                    drafter_state: tuple[int, int, int], features: torch.Tensor | None,
+                    k: int, depth: int, ngram: tuple[int, int] | None, remaining: int, context: int, chunk: int,
+                    stop_ids: Sequence[int]) -> cpu_kernels.SpecRounds | None:
+        """Greedy speculative rounds after ``sequence[:length]`` in one C call
+        (``cpu_kernels.spec_rounds``: prompt lookup, else an EAGLE ``chain``; this model
+        verifies), the cache then holding what they kept. ``drafter_state``: the EAGLE
+        drafter's ``fed``, ``known`` and ``offset`` positions. None where it cannot run
+        here (no one-call pass for this model and cache): decode round by round."""
+        if self.cache is None or self.static is not None or not self.one_call or sequence.dtype != torch.int64:
+            return None
+        cos, sin = self.model._rope(0, length + chunk + k + 1)
+        fed, known, offset = drafter_state
+        out = cpu_kernels.spec_rounds(self.one_call, chain, (cos[0, 0], sin[0, 0]), sequence, length,
+                                      self.length, fed, known, offset, features, k, depth, ngram, remaining, context,
+                                      chunk, stop_ids)
+        self.length = out.cached
+        self.hidden_states = {}
+        return out
 
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)

@@ -80,6 +80,8 @@ def shipped_head_methods(target: CausalLM) -> dict[str, str]:
 class _TimedDrafter:
     """A drafter whose proposals are timed and sized, for pricing its steps."""
 
+    greedy_rounds = None  # every round through propose, to be timed (not several in one C call)
+
     def __init__(self, drafter) -> None:
         self.inner, self.seconds, self.sizes = drafter, 0.0, []
 

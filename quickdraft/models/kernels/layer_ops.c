@@ -1044,3 +1044,134 @@ int64_t qd_eagle_chain(const float *embed, float embed_scale, int64_t hidden, co
     free(logits);
     return n;
 }
+
+/* Prompt lookup (drafters/ngram.py's NgramDrafter.lookup without a datastore) over seq[0 ..
+ * n): the longest tail of ngram_max down to ngram_min tokens that occurred earlier, and at
+ * most k tokens after its occurrence (the latest with k tokens after it, else the earliest)
+ * into out. Returns how many (0: no match). */
+static int64_t ngram_lookup(const int64_t *seq, int64_t n, int64_t k, int64_t ngram_max, int64_t ngram_min,
+                            int64_t *out) {
+    for (int64_t g = ngram_max < n - 1 ? ngram_max : n - 1; g >= ngram_min; g--) {
+        const size_t bytes = (size_t)g * sizeof(int64_t);
+        const int64_t *tail = seq + n - g;
+        int64_t at = -1;
+        for (int64_t s = n - k - g; s >= 0 && at < 0; s--) /* inside tokens 0 .. n - k - 1 */
+            if (memcmp(seq + s, tail, bytes) == 0)
+                at = s;
+        for (int64_t s = 0; at < 0 && s + g <= n - 1; s++) /* inside tokens 0 .. n - 2 */
+            if (memcmp(seq + s, tail, bytes) == 0)
+                at = s;
+        if (at < 0)
+            continue;
+        const int64_t begin = at + g, count = n - begin < k ? n - begin : k;
+        memcpy(out, seq + begin, (size_t)count * sizeof(int64_t));
+        return count;
+    }
+    return 0;
+}
+
+/* Greedy speculative rounds of the decode loop (decoding/engine.py) in one call, for a chain
+ * drafter: prompt lookup (ngram_min > 0) when it matches, else an EAGLE drafter's chain
+ * (eagle_embed non-NULL): hybrid-eagle, or eagle alone with ngram_min = 0. Each round is
+ * what the loop's Python does, in its order: k = min(k_max, remaining - 1, context - length
+ * - 1) tokens may be drafted (none at 0); the chain (qd_eagle_chain, fed the tokens the
+ * drafter lacks with the target's states of the tokens before them, min(k, depth) deep);
+ * the target's pass over what its cache lacks plus the chain (qd_forward, the logits of the
+ * chain's rows and the one before); the longest prefix of the chain each of whose tokens is
+ * the argmax of the row before (qd_argmax_rows: torch.argmax's pick), then that argmax
+ * after it; the accepted tokens' states into features. So the tokens and the caches are
+ * those of the Python loop bit for bit; what it saves is the Python between the calls
+ * (~0.7 ms a SmolLM2 round). The drafter (e_hidden wide: e_feature_in maps the target's
+ * states where that differs) reads the target's final states, one row of hidden a token.
+ *
+ * seq [capacity] holds state[0] tokens (the sequence: the settled tokens are written after
+ * them); state = {length, the target's cache length, the drafter's fed, known, offset},
+ * updated. features [.., feature_width]: the target's final states by position. cos / ssin:
+ * the RoPE tables from position 0 (both models'). Rounds run until `chunk` tokens are
+ * settled, the budget (`remaining` tokens) or the context is spent, a token in stop_ids is
+ * settled, `max_rounds` rounds, or the drafter's cache has no room (returns; the caller's
+ * loop goes on). records[3 r ..]: round r's drafted, accepted and settled counts. Returns the
+ * rounds run, or -1 - rounds where the target's pass refused a token (nothing written). */
+int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, const float *const *norms, float eps,
+                       const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, void *k_cache, void *v_cache,
+                       int64_t layer_stride, int64_t max_len, int64_t kv16, const float *final_norm, float final_eps,
+                       const QdLinear *head, int64_t n_embed,
+                       const float *e_embed, float e_scale, int64_t e_hidden, const QdLinear *e_fc,
+                       const float *const *e_norms,
+                       float e_eps, const QdLinear *e_linears, int64_t e_hq, int64_t e_hkv, void *e_k_cache,
+                       void *e_v_cache, int64_t e_layer_stride, int64_t e_max_len, int64_t e_kv16,
+                       const float *e_final_norm, float e_final_eps, const QdLinear *e_head, const int64_t *e_head_ids,
+                       int64_t e_vocab, float *e_feature, const QdLinear *e_feature_in, int64_t e_chunks,
+                       const float *cos, const float *ssin, int64_t *seq, int64_t *state, float *features,
+                       int64_t feature_width, int64_t k_max, int64_t depth, int64_t ngram_max, int64_t ngram_min,
+                       int64_t remaining, int64_t context, int64_t chunk, const int64_t *stop_ids, int64_t n_stop,
+                       int64_t *records, int64_t max_rounds, int threads) {
+    int64_t length = state[0], cached = state[1], fed = state[2], known = state[3];
+    const int64_t offset = state[4], vocab = head->out;
+    int64_t *prop = malloc((size_t)(k_max + 1) * sizeof(int64_t)), *fedtok = NULL, *best = NULL;
+    float *x = NULL, *logits = malloc((size_t)((k_max + 1) * vocab) * sizeof(float));
+    int64_t rounds = 0, settled = 0, refused = 0;
+    while (rounds < max_rounds && settled < chunk && remaining > 0 && length < context) {
+        const int64_t k0 = remaining - 1 < context - length - 1 ? remaining - 1 : context - length - 1;
+        const int64_t k = k_max < k0 ? k_max : (k0 > 0 ? k0 : 0);
+        int64_t n = 0;
+        if (k > 0 && ngram_min > 0)
+            n = ngram_lookup(seq, length, k, ngram_max, ngram_min, prop);
+        if (k > 0 && n == 0 && e_embed != NULL && depth > 0 && known >= length - 1) {
+            const int64_t levels = k < depth ? k : depth, m = length - fed, base = length - offset;
+            if (m < 1 || base < m || base + levels - 1 > e_max_len)
+                break; /* (EagleHead.greedy_chain's refusals: the caller drafts in Python) */
+            n = qd_eagle_chain(e_embed, e_scale, e_hidden, e_fc, e_norms, e_eps, e_linears, e_hq, e_hkv, d,
+                               cos + (length - m) * d, ssin + (length - m) * d, e_k_cache, e_v_cache, e_layer_stride,
+                               e_max_len, e_kv16, base, e_final_norm, e_final_eps, e_head, e_head_ids, e_vocab,
+                               e_feature, seq + fed, features + (fed - 1) * feature_width, e_feature_in, e_chunks, m,
+                               prop, levels, 0.0f, threads);
+            fed = length;
+        }
+        const int64_t lead = length - cached, m = lead + n;
+        fedtok = realloc(fedtok, (size_t)m * sizeof(int64_t));
+        x = realloc(x, (size_t)(m * hidden) * sizeof(float));
+        best = realloc(best, (size_t)(n + 1) * sizeof(int64_t));
+        memcpy(fedtok, seq + cached, (size_t)lead * sizeof(int64_t));
+        memcpy(fedtok + lead, prop, (size_t)n * sizeof(int64_t));
+        if (qd_forward(embed, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos + cached * d, ssin + cached * d,
+                       k_cache, v_cache, layer_stride, max_len, kv16, cached, final_norm, final_eps, head, n_embed,
+                       fedtok, m, x, n + 1, logits, threads)) {
+            refused = 1;
+            break;
+        }
+        qd_argmax_rows(logits, n + 1, vocab, vocab, best);
+        int64_t path = 0;
+        while (path < n && prop[path] == best[path])
+            path++;
+        cached = length + path;
+        if (e_embed != NULL) { /* the drafter's observe: the kept tokens' states */
+            memcpy(features + (length - lead) * feature_width, x, (size_t)((lead + path) * hidden) * sizeof(float));
+            known = length + path;
+        }
+        memcpy(seq + length, prop, (size_t)path * sizeof(int64_t));
+        seq[length + path] = best[path];
+        records[3 * rounds] = n;
+        records[3 * rounds + 1] = path;
+        records[3 * rounds + 2] = path + 1;
+        rounds++;
+        int stop = 0;
+        for (int64_t j = 0; j <= path && !stop; j++)
+            stop = is_stop(seq[length + j], stop_ids, n_stop);
+        length += path + 1;
+        settled += path + 1;
+        remaining -= path + 1;
+        if (stop)
+            break;
+    }
+    state[0] = length;
+    state[1] = cached;
+    state[2] = fed;
+    state[3] = known;
+    free(prop);
+    free(fedtok);
+    free(best);
+    free(x);
+    free(logits);
+    return refused ? -1 - rounds : rounds;
+}

@@ -1,0 +1,110 @@
+"""Greedy EAGLE and hybrid-eagle rounds in one C call (``drafter.greedy_rounds``,
+``qd_spec_rounds``): the engine settles up to ``engine.SPEC_CHUNK`` tokens a call, and
+gives the tokens, the per-round stats and the finish of its round-by-round loop wherever
+the text ends (the token budget, EOS inside a chunk, the context), for the embedded pair's
+drafter (which maps the target's states) and SmolLM2's (which reads them as they are).
+Sampling and a caller's acceptance rule go round by round."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from smollm2 import NEEDS_SMOLLM2
+
+from quickdraft.decoding import engine
+from quickdraft.decoding.engine import decode
+from quickdraft.decoding.sampling import SamplingParams
+from quickdraft.decoding.stats import GenerationStats
+from quickdraft.decoding.stopping import StopConditions
+from quickdraft.decoding.verify import GreedyAcceptance
+from quickdraft.generator import SpeculativeGenerator
+from quickdraft.models.lm import NativeLM
+
+# Code that repeats itself (prompt lookup's rounds) and prose (the drafter's).
+PROMPTS = ["class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+           "        self.items.append(item)\n\n    def pop(self",
+           "The history of the city begins"]
+STATS = ("new_tokens", "target_forward_passes", "drafted_tokens", "accepted_tokens", "drafted_per_position",
+         "accepted_per_position", "finish_reason", "stopped_by")
+
+
+def run(gen, ids, n, eos=(), k=4, one_call=True, monkeypatch=None, **kwargs):
+    """The steps and stats of ``gen``'s drafter decoding ``ids``: its C rounds, or (``one_call``
+    False, SPEC_CHUNK 0) the engine's round-by-round loop."""
+    monkeypatch.setattr(engine, "SPEC_CHUNK", engine.SPEC_CHUNK if one_call else 0)
+    drafter = getattr(gen.drafter, "model", gen.drafter)  # (hybrid-eagle's EAGLE drafter)
+    if drafter.features is not None:  # no states left from the run before (the same text's)
+        with torch.inference_mode():
+            drafter.features.zero_()
+    stats = GenerationStats()
+    steps = list(decode(gen.target, ids, StopConditions(n, eos), drafter=gen.drafter, num_speculative_tokens=k,
+                        stats=stats, **kwargs))
+    monkeypatch.undo()
+    return steps, stats
+
+
+def counting(monkeypatch, calls: list) -> None:
+    real = NativeLM.spec_rounds
+
+    def counted(self, *args, **kwargs):
+        out = real(self, *args, **kwargs)
+        calls.append(None if out is None else sum(r[2] for r in out.rounds))
+        return out
+
+    monkeypatch.setattr(NativeLM, "spec_rounds", counted)
+
+
+def assert_rounds_match(gen, monkeypatch, cases, k):
+    for case in cases:
+        prompt = case.get("prompt")
+        ids = prompt if prompt is not None else torch.tensor(gen.tokenizer(case["text"])["input_ids"])
+        want_steps, want = run(gen, ids, case["n"], case.get("eos", ()), k, one_call=False, monkeypatch=monkeypatch)
+        calls: list = []
+        counting(monkeypatch, calls)
+        got_steps, got = run(gen, ids, case["n"], case.get("eos", ()), k, monkeypatch=monkeypatch)
+        assert [s.tokens for s in got_steps] == [s.tokens for s in want_steps], case
+        assert [s.drafted for s in got_steps] == [s.drafted for s in want_steps], case
+        for key in STATS:
+            assert getattr(got, key) == getattr(want, key), (case, key)
+        if case["n"] > 2 * engine.SPEC_CHUNK and not case.get("eos") and "prompt" not in case:  # C rounds, a chunk a call
+            assert calls and all(c is not None for c in calls), case
+            assert max(calls) >= engine.SPEC_CHUNK and sum(calls) > case["n"] // 2, case
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return {m: SpeculativeGenerator.from_pretrained(method=m) for m in ("eagle", "hybrid-eagle")}
+
+
+@pytest.mark.parametrize("method", ["eagle", "hybrid-eagle"])
+def test_c_rounds_decode_what_the_loop_does(embedded, method, monkeypatch):
+    gen = embedded[method]
+    ids = torch.tensor(gen.tokenizer(PROMPTS[0])["input_ids"])
+    reference = [t for s in run(gen, ids, 60, one_call=False, monkeypatch=monkeypatch)[0] for t in s.tokens]
+    cases = [dict(text=text, n=n) for text in PROMPTS for n in (1, 2, 5, 17, 60)]
+    cases += [dict(text=PROMPTS[0], n=60, eos=[reference[i]]) for i in (0, 3, 20, 41)]
+    context = gen.target.context_length
+    cases.append(dict(prompt=ids.repeat(context // ids.numel() + 1)[: context - 23], n=60))
+    assert_rounds_match(gen, monkeypatch, cases, k=5)
+
+
+def test_sampling_and_a_callers_rule_go_round_by_round(embedded, monkeypatch):
+    gen = embedded["hybrid-eagle"]
+    ids = torch.tensor(gen.tokenizer(PROMPTS[0])["input_ids"])
+    calls: list = []
+    counting(monkeypatch, calls)
+    list(decode(gen.target, ids, StopConditions(30), drafter=gen.drafter, num_speculative_tokens=4,
+                params=SamplingParams(temperature=0.8, seed=1)))
+    rule = GreedyAcceptance()
+    list(decode(gen.target, ids, StopConditions(30), drafter=gen.drafter, num_speculative_tokens=4,
+                acceptance=lambda proposal, logits: rule(proposal, logits)))
+    assert calls == []
+
+
+@NEEDS_SMOLLM2[0]
+@NEEDS_SMOLLM2[1]
+@pytest.mark.parametrize("method", ["eagle", "hybrid-eagle"])
+def test_smollm2_c_rounds_decode_what_the_loop_does(method, monkeypatch):
+    gen = SpeculativeGenerator.from_pretrained("smollm2-135m", method=method)
+    cases = [dict(text=text, n=n) for text in PROMPTS for n in (3, 64)]
+    assert_rounds_match(gen, monkeypatch, cases, k=6)
