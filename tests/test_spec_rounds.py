@@ -1,4 +1,4 @@
-"""Greedy EAGLE and hybrid-eagle rounds in one C call (``drafter.greedy_rounds``,
+"""Greedy EAGLE, hybrid-eagle and prompt-lookup rounds in one C call (``drafter.greedy_rounds``,
 ``qd_spec_rounds``): the engine settles up to ``engine.SPEC_CHUNK`` tokens a call, and
 gives the tokens, the per-round stats and the finish of its round-by-round loop wherever
 the text ends (the token budget, EOS inside a chunk, the context), for the embedded pair's
@@ -33,7 +33,7 @@ def run(gen, ids, n, eos=(), k=4, one_call=True, monkeypatch=None, **kwargs):
     False, SPEC_CHUNK 0) the engine's round-by-round loop."""
     monkeypatch.setattr(engine, "SPEC_CHUNK", engine.SPEC_CHUNK if one_call else 0)
     drafter = getattr(gen.drafter, "model", gen.drafter)  # (hybrid-eagle's EAGLE drafter)
-    if drafter.features is not None:  # no states left from the run before (the same text's)
+    if getattr(drafter, "features", None) is not None:  # no states left from the run before (the same text's)
         with torch.inference_mode():
             drafter.features.zero_()
     stats = GenerationStats()
@@ -73,10 +73,10 @@ def assert_rounds_match(gen, monkeypatch, cases, k):
 
 @pytest.fixture(scope="module")
 def embedded():
-    return {m: SpeculativeGenerator.from_pretrained(method=m) for m in ("eagle", "hybrid-eagle")}
+    return {m: SpeculativeGenerator.from_pretrained(method=m) for m in ("eagle", "hybrid-eagle", "ngram")}
 
 
-@pytest.mark.parametrize("method", ["eagle", "hybrid-eagle"])
+@pytest.mark.parametrize("method", ["eagle", "hybrid-eagle", "ngram"])
 def test_c_rounds_decode_what_the_loop_does(embedded, method, monkeypatch):
     gen = embedded[method]
     ids = torch.tensor(gen.tokenizer(PROMPTS[0])["input_ids"])

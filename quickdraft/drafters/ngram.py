@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -11,6 +12,10 @@ import torch
 from ..decoding.proposal import EMPTY, Proposal
 from ..decoding.sampling import SamplingParams
 from .datastore import Datastore
+
+if TYPE_CHECKING:
+    from ..models.cpu_kernels import SpecRounds
+    from ..models.lm import CausalLM
 
 
 class NgramDrafter:
@@ -63,6 +68,18 @@ class NgramDrafter:
             if self.datastore.confident(found):
                 return Proposal.chain(torch.tensor(found.tokens, dtype=torch.long))
         return EMPTY
+
+    def greedy_rounds(self, target: CausalLM, sequence: torch.Tensor, length: int, k: int, remaining: int,
+                      context: int, stop_ids: Sequence[int], chunk: int) -> SpecRounds | None:
+        """Greedy rounds of prompt lookup, verified by ``target``, in one C call
+        (``NativeLM.spec_rounds``): the tokens and counts the engine's rounds through
+        :meth:`propose` give. None with a datastore (searched in Python) or where the
+        call does not run."""
+        spec_rounds = getattr(target, "spec_rounds", None)
+        if spec_rounds is None or self.datastore is not None:
+            return None
+        return spec_rounds(sequence, length, None, (0, 0, 0), None, k, 0, (self.ngram_max, self.ngram_min), remaining,
+                           context, chunk, stop_ids)
 
     def verified(self, slot: int, length: int, path: list[int]) -> None:
         pass
