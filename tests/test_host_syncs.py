@@ -128,8 +128,13 @@ def test_plain_decoding_reads_the_device_once_a_step(pair, monkeypatch):
     assert set(reads_per_step(target, None, ids, 0)) == {1}  # the argmax
 
 
-def test_prompt_lookup_reads_the_device_once_a_step(pair):
+def test_prompt_lookup_reads_the_device_once_a_step(pair, monkeypatch):
+    """Stepping (as on a GPU, where rounds in one C call do not run): the verify's argmax,
+    once a step. The CPU's C rounds read none: their tokens come back as host integers."""
     target, _, ids = pair
+    counts = reads_per_step(target, NgramDrafter(3, 1), ids, 4)
+    assert counts[0] == 1 and set(counts[1:]) == {0}, counts  # the prefill's step, then C rounds
+    monkeypatch.setitem(target.__dict__, "spec_rounds", lambda *args, **kwargs: None)
     assert set(reads_per_step(target, NgramDrafter(3, 1), ids, 4)) == {1}
 
 

@@ -1,8 +1,9 @@
-"""Greedy EAGLE, hybrid-eagle and prompt-lookup rounds in one C call (``drafter.greedy_rounds``,
+"""Greedy EAGLE, hybrid-eagle, prompt-lookup, draft-model and hybrid rounds in one C call (``drafter.greedy_rounds``,
 ``qd_spec_rounds``): the engine settles up to ``engine.SPEC_CHUNK`` tokens a call, and
 gives the tokens, the per-round stats and the finish of its round-by-round loop wherever
 the text ends (the token budget, EOS inside a chunk, the context), for the embedded pair's
-drafter (which maps the target's states) and SmolLM2's (which reads them as they are).
+drafters (its EAGLE drafter maps the target's states, its draft model a restricted head)
+and SmolLM2's EAGLE drafter (which reads the states as they are).
 Sampling and a caller's acceptance rule go round by round."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from quickdraft.models.lm import NativeLM
 PROMPTS = ["class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
            "        self.items.append(item)\n\n    def pop(self",
            "The history of the city begins"]
+METHODS = ("eagle", "hybrid-eagle", "ngram", "draft", "hybrid")
 STATS = ("new_tokens", "target_forward_passes", "drafted_tokens", "accepted_tokens", "drafted_per_position",
          "accepted_per_position", "finish_reason", "stopped_by")
 
@@ -73,10 +75,10 @@ def assert_rounds_match(gen, monkeypatch, cases, k):
 
 @pytest.fixture(scope="module")
 def embedded():
-    return {m: SpeculativeGenerator.from_pretrained(method=m) for m in ("eagle", "hybrid-eagle", "ngram")}
+    return {m: SpeculativeGenerator.from_pretrained(method=m) for m in METHODS}
 
 
-@pytest.mark.parametrize("method", ["eagle", "hybrid-eagle", "ngram"])
+@pytest.mark.parametrize("method", METHODS)
 def test_c_rounds_decode_what_the_loop_does(embedded, method, monkeypatch):
     gen = embedded[method]
     ids = torch.tensor(gen.tokenizer(PROMPTS[0])["input_ids"])

@@ -32,10 +32,11 @@ SLOT = 0
 #: emitted) and how often a stream hears of new text.
 PLAIN_CHAIN = 8
 #: Tokens a chain drafter's greedy rounds settle a call where they run in one C call
-#: (``drafter.greedy_rounds``: EAGLE and hybrid-eagle chains beside a native target, each
-#: round the tokens and caches this loop's round gives): the Python between a round's
-#: calls, ~0.7 ms of a ~6 ms SmolLM2 round, paid once for several. As PLAIN_CHAIN, it bounds
-#: how far a stop string can be overrun (tokens computed, never emitted).
+#: (``drafter.greedy_rounds``: EAGLE, draft-model and prompt-lookup chains and their
+#: hybrids beside a native target, each round the tokens and caches this loop's round
+#: gives): the Python between a round's calls, ~0.7 ms of a ~6 ms SmolLM2 round, paid once
+#: for several. As PLAIN_CHAIN, it bounds how far a stop string can be overrun (tokens
+#: computed, never emitted).
 SPEC_CHUNK = 16
 
 

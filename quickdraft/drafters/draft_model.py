@@ -9,8 +9,9 @@ import torch
 from ..decoding.drafter import check_single_slot
 from ..decoding.proposal import EMPTY, Proposal
 from ..decoding.sampling import SamplingParams
+from ..models.cpu_kernels import SpecRounds
 from ..models.decode_linear import row_dependent_rounding
-from ..models.lm import CausalLM
+from ..models.lm import CausalLM, NativeLM
 from .draft_stop import DraftStop, FixedStop
 from .shapes import Node, Shape, as_proposal
 
@@ -141,6 +142,30 @@ class DraftModelDrafter:
             logits = self._score(nodes, frontier, start, chain)
         keep = self.shape.finish(nodes, k)
         return self._proposal(nodes, keep)
+
+    @torch.inference_mode()  # (as NativeLM.greedy_chain: our kernels run inference only)
+    def greedy_rounds(self, target: CausalLM, sequence: torch.Tensor, length: int, k: int, remaining: int,
+                      context: int, stop_ids: Sequence[int], chunk: int,
+                      ngram: tuple[int, int] | None = None) -> SpecRounds | None:
+        """Greedy rounds of this draft's chains, verified by ``target``, in one C call
+        (``NativeLM.spec_rounds``; ``ngram``: prompt lookup's tail sizes first, hybrid): the
+        tokens, caches and counts the engine's rounds through :meth:`propose` and
+        :meth:`verified` give. None where that call does not run (a tree or multi-draft, a
+        draft-stop policy, sampling, a draft our kernels do not run whole)."""
+        spec_rounds, draft = getattr(target, "spec_rounds", None), self.model
+        if (spec_rounds is None or not self.params.greedy or type(self.shape) is not Shape
+                or self.stop.name != "fixed" or not isinstance(draft, NativeLM) or draft.cache is None
+                or draft.static is not None):
+            return None
+        chain = draft.model.chain_model(draft.cache, self.vocab_size, length + chunk + k + 1)
+        if chain is None:
+            return None
+        out = spec_rounds(sequence, length, None, (0, 0, 0), None, k, k, ngram, remaining, context, chunk, stop_ids,
+                          (chain, draft.length))
+        if out is not None:
+            draft.length, draft.hidden_states = out.drafted, {}
+            self._kv_rows, self._drafted = {}, 0
+        return out
 
     def _proposal(self, nodes: list[Node], keep: list[int]) -> Proposal:
         if len(keep) < len(nodes):  # the kept nodes are renumbered: so are their cache rows

@@ -62,8 +62,8 @@ class HybridDrafter:
     def greedy_rounds(self, target: CausalLM, sequence: torch.Tensor, length: int, k: int, remaining: int,
                       context: int, stop_ids: Sequence[int], chunk: int) -> SpecRounds | None:
         """The model drafter's greedy rounds in one C call with prompt lookup first
-        (``EagleDrafter.greedy_rounds``), where it has them and the lookup has no datastore;
-        else None."""
+        (``EagleDrafter.greedy_rounds``, ``DraftModelDrafter.greedy_rounds``), where it has
+        them and the lookup has no datastore; else None."""
         rounds = getattr(self.model, "greedy_rounds", None)
         if rounds is None or self.ngram.datastore is not None:
             return None

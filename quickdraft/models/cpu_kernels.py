@@ -146,6 +146,8 @@ def library() -> ctypes.CDLL | None:
                                    _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64,
                                    _ptr, _c_float, _c_int64, _ptr, _ptr, _c_float, _ptr, _c_int64, _c_int64, _ptr, _ptr, _c_int64,
                                    _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr, _c_int64, _ptr, _ptr, _c_int64,
+                                   _ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64, _ptr,
+                                   _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr, _c_int64,
                                    _ptr, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64,
                                    _c_int64, _c_int64, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _c_int]
     lib.qd_spec_rounds.restype = _c_int64
@@ -583,13 +585,28 @@ class SpecRounds:
     cached: int
     fed: int
     known: int
+    drafted: int
     refused: bool
+
+
+def chain_model(embed: torch.Tensor, stack: BlockStack, n_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                final_norm: tuple[torch.Tensor, float], head: LinearSpec, head_ids: torch.Tensor | None, vocab: int,
+                rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[tuple, tuple]:
+    """A draft model's arguments for :func:`spec_rounds`' greedy chains (:func:`greedy_chain`'s,
+    ``rope`` its cos and signed sin from position 0), and the tensors behind them (keep them
+    while the call runs)."""
+    ids, cos, sin, alive = _chain_args(head_ids, rope)
+    _, _, n_kv_heads, max_len, head_dim = k_cache.shape
+    args = (embed.data_ptr(), embed.shape[1], stack.n, stack.norms, stack.eps, stack.linears, n_heads, n_kv_heads,
+            head_dim, cos, sin, k_cache.data_ptr(), v_cache.data_ptr(), k_cache.stride(0), max_len,
+            half_cache(k_cache), final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), ids, vocab)
+    return args, (embed, stack, k_cache, v_cache, final_norm[0], head, alive)
 
 
 def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torch.Tensor, torch.Tensor],
                 sequence: torch.Tensor, length: int, cached: int, fed: int, known: int, offset: int, features: torch.Tensor | None, k: int, depth: int,
                 ngram: tuple[int, int] | None, remaining: int, context: int, chunk: int,
-                stop_ids: Sequence[int]) -> SpecRounds:
+                stop_ids: Sequence[int], draft: tuple[tuple, int] | None = None) -> SpecRounds:
     """Greedy speculative rounds in one call (``qd_spec_rounds``): prompt lookup (``ngram``:
     its largest and smallest tail) when it matches, else ``chain``'s EAGLE chain of at most
     ``depth`` (reading the target's final states, through its map if it has one); the target's
@@ -597,13 +614,14 @@ def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torc
     chain; the longest prefix it agrees with and its own next token, written into
     ``sequence`` (int64, contiguous, with room); the kept tokens' final states into
     ``features`` (by position, the drafter's ``fed`` / ``known`` / ``offset`` as
-    ``EagleDrafter`` keeps them). Until ``chunk`` tokens are settled, ``remaining`` (the
+    ``EagleDrafter`` keeps them). Or, with ``draft`` (:func:`chain_model`'s arguments and the
+    draft model's cache length), that model's greedy chain. Until ``chunk`` tokens are settled, ``remaining`` (the
     token budget) or ``context`` is reached, a token of ``stop_ids`` is settled, or the
     drafter's cache is full. ``rope``: cos and signed sin from position 0, covering every
     position fed. The same tokens and caches, bit for bit, as the engine's loop."""
     rounds_max = chunk + 1
     records = torch.empty(3 * rounds_max, dtype=torch.int64)
-    state = torch.tensor([length, cached, fed, known, offset], dtype=torch.int64)
+    state = torch.tensor([length, cached, fed, known, offset, 0 if draft is None else draft[1]], dtype=torch.int64)
     stops = torch.tensor(list(stop_ids), dtype=torch.int64) if stop_ids else None
     cos, sin = rope
     if chain is None:
@@ -615,17 +633,19 @@ def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torc
             raise ValueError("spec_rounds: an EAGLE chain of the target's head size reading its final states")
         eagle = (embed, scale, width, fc, norms, eps, linears, n_heads, n_kv_heads, *chain._cache, *chain._head,
                  chain._feature.data_ptr(), chain._feature_in, 1)
+    model = (None, 0, 0, None, 0.0, None, 0, 0, 1, None, None, None, None, 0, 0, 0, None, 0.0, None, None, 0) \
+        if draft is None else draft[0][0]
     count = library().qd_spec_rounds(
         *forward._model, forward._keys, forward._values, *forward._cache,
-        *forward._head, *eagle, cos.data_ptr(), sin.data_ptr(), sequence.data_ptr(), state.data_ptr(),
+        *forward._head, *eagle, *model, cos.data_ptr(), sin.data_ptr(), sequence.data_ptr(), state.data_ptr(),
         None if features is None else features.data_ptr(), 0 if features is None else features.shape[1], k, depth,
         *(ngram or (0, 0)), remaining, context, chunk, None if stops is None else stops.data_ptr(),
         0 if stops is None else stops.numel(), records.data_ptr(), rounds_max, torch.get_num_threads())
     done = count if count >= 0 else -1 - count
     flat = records[: 3 * done].tolist()
     rounds = [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
-    length, cached, fed, known, _ = state.tolist()
-    return SpecRounds(rounds, length, cached, fed, known, count < 0)
+    length, cached, fed, known, _, drafted = state.tolist()
+    return SpecRounds(rounds, length, cached, fed, known, drafted, count < 0)
 
 
 def fused_layers(x: torch.Tensor) -> bool:

@@ -579,6 +579,18 @@ class Transformer(nn.Module):
                                         (self.norm.weight, self.norm.eps), spec, self.head_ids, vocab, feed,
                                         min_confidence, stop_ids)
 
+    def chain_model(self, cache: KVCache, vocab: int, positions: int) -> tuple[tuple, tuple] | None:
+        """This model's greedy chains (:meth:`greedy_chain`'s, over the first ``vocab`` ids,
+        positions below ``positions``) as ``cpu_kernels.spec_rounds`` drafts them
+        (``cpu_kernels.chain_model``), or None where :meth:`greedy_chain` cannot run."""
+        parts = self.one_call_parts() if isinstance(cache.k, torch.Tensor) else None
+        if parts is None:
+            return None
+        cos, sin = self._rope(0, positions)
+        return cpu_kernels.chain_model(self.embed.weight, parts[0], self.layers[0].attn.n_heads, cache.k, cache.v,
+                                       (self.norm.weight, self.norm.eps), parts[1], self.head_ids, vocab,
+                                       (cos[0, 0], sin[0, 0]))
+
     def one_call_parts(self) -> tuple[cpu_kernels.BlockStack, cpu_kernels.LinearSpec] | None:
         """The block stack and head spec our kernels run the whole model with in one call
         (:meth:`greedy_chain`, :meth:`forward_call`); None where they cannot: not a Llama

@@ -1072,7 +1072,9 @@ static int64_t ngram_lookup(const int64_t *seq, int64_t n, int64_t k, int64_t ng
 
 /* Greedy speculative rounds of the decode loop (decoding/engine.py) in one call, for a chain
  * drafter: prompt lookup (ngram_min > 0) when it matches, else an EAGLE drafter's chain
- * (eagle_embed non-NULL): hybrid-eagle, or eagle alone with ngram_min = 0. Each round is
+ * (e_embed non-NULL: hybrid-eagle, or eagle alone with ngram_min = 0) or a draft model's
+ * greedy chain (g_embed non-NULL: hybrid, draft; qd_greedy_chain, fed the tokens its cache
+ * lacks, at most depth long; g_cos / g_ssin: its RoPE tables). Each round is
  * what the loop's Python does, in its order: k = min(k_max, remaining - 1, context - length
  * - 1) tokens may be drafted (none at 0); the chain (qd_eagle_chain, fed the tokens the
  * drafter lacks with the target's states of the tokens before them, min(k, depth) deep);
@@ -1085,9 +1087,10 @@ static int64_t ngram_lookup(const int64_t *seq, int64_t n, int64_t k, int64_t ng
  * states where that differs) reads the target's final states, one row of hidden a token.
  *
  * seq [capacity] holds state[0] tokens (the sequence: the settled tokens are written after
- * them); state = {length, the target's cache length, the drafter's fed, known, offset},
- * updated. features [.., feature_width]: the target's final states by position. cos / ssin:
- * the RoPE tables from position 0 (both models'). Rounds run until `chunk` tokens are
+ * them); state = {length, the target's cache length, the EAGLE drafter's fed, known and
+ * offset, the draft model's cache length}, updated. features [.., feature_width]: the
+ * target's final states by position. cos / ssin: the target's RoPE tables from position 0
+ * (the EAGLE drafter's too). Rounds run until `chunk` tokens are
  * settled, the budget (`remaining` tokens) or the context is spent, a token in stop_ids is
  * settled, `max_rounds` rounds, or the drafter's cache has no room (returns; the caller's
  * loop goes on). records[3 r ..]: round r's drafted, accepted and settled counts. Returns the
@@ -1102,11 +1105,16 @@ int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, con
                        void *e_v_cache, int64_t e_layer_stride, int64_t e_max_len, int64_t e_kv16,
                        const float *e_final_norm, float e_final_eps, const QdLinear *e_head, const int64_t *e_head_ids,
                        int64_t e_vocab, float *e_feature, const QdLinear *e_feature_in, int64_t e_chunks,
+                       const float *g_embed, int64_t g_hidden, int64_t g_n_layers, const float *const *g_norms,
+                       float g_eps, const QdLinear *g_linears, int64_t g_hq, int64_t g_hkv, int64_t g_d,
+                       const float *g_cos, const float *g_ssin, void *g_k_cache, void *g_v_cache,
+                       int64_t g_layer_stride, int64_t g_max_len, int64_t g_kv16, const float *g_final_norm,
+                       float g_final_eps, const QdLinear *g_head, const int64_t *g_head_ids, int64_t g_vocab,
                        const float *cos, const float *ssin, int64_t *seq, int64_t *state, float *features,
                        int64_t feature_width, int64_t k_max, int64_t depth, int64_t ngram_max, int64_t ngram_min,
                        int64_t remaining, int64_t context, int64_t chunk, const int64_t *stop_ids, int64_t n_stop,
                        int64_t *records, int64_t max_rounds, int threads) {
-    int64_t length = state[0], cached = state[1], fed = state[2], known = state[3];
+    int64_t length = state[0], cached = state[1], fed = state[2], known = state[3], drafted = state[5];
     const int64_t offset = state[4], vocab = head->out;
     int64_t *prop = malloc((size_t)(k_max + 1) * sizeof(int64_t)), *fedtok = NULL, *best = NULL;
     float *x = NULL, *logits = malloc((size_t)((k_max + 1) * vocab) * sizeof(float));
@@ -1128,6 +1136,18 @@ int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, con
                                prop, levels, 0.0f, threads);
             fed = length;
         }
+        int64_t levels = 0; /* a draft model's chain (NativeLM.greedy_chain, fed what it lacks) */
+        if (k > 0 && n == 0 && g_embed != NULL && depth > 0) {
+            levels = k < depth ? k : depth;
+            const int64_t lacks = length - drafted;
+            if (lacks < 1 || length + levels - 1 > g_max_len)
+                break; /* (Transformer.greedy_chain's refusals: the caller drafts in Python) */
+            n = qd_greedy_chain(g_embed, g_hidden, g_n_layers, g_norms, g_eps, g_linears, g_hq, g_hkv, g_d,
+                                g_cos + drafted * g_d, g_ssin + drafted * g_d, g_k_cache, g_v_cache, g_layer_stride,
+                                g_max_len, g_kv16, length, g_final_norm, g_final_eps, g_head, g_head_ids, g_vocab,
+                                seq + drafted, lacks, prop, levels - 1, 0.0f, NULL, 0, threads);
+            drafted = length + levels - 1; /* the chain's last token is not fed */
+        }
         const int64_t lead = length - cached, m = lead + n;
         fedtok = realloc(fedtok, (size_t)m * sizeof(int64_t));
         x = realloc(x, (size_t)(m * hidden) * sizeof(float));
@@ -1145,6 +1165,8 @@ int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, con
         while (path < n && prop[path] == best[path])
             path++;
         cached = length + path;
+        if (levels > 0 && drafted > length + (path < levels - 1 ? path : levels - 1))
+            drafted = length + (path < levels - 1 ? path : levels - 1); /* its accepted tokens stay */
         if (e_embed != NULL) { /* the drafter's observe: the kept tokens' states */
             memcpy(features + (length - lead) * feature_width, x, (size_t)((lead + path) * hidden) * sizeof(float));
             known = length + path;
@@ -1168,6 +1190,7 @@ int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, con
     state[1] = cached;
     state[2] = fed;
     state[3] = known;
+    state[5] = drafted;
     free(prop);
     free(fedtok);
     free(best);
