@@ -114,19 +114,22 @@ def decode(
             if rounds is not None and decode_started is not None:
                 done = rounds(target, sequence, length, num_speculative_tokens, stop.max_new_tokens - stop.count,
                               target.context_length, sorted(stop.eos), SPEC_CHUNK)
-                finish = None
-                for drafted, accepted, count in done.rounds if done is not None else ():
-                    emitted, finish = emit(sequence[length : length + count].tolist(), drafted, accepted, stop,
-                                           sequence, length, target.context_length, stats)
-                    length += len(emitted)
-                    if emitted:
-                        yield Step(emitted, min(accepted, len(emitted)), finish)
+                if done is None:  # it cannot run them here: round by round, without asking again
+                    rounds = None
+                else:
+                    finish = None
+                    for drafted, accepted, count in done.rounds:
+                        emitted, finish = emit(sequence[length : length + count].tolist(), drafted, accepted, stop,
+                                               sequence, length, target.context_length, stats)
+                        length += len(emitted)
+                        if emitted:
+                            yield Step(emitted, min(accepted, len(emitted)), finish)
+                        if finish:
+                            break
                     if finish:
                         break
-                if finish:
-                    break
-                if done is not None and done.rounds and not done.refused:
-                    continue  # (else this round in Python: its C call could not run it)
+                    if done.rounds and not done.refused:
+                        continue  # (else this round in Python: the call could not run it)
             k = draft_budget(num_speculative_tokens, stop, length, target.context_length)
             proposal = drafter.propose([SLOT], [sequence[:length]], [k])[0] if k > 0 else EMPTY
             seen = target.length
