@@ -142,14 +142,19 @@ def library() -> ctypes.CDLL | None:
                                    _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _ptr, _c_int64, _c_float,
                                    _c_int]
     lib.qd_eagle_chain.restype = _c_int64
-    lib.qd_spec_rounds.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64, _ptr,
-                                   _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64,
-                                   _ptr, _c_float, _c_int64, _ptr, _ptr, _c_float, _ptr, _c_int64, _c_int64, _ptr, _ptr, _c_int64,
-                                   _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr, _c_int64, _ptr, _ptr, _c_int64,
-                                   _ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64, _ptr,
-                                   _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr, _c_int64,
-                                   _ptr, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64,
-                                   _c_int64, _c_int64, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _c_int]
+    lib.qd_spec_rounds.argtypes = [
+        # the target (ForwardCall's)
+        _ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _ptr, _c_int64, _c_int64,
+        _c_int64, _ptr, _c_float, _ptr, _c_int64,
+        # an EAGLE drafter (EagleChain's)
+        _ptr, _c_float, _c_int64, _ptr, _ptr, _c_float, _ptr, _c_int64, _c_int64, _ptr, _ptr, _c_int64, _c_int64,
+        _c_int64, _ptr, _c_float, _ptr, _ptr, _c_int64, _ptr, _ptr, _c_int64,
+        # a draft model (chain_model's)
+        _ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64,
+        _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr, _c_int64,
+        # the rounds
+        _ptr, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64,
+        _ptr, _c_int64, _ptr, _c_int64, _c_int]
     lib.qd_spec_rounds.restype = _c_int64
     for fn in (lib.qd_block, lib.qd_blocks, lib.qd_blocks_ragged, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_bf16dp_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend, lib.qd_argmax_rows):
         fn.restype = None
@@ -604,9 +609,10 @@ def chain_model(embed: torch.Tensor, stack: BlockStack, n_heads: int, k_cache: t
 
 
 def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torch.Tensor, torch.Tensor],
-                sequence: torch.Tensor, length: int, cached: int, fed: int, known: int, offset: int, features: torch.Tensor | None, k: int, depth: int,
-                ngram: tuple[int, int] | None, remaining: int, context: int, chunk: int,
-                stop_ids: Sequence[int], draft: tuple[tuple, int] | None = None) -> SpecRounds:
+                sequence: torch.Tensor, length: int, cached: int, fed: int, known: int, offset: int,
+                features: torch.Tensor | None, k: int, depth: int, ngram: tuple[int, int] | None, remaining: int,
+                context: int, chunk: int, stop_ids: Sequence[int],
+                draft: tuple[tuple, int] | None = None) -> SpecRounds:
     """Greedy speculative rounds in one call (``qd_spec_rounds``): prompt lookup (``ngram``:
     its largest and smallest tail) when it matches, else ``chain``'s EAGLE chain of at most
     ``depth`` (reading the target's final states, through its map if it has one); the target's
@@ -614,10 +620,10 @@ def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torc
     chain; the longest prefix it agrees with and its own next token, written into
     ``sequence`` (int64, contiguous, with room); the kept tokens' final states into
     ``features`` (by position, the drafter's ``fed`` / ``known`` / ``offset`` as
-    ``EagleDrafter`` keeps them). Or, with ``draft`` (:func:`chain_model`'s arguments and the
-    draft model's cache length), that model's greedy chain. Until ``chunk`` tokens are settled, ``remaining`` (the
-    token budget) or ``context`` is reached, a token of ``stop_ids`` is settled, or the
-    drafter's cache is full. ``rope``: cos and signed sin from position 0, covering every
+    ``EagleDrafter`` keeps them). Or, with ``draft`` (:func:`chain_model`'s arguments and
+    the draft model's cache length), that model's greedy chain. Until ``chunk`` tokens are
+    settled, ``remaining`` (the token budget) or ``context`` is reached, a token of
+    ``stop_ids`` is settled, or the drafter's cache is full. ``rope``: cos and signed sin from position 0, covering every
     position fed. The same tokens and caches, bit for bit, as the engine's loop."""
     rounds_max = chunk + 1
     records = torch.empty(3 * rounds_max, dtype=torch.int64)

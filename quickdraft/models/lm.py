@@ -257,11 +257,11 @@ class NativeLM:
                     k: int, depth: int, ngram: tuple[int, int] | None, remaining: int, context: int, chunk: int,
                     stop_ids: Sequence[int], draft: tuple[tuple, int] | None = None) -> cpu_kernels.SpecRounds | None:
         """Greedy speculative rounds after ``sequence[:length]`` in one C call
-        (``cpu_kernels.spec_rounds``: prompt lookup, else an EAGLE ``chain``; this model
-        verifies), the cache then holding what they kept. ``drafter_state``: the EAGLE
+        (``cpu_kernels.spec_rounds``: prompt lookup, else an EAGLE ``chain`` or a draft
+        model's; this model verifies), the cache then holding what they kept. ``drafter_state``: the EAGLE
         drafter's ``fed``, ``known`` and ``offset`` positions; ``draft``: a draft model's
-        chain instead (``cpu_kernels.chain_model``'s and its cache length). None where it cannot run
-        here (no one-call pass for this model and cache): decode round by round."""
+        chain instead (``cpu_kernels.chain_model``'s and its cache length). None where it
+        cannot run here (no one-call pass for this model and cache): decode round by round."""
         if self.cache is None or self.static is not None or not self.one_call or sequence.dtype != torch.int64:
             return None
         cos, sin = self.model._rope(0, length + chunk + k + 1)
