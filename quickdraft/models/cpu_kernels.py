@@ -581,12 +581,12 @@ class EagleChain:
 @dataclass
 class SpecRounds:
     """What :func:`spec_rounds` did: each round's ``(drafted, accepted, settled)`` counts (the
-    settled tokens follow each other in the sequence after its old length), the sequence's
-    and the target cache's new lengths, the drafter's ``fed`` and ``known`` positions, and
-    whether the target's pass refused a token (the rounds before it stand)."""
+    settled tokens follow each other in the sequence after its old length), the target
+    cache's new length, the EAGLE drafter's ``fed`` and ``known`` positions, the draft
+    model's cache length (``drafted``), and whether the target's pass refused a token (the
+    rounds before it stand)."""
 
     rounds: list[tuple[int, int, int]]
-    length: int
     cached: int
     fed: int
     known: int
@@ -650,8 +650,8 @@ def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torc
     done = count if count >= 0 else -1 - count
     flat = records[: 3 * done].tolist()
     rounds = [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]
-    length, cached, fed, known, _, drafted = state.tolist()
-    return SpecRounds(rounds, length, cached, fed, known, drafted, count < 0)
+    _, cached, fed, known, _, drafted = state.tolist()
+    return SpecRounds(rounds, cached, fed, known, drafted, count < 0)
 
 
 def fused_layers(x: torch.Tensor) -> bool:
