@@ -17,7 +17,7 @@ from .drafters.batched import make_batch_drafter
 from .drafters.draft_stop import FixedStop, parse_draft_stop
 from .drafters.eagle import EagleDrafter
 from .drafters.early_exit import EarlyExitDrafter
-from .drafters.factory import BATCH_METHODS, DraftOptions
+from .drafters.factory import BATCH_METHODS, DraftOptions, hybrid_eagle_chain
 from .drafters.hybrid import HybridDrafter
 from .drafters.medusa import MedusaDrafter
 from .drafters.per_row import HEAD_BATCH_K
@@ -53,6 +53,11 @@ def _batch_method(drafter) -> tuple[str, object, DraftOptions]:
     if isinstance(drafter, NgramDrafter):
         return "ngram", None, DraftOptions(ngram_max=drafter.ngram_max, ngram_min=drafter.ngram_min,
                                            datastore=drafter.datastore or "none")
+    if isinstance(drafter, HybridDrafter) and isinstance(drafter.model, EagleDrafter):
+        ngram, eagle = drafter.ngram, drafter.model
+        return "hybrid-eagle", None, DraftOptions(
+            ngram_max=ngram.ngram_max, ngram_min=ngram.ngram_min, datastore=ngram.datastore or "none",
+            heads=eagle.head, tree=",".join(map(str, eagle.shape.widths)))
     if isinstance(drafter, HybridDrafter) and type(drafter.model.shape) is Shape:
         ngram = drafter.ngram
         return "hybrid", drafter.model.model, DraftOptions(ngram_max=ngram.ngram_max, ngram_min=ngram.ngram_min,
@@ -76,13 +81,15 @@ def make_batch_engine(
     policy=None, acceptance=acceptance_for, prefill_chunk: int | None = None,
 ) -> BatchEngine:
     """A :class:`BatchEngine` for ``method`` (ar, draft, ngram, hybrid, early-exit, medusa,
-    prophet or eagle; ``options`` sets the n-gram sizes, the exit head and layer, the
-    heads, and a ``draft_stop`` that sets chain lengths, each row's own): the method's batch
-    drafter (or ``drafter``, the hook for new ones) and, when ``num_speculative_tokens`` is
-    None, the batch policy measured for this target, drafter and batch size (``policy``
-    replaces it; a head method's rows draft its fixed k, ``drafters/per_row.py``);
-    ``prefill_chunk``: prompt tokens prefilled per step (:class:`BatchEngine`)."""
-    from .policy.batch_policy import BatchPolicy
+    prophet, eagle or hybrid-eagle; ``options`` sets the n-gram sizes, the exit head and
+    layer, the heads, and a ``draft_stop`` that sets chain lengths, each row's own): the
+    method's batch drafter (or ``drafter``, the hook for new ones) and, when
+    ``num_speculative_tokens`` is None, the batch policy measured for this target, drafter
+    and batch size (``policy`` replaces it; a head method's rows draft its fixed k,
+    ``drafters/per_row.py``; hybrid-eagle's that k alone, its EAGLE chain's beside other
+    rows, :class:`~quickdraft.policy.batch_policy.LoneRowK`); ``prefill_chunk``: prompt
+    tokens prefilled per step (:class:`BatchEngine`)."""
+    from .policy.batch_policy import BatchPolicy, LoneRowK
 
     stop = parse_draft_stop(options.draft_stop)
     if stop.stops_mid_chain:
@@ -93,6 +100,10 @@ def make_batch_engine(
         drafter = make_batch_drafter(method, draft, target, max_batch_size, cache_length(target, max_len), options)
     if num_speculative_tokens is None:  # a drafter whose k the batch policy cannot measure yet
         num_speculative_tokens = getattr(drafter, "fixed_k", None)
+    if method == "hybrid-eagle" and policy is None and num_speculative_tokens:
+        # k for a lone row; with more, prompt lookup proposes no longer than the EAGLE chain.
+        chain = hybrid_eagle_chain(options.tree)
+        policy, num_speculative_tokens = LoneRowK(num_speculative_tokens, min(num_speculative_tokens, chain)), None
     engine = BatchEngine(target, drafter, max_batch_size=max_batch_size, max_len=max_len,
                          num_speculative_tokens=num_speculative_tokens, policy=policy, acceptance=acceptance,
                          draft_stop=None if isinstance(stop, FixedStop) else lambda: parse_draft_stop(options.draft_stop),

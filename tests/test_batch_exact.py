@@ -3,7 +3,8 @@
 The statistical test of test_sampling_exact.py, run through the batched engine: eight
 rows at a time (each its own seed, next to a row with a longer prompt), first three
 tokens of each row against the enumerated target distribution, with the draft model and
-with each head method (a chain drafter per row, heads shared). A wrong rule fails it.
+with each head method (a chain drafter per row, heads shared; hybrid-eagle's prompt lookup
+beside it). A wrong rule fails it.
 """
 
 from collections import Counter
@@ -25,10 +26,13 @@ ROWS = 8
 
 def head_options(method: str) -> DraftOptions:
     """Random heads for the tiny target, as the single-row tests of each method build them."""
-    if method == "eagle":
+    if method in ("eagle", "hybrid-eagle"):
         from test_eagle import random_head
 
-        return DraftOptions(heads=random_head(TARGET.model, torch.tensor([0, 1, 3])))
+        heads = random_head(TARGET.model, torch.tensor([0, 1, 3]))
+        # hybrid-eagle: two-token tails, so that prompt lookup matches in these short rows
+        # (its one-hot proposals beside the drafter's sampled chains, row by row).
+        return DraftOptions(heads=heads, ngram_max=2, ngram_min=2) if method == "hybrid-eagle" else DraftOptions(heads=heads)
     if method == "medusa":
         from test_medusa import random_heads
 
@@ -81,7 +85,7 @@ def test_wrong_rule_fails_the_batched_test():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["eagle", "medusa", "prophet"])
+@pytest.mark.parametrize("method", ["eagle", "medusa", "prophet", "hybrid-eagle"])
 def test_batched_head_rows_sample_the_target_distribution(method):
     assert batched_pvalue(SamplingParams(temperature=1.0), method=method) > 1e-3
 

@@ -20,7 +20,7 @@ def plain():
     return [gen.generate(p, max_new_tokens=40).token_ids for p in PROMPTS]
 
 
-@pytest.mark.parametrize("method", ["medusa", "prophet", "eagle"])
+@pytest.mark.parametrize("method", ["medusa", "prophet", "eagle", "hybrid-eagle"])
 def test_batched_head_rows_are_lossless_and_draft(method, plain):
     gen = SpeculativeGenerator.from_pretrained(method=method)
     outs = gen.generate(PROMPTS, max_new_tokens=40, batch_size=len(PROMPTS))
@@ -66,3 +66,28 @@ def test_batched_head_rows_draft_the_generators_k(plain):
     assert [o.token_ids for o in outs] == plain
     deepest = max(len(o.stats.drafted_per_position) for o in outs)
     assert deepest == 2 < HEAD_BATCH_K["eagle"]
+
+
+def test_batched_hybrid_eagle_rows_look_up_else_draft_their_own_chain(plain, monkeypatch):
+    """hybrid-eagle's batched rows: each row's prompt lookup where its tail matches (up to
+    k = 6 tokens alone, 2 beside other rows), else that row's EAGLE chain (at most 2), the
+    drafter catching up on the lookup's tokens when it next drafts; every row's output is
+    plain decoding's."""
+    from quickdraft.drafters.hybrid import HybridDrafter
+    from quickdraft.drafters.ngram import NgramDrafter
+
+    gen = SpeculativeGenerator.from_pretrained(method="hybrid-eagle")
+    engine = make_batch_engine(gen.target, "hybrid-eagle", None, max_batch_size=2, options=gen.plan.options)
+    assert isinstance(engine.drafter, HybridDrafter) and isinstance(engine.drafter.model, PerRowDrafter)
+    assert (engine.k_for(1), engine.k_for(2), engine.k_for(8)) == (6, 2, 2)  # lone: k; else the chain
+    sizes: dict[str, list[int]] = {"ngram": [], "eagle": []}
+    for who, cls in (("ngram", NgramDrafter), ("eagle", PerRowDrafter)):
+        def record(self, slots, sequences, ks, propose=cls.propose, who=who):
+            found = propose(self, slots, sequences, ks)
+            sizes[who] += [p.size for p in found if p.size]
+            return found
+        monkeypatch.setattr(cls, "propose", record)
+    outs = gen.generate(PROMPTS, max_new_tokens=40, batch_size=2)
+    assert [o.token_ids for o in outs] == plain
+    assert sizes["ngram"] and sizes["eagle"], sizes  # both drafted
+    assert max(sizes["eagle"]) <= 2 < max(sizes["ngram"]) <= 6, sizes

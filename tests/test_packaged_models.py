@@ -62,15 +62,15 @@ def test_a_packaged_model_names_the_method_it_decodes_with_by_default(installed,
     assert registry.default_method(NAME, "some/draft") == "draft"
     assert registry.default_method(None) == registry.default_method("qd-stdlib-target") == "draft"
     assert registry.default_method(installed.with_name("other.gguf")) == "draft"
-    # its server batches requests: EAGLE (auto's choice runs the solo engine)
-    assert registry.default_method(NAME, serving=True) == "eagle"
+    # its server: hybrid-eagle, auto's usual choice, batched and not measured at start
+    assert registry.default_method(NAME, serving=True) == "hybrid-eagle"
     assert registry.default_method(NAME, "some/draft", serving=True) == registry.default_method(None, serving=True)
     assert registry.default_method(None, serving=True) == "draft"
     assert main(["models", "--json"]) == 0
     entry = next(m for m in json.loads(capsys.readouterr().out) if m["name"] == NAME)
-    assert entry["method"] == "auto" and entry["serve_method"] == "eagle"
+    assert entry["method"] == "auto" and entry["serve_method"] == "hybrid-eagle"
     assert main(["models"]) == 0
-    assert "method: auto (serve: eagle)" in capsys.readouterr().out
+    assert "method: auto (serve: hybrid-eagle)" in capsys.readouterr().out
     # a flag the default method cannot use names the default it was checked against
     assert main(["generate", "--model", NAME, "--prompt", "x", "--draft-stop", "dv"]) == 2
     err = capsys.readouterr().err.strip()

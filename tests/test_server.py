@@ -78,7 +78,7 @@ def test_completions_greedy_equal_plain_decoding(client, plain):
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
 
 
-def test_chat_greedy_equals_plain_decoding(client, plain):
+def test_chat_greedy_equals_plain_decoding(client, server, plain):
     prompt = PROMPTS[1]  # the code template: one user message is the prompt itself
     out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": prompt}],
                                          max_tokens=12, temperature=0)
@@ -89,6 +89,9 @@ def test_chat_greedy_equals_plain_decoding(client, plain):
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == plain[prompt]
     assert chunks[-1].choices[0].finish_reason == "length"
+    # The load test streams a chat category's messages the same way.
+    streamed = stream_completion(server.url, MODEL, [{"role": "user", "content": prompt}], 12)
+    assert streamed.text == plain[prompt] and streamed.tokens == 12 and streamed.ttft is not None
 
 
 def test_sse_wire_format(server):

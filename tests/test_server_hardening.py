@@ -413,3 +413,9 @@ def test_batched_eagle_rows_draft_the_k_the_server_settled():
     assert engine.k_for(1) == engine.k_for(2) == loaded.k
     given = load_server(build_parser().parse_args(["serve", "--method", "eagle", "-k", "3", "--max-batch-size", "2"]))
     assert given.scheduler.engine.num_speculative_tokens == 3 != HEAD_BATCH_K["eagle"]
+    # hybrid-eagle batches too: its k (or -k) for a lone row, its EAGLE chain's beside others.
+    for flags, lone in (([], HEAD_BATCH_K["hybrid-eagle"]), (["-k", "3"], 3)):
+        loaded = load_server(build_parser().parse_args(["serve", "--method", "hybrid-eagle", *flags,
+                                                        "--max-batch-size", "2"]))
+        engine = loaded.scheduler.engine
+        assert engine.name == "batch" and loaded.k == lone and (engine.k_for(1), engine.k_for(2)) == (lone, 2)

@@ -41,7 +41,7 @@ from ..models.ragged import Feed, ragged_forward
 from ..models.transformer import RaggedRow
 from .draft_model import present_logits
 from .early_exit import check_exit_layer, resolve_exit_head, step_head
-from .factory import BATCH_METHODS, DraftOptions, ngram_drafter
+from .factory import BATCH_METHODS, DraftOptions, hybrid_eagle_chain, ngram_drafter
 from .hybrid import HybridDrafter
 from .per_row import HEAD_BATCH_K, per_row_head_drafter
 
@@ -210,9 +210,9 @@ class BatchedEarlyExit(BatchedChain):
 def make_batch_drafter(method: str, draft: NativeLM | None, target: NativeLM, max_batch_size: int,
                        max_len: int, options: DraftOptions = DraftOptions()) -> Drafter:
     """The drafter of ``method`` for up to ``max_batch_size`` rows of ``max_len`` tokens (ar,
-    draft, ngram, hybrid, early-exit, and the head methods medusa, prophet and eagle drafting
-    a chain per row; ``options`` gives the n-gram sizes, the exit head and layer, the
-    heads); trees, multi-draft and layer skip are batch 1 only."""
+    draft, ngram, hybrid, early-exit, and the head methods medusa, prophet, eagle and
+    hybrid-eagle drafting a chain per row; ``options`` gives the n-gram sizes, the exit head
+    and layer, the heads); trees, multi-draft and layer skip are batch 1 only."""
     if method == "ar":
         return NoDrafter()
     if method == "ngram":
@@ -223,6 +223,11 @@ def make_batch_drafter(method: str, draft: NativeLM | None, target: NativeLM, ma
     if method == "early-exit":
         head = resolve_exit_head(target, options.exit_head, options.exit_layer, options.draft_vocab)
         return BatchedEarlyExit(target, head, max_batch_size, max_len)
+    if method == "hybrid-eagle":  # prompt lookup per row, else that row's EAGLE chain
+        chain = hybrid_eagle_chain(options.tree)
+        return HybridDrafter(ngram_drafter(method, options, target),
+                             per_row_head_drafter("eagle", target, max_batch_size, options, chain),
+                             fixed_k=HEAD_BATCH_K[method])
     if method in HEAD_BATCH_K:
         return per_row_head_drafter(method, target, max_batch_size, options)
     if draft is None:

@@ -82,8 +82,9 @@ METHODS: dict[str, MethodSpec] = {
     "hybrid-eagle": MethodSpec("the n-gram continuation when 3+ tokens match, else an EAGLE drafter's chain (--heads DIR, "
                                "default: the drafter shipped for the target; --tree 1,...,1 sets the chain, "
                                "default 1,1); the drafter catches up on the n-gram's tokens when it next drafts",
-                               needs="heads", chain=True,
-                               default_k="6 (the n-gram's most; the EAGLE chain is --tree's, at most k)"),
+                               needs="heads", chain=True, batched=True,
+                               default_k="6 (the n-gram's most; the EAGLE chain is --tree's, at most k), "
+                                         "batched too"),
     "auto": MethodSpec("the cost model picks the method, k and tree for this pair and machine (measured once, cached)",
                        needs="measured", default_k="the cost model's choice with the method"),
 }
@@ -258,6 +259,16 @@ HYBRID_EAGLE_TREE = ",".join(["1"] * HYBRID_EAGLE_CHAIN)
 HYBRID_EAGLE_K = 6
 
 
+def hybrid_eagle_chain(tree: str | None) -> int:
+    """How many tokens ``hybrid-eagle``'s EAGLE chain drafts: ``--tree 1,...,1`` (one 1 a
+    token; None: :data:`HYBRID_EAGLE_TREE`); a one-line ValueError for any other tree."""
+    shape = parse_tree(tree or HYBRID_EAGLE_TREE)
+    if not (isinstance(shape, StaticTree) and all(w == 1 for w in shape.widths)):
+        raise ValueError(f"--method hybrid-eagle drafts a chain: pass --tree 1,1,...,1 (one 1 per token), "
+                         f"not --tree {tree}")
+    return len(shape.widths)
+
+
 def _eagle_drafter(target: CausalLM | None, options: DraftOptions, stop, hybrid: bool = False) -> Drafter:
     """``--method eagle``'s drafter (or ``hybrid-eagle``'s chain, ``hybrid``)."""
     from .eagle import EagleDrafter, eagle_shape, load_eagle_head
@@ -270,9 +281,8 @@ def _eagle_drafter(target: CausalLM | None, options: DraftOptions, stop, hybrid:
                      and not adaptive)
     tree = options.tree or (",".join(["1"] * ADAPTIVE_MAX_DEPTH) if adaptive else
                             HYBRID_EAGLE_TREE if hybrid else None)
+    if hybrid:
+        hybrid_eagle_chain(tree)  # its one-line error for a tree
     shape = eagle_shape(tree, options.tree_children, device)
-    if hybrid and not (isinstance(shape, StaticTree) and all(w == 1 for w in shape.widths)):
-        raise ValueError(f"--method hybrid-eagle drafts a chain: pass --tree 1,1,...,1 (one 1 per token), "
-                         f"not --tree {tree}")
     return EagleDrafter(target, load_eagle_head(target, options.heads, options.draft_vocab), shape, by_cost_model,
                         stop)

@@ -30,9 +30,11 @@ class HybridDrafter:
     drafter can feed the tokens it skipped, each with its own feature, when it next drafts.
     """
 
-    def __init__(self, ngram: NgramDrafter, model: Drafter, own_k: tuple[int, str] | None = None) -> None:
-        """``own_k``: the k (and its source) the generator settles on when none is given."""
-        self.ngram, self.model, self.own_k = ngram, model, own_k
+    def __init__(self, ngram: NgramDrafter, model: Drafter, own_k: tuple[int, str] | None = None,
+                 fixed_k: int | None = None) -> None:
+        """``own_k``: the k (and its source) the generator settles on when none is given;
+        ``fixed_k``: the k batched rows draft when none is given (None: the batch policy's)."""
+        self.ngram, self.model, self.own_k, self.fixed_k = ngram, model, own_k, fixed_k
         self.name = f"hybrid({ngram.name}+{model.name})"
         self._by_ngram: set[int] = set()  # slots whose last proposal was the n-gram's
         self.reads_hidden = tuple(getattr(model, "reads_hidden", ()))  # the engine asks for these states

@@ -25,12 +25,13 @@ from ..decoding.drafter import Drafter
 from ..decoding.proposal import Proposal
 from ..decoding.sampling import SamplingParams
 from ..models.lm import NativeLM
-from .factory import DraftOptions
+from .factory import HYBRID_EAGLE_K, DraftOptions
 
 #: The head methods and the k they draft with when none is given: a batched row's k (the
 #: batch policy measures draft models' steps, not heads', so it does not choose it yet) and
-#: the k ``--method auto`` measures them at (medusa's default 2,2,1 tree stops at depth 3).
-HEAD_BATCH_K = {"medusa": 4, "prophet": 4, "eagle": 6}
+#: the k ``--method auto`` measures them at (medusa's default 2,2,1 tree stops at depth 3;
+#: hybrid-eagle's k is its prompt lookup's most, its EAGLE chain shorter).
+HEAD_BATCH_K = {"medusa": 4, "prophet": 4, "eagle": 6, "hybrid-eagle": HYBRID_EAGLE_K}
 
 
 class PerRowDrafter:
@@ -65,9 +66,11 @@ class PerRowDrafter:
         self.rows[slot].leave(0)
 
 
-def per_row_head_drafter(method: str, target: NativeLM, max_batch_size: int, options: DraftOptions) -> PerRowDrafter:
+def per_row_head_drafter(method: str, target: NativeLM, max_batch_size: int, options: DraftOptions,
+                         depth: int = MAX_BATCH_K) -> PerRowDrafter:
     """The batched drafter of a head method: its heads loaded once (``options.heads``: loaded
-    heads, a directory, or None for the ones shipped for ``target``), a chain drafter per row."""
+    heads, a directory, or None for the ones shipped for ``target``), a chain drafter per row
+    (EAGLE's at most ``depth`` long, whatever a row's k: hybrid-eagle's chain)."""
     if method == "medusa":
         from .medusa import MedusaDrafter, load_heads
 
@@ -83,7 +86,7 @@ def per_row_head_drafter(method: str, target: NativeLM, max_batch_size: int, opt
         from .shapes import StaticTree
 
         head = load_eagle_head(target, options.heads, options.draft_vocab)
-        make = partial(EagleDrafter, target, head, StaticTree((1,) * MAX_BATCH_K))
+        make = partial(EagleDrafter, target, head, StaticTree((1,) * depth))
     else:
         raise ValueError(f"{method} is not a head method")
     return PerRowDrafter(make, max_batch_size, HEAD_BATCH_K[method])

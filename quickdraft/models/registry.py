@@ -110,10 +110,11 @@ PACKAGED_MODELS = (
         # and both together win on different text: let the cost model choose, per kind of
         # request (measured once per machine, ~25 s, then cached).
         method="auto",
-        # auto's choice (hybrid-eagle) runs the solo engine, which steps concurrent requests
-        # one after another; EAGLE batches them: a lone chat request 253-456 tok/s (draft, the
-        # global default: 174-231), six at once 444-471 in all (draft: 476-541; auto: 307-324).
-        serve_method="eagle",
+        # auto's usual choice, batched: prompt lookup up to 6 tokens for a lone request, up to
+        # the EAGLE chain's 2 beside others (docs/bench/serve_engines_ab.py, one process: 1 /
+        # 4 / 8 rows, code 2.32 / 1.40 / 1.31x batched plain decoding where eagle made 1.71 /
+        # 1.22 / 1.16x, chats 1.42 / 1.03 / 0.86x against 1.44 / 1.00 / 0.88x).
+        serve_method="hybrid-eagle",
     ),
 )
 
@@ -143,7 +144,7 @@ def packaged_file(model: PackagedModel) -> Path | None:
 def default_method(model: str | os.PathLike | None, draft: str | os.PathLike | None = None,
                    serving: bool = False) -> str:
     """The decoding method when none is named: a packaged model's own (SmolLM2: ``auto``;
-    ``serving``: its server's, ``eagle``), named or by its installed file, unless a draft is
+    ``serving``: its server's, ``hybrid-eagle``), named or by its installed file, unless a draft is
     given; else :data:`DEFAULT_METHOD`."""
     if model is None or draft is not None:
         return DEFAULT_METHOD

@@ -140,6 +140,23 @@ class _Calibration:
         return StepCosts(t_ar=verify[1], t_draft=t_draft, verify=verify)
 
 
+class LoneRowK:
+    """k by whether a row decodes alone: ``lone`` for one row, ``crowded`` for more; no
+    measurement. hybrid-eagle's batched rows take it (``lone`` its k, ``crowded`` its EAGLE
+    chain): a lone row's prompt lookup proposes as many tokens as ``generate``'s does, but
+    with several rows the verify pass is compute-bound and longer lookups cost more than
+    they earn (SmolLM2, 4 rows of the bench's code prompts, one run per k: hybrid-eagle k =
+    2 / 4 / 6 made 1.45 / 1.09 / 1.07x batched plain decoding, chats 0.97 / 1.04 / 0.78x;
+    one row 2.00 / 2.71 / 1.94x and 1.43 / 1.56 / 1.21x; docs/batching.md)."""
+
+    def __init__(self, lone: int, crowded: int) -> None:
+        self.lone, self.crowded = lone, crowded
+
+    def k(self, rows: int, pooled: GenerationStats | RecentAcceptance | None = None,
+          context: int | None = None) -> int:
+        return self.lone if rows <= 1 else self.crowded
+
+
 #: Contexts are bucketed so the policy's answer is kept while rows grow a few tokens.
 CONTEXT_BUCKET = 64
 

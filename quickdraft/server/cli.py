@@ -41,9 +41,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--model", help="target: embedded name, HF directory or hub id (default: embedded default)")
     p.add_argument("--draft", help="draft model with the target's tokenizer (default: the target's paired draft)")
     p.add_argument("--method", choices=list(METHODS), default=None,
-                   help="decoding method, as for generate (default: draft; eagle for smollm2-135m, whose "
-                   "requests it batches; auto decodes a lone request a little faster there but runs "
-                   "hybrid-eagle on the solo engine, which steps concurrent requests one after another)")
+                   help="decoding method, as for generate (default: draft; hybrid-eagle for smollm2-135m: "
+                   "auto's usual choice there, without measuring it at start)")
     add_method_options(p)
     p.add_argument("--num-speculative-tokens", "-k", type=positive_int, default=None,
                    help="draft tokens per step (default: the cost model's choice, as for generate; the "

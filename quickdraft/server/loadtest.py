@@ -5,7 +5,8 @@ chunks (p50 / p99 / max: how long running streams stall), per prompt category.
     python -m quickdraft.server.loadtest --start -- -k 3          # starts its own server
     python -m quickdraft.server.loadtest --url http://127.0.0.1:8000 --concurrency 1,8
 
-Every request streams ``/v1/completions`` (greedy unless ``--temperature``). The
+Every request streams ``/v1/completions``, or ``/v1/chat/completions`` for a category of
+chats (``chat``: the messages through the model's template; greedy unless ``--temperature``). The
 aggregate rate is completion tokens of every finished request over the wall time of the
 whole run at that concurrency; the ratio column compares it with concurrency 1 run in the
 same process. Only loopback or the address you give is contacted; the number of requests
@@ -36,7 +37,7 @@ class Result:
     message (refused or failed), ``disconnected`` (we hung up)."""
 
     index: int
-    prompt: str
+    prompt: str | list[dict]
     status: int = 0
     text: str = ""
     tokens: int = 0
@@ -68,19 +69,22 @@ def sse_events(response: http.client.HTTPResponse):
                     yield line[6:]
 
 
-def stream_completion(url: str, model: str, prompt: str, max_tokens: int, *, index: int = 0,
+def stream_completion(url: str, model: str, prompt: str | list[dict], max_tokens: int, *, index: int = 0,
                       temperature: float = 0.0, seed: int | None = None, disconnect_after: int | None = None,
                       timeout: float = 300.0) -> Result:
-    """Stream one completion; hang up after ``disconnect_after`` chunks with tokens."""
+    """Stream one completion (``prompt`` a string) or chat completion (a list of messages);
+    hang up after ``disconnect_after`` chunks with tokens."""
     result = Result(index, prompt)
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
-            "stream": True, "stream_options": {"include_usage": True}}
+    chat = not isinstance(prompt, str)
+    body = {"model": model, "messages" if chat else "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": temperature, "stream": True, "stream_options": {"include_usage": True}}
     if seed is not None:
         body["seed"] = seed
     started = time.perf_counter()
     conn = _connection(url, timeout)
     try:
-        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
         response = conn.getresponse()
         result.status = response.status
         if response.status != 200:
@@ -97,7 +101,7 @@ def stream_completion(url: str, model: str, prompt: str, max_tokens: int, *, ind
             if chunk.get("usage"):
                 result.tokens = chunk["usage"]["completion_tokens"]
             for choice in chunk["choices"]:
-                result.text += choice.get("text", "")
+                result.text += (choice.get("delta", {}).get("content") or "") if chat else choice.get("text", "")
                 step = choice.get("quickdraft") or {}
                 if step.get("tokens"):
                     seen += 1
@@ -121,7 +125,7 @@ def stream_completion(url: str, model: str, prompt: str, max_tokens: int, *, ind
     return result
 
 
-def run_load(url: str, model: str, prompts: list[str], requests: int, concurrency: int, max_tokens: int,
+def run_load(url: str, model: str, prompts: list[str | list[dict]], requests: int, concurrency: int, max_tokens: int,
              disconnect_every: int = 0, temperature: float = 0.0) -> tuple[list[Result], float]:
     """``requests`` streamed completions (prompts in turn), ``concurrency`` at a time; every
     ``disconnect_every``-th request hangs up after its first chunk. Returns the results and
@@ -191,10 +195,11 @@ def _model(url: str) -> str:
     return json.loads(conn.getresponse().read())["data"][0]["id"]
 
 
-def category_prompts(category: str, limit: int) -> list[str]:
+def category_prompts(category: str, limit: int) -> list[str | list[dict]]:
+    """The category's first ``limit`` bench prompts: texts, or a chat's messages."""
     from ..bench.prompts import category_file, load_prompts
 
-    return [p.prompt for p in load_prompts(category_file(category))][:limit]
+    return [p.messages if p.is_chat else p.prompt for p in load_prompts(category_file(category))][:limit]
 
 
 def main(argv: list[str] | None = None) -> int:
