@@ -3,7 +3,8 @@ batched speculative decoding, per prompt category.
 
 For each category and batch size B, the category's prompts (cycled up to ``max(B, 4)``
 requests) run through the batched engine with at most B rows at a time, once with plain
-decoding and once per speculative method (k from the batch policy unless ``-k``), the
+decoding and once per speculative method (k from the batch policy unless ``-k``; a head
+method's, which has none, the k ``quickdraft serve`` settles for it), the
 methods alternating, ``repeats`` times. Throughput = new tokens of all requests / wall
 time; the ratio is speculative over plain in the same run. Greedy rows are also checked
 token for token against the plain rows.
@@ -21,6 +22,8 @@ from ..decoding.sampling import SamplingParams
 from ..decoding.stats import GenerationStats
 from ..decoding.stopping import StopConditions
 from ..drafters.factory import BATCH_METHODS
+from ..drafters.per_row import HEAD_BATCH_K
+from ..generator import SpeculativeGenerator
 from .config import BenchConfig, BenchError
 from .context import BenchContext, encode_prompts, stop_at_end_of_turn
 from .prompts import BenchPrompt
@@ -78,10 +81,15 @@ def run_batch_benchmark(ctx: BenchContext, prompts: Sequence[BenchPrompt], confi
     params = SamplingParams(config.temperature, seed=config.seed)
     first = next(iter(categories.values()))
     groups = {category: [] for category in categories}
+    # A head method's rows have no batch policy: without -k they draft the k the server and
+    # generate([...]) settle for it (the cost model's for eagle), not HEAD_BATCH_K.
+    head_ks = {} if config.k is not None else {
+        m: SpeculativeGenerator.for_pair(ctx.target, ctx.draft, ctx.tokenizer, m, log=log).settled_k()
+        for m in methods if m in HEAD_BATCH_K}
     for b in sizes:  # one batch size at a time: its engines' caches are freed after it
         engines = {}
         for m in ["ar", *methods]:
-            k = 0 if m == "ar" else config.k
+            k = 0 if m == "ar" else config.k if config.k is not None else head_ks.get(m)
             log(f"batch {b}: {m} engine" + (" (batch policy: costs measured once, then cached)" if k is None else ""))
             engines[m] = make_batch_engine(ctx.target, m, ctx.draft, max_batch_size=b, max_len=max_len,
                                            num_speculative_tokens=k)
