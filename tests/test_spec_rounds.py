@@ -110,3 +110,44 @@ def test_smollm2_c_rounds_decode_what_the_loop_does(method, monkeypatch):
     gen = SpeculativeGenerator.from_pretrained("smollm2-135m", method=method)
     cases = [dict(text=text, n=n) for text in PROMPTS for n in (3, 64)]
     assert_rounds_match(gen, monkeypatch, cases, k=6)
+
+
+def stop_policy_of(drafter):
+    from quickdraft.drafters.hybrid import HybridDrafter
+
+    chain = drafter.model if isinstance(drafter, HybridDrafter) else drafter
+    return getattr(chain, "stop_policy", None) or chain.stop
+
+
+@pytest.mark.parametrize("method,stop", [("eagle", "confidence:0.4"), ("eagle", "dv"), ("eagle", "heuristic"),
+                                         ("draft", "dv:start=0.05,max=3"), ("draft", "heuristic"), ("hybrid-eagle", "dv"),
+                                         ("hybrid", "heuristic")])
+def test_c_rounds_apply_a_draft_stop_policy_as_the_loop_does(method, stop, monkeypatch):
+    """--draft-stop confidence, dv and heuristic in the C rounds: the chains' lengths, the
+    tokens and stats of the round-by-round loop, and the policy's state after them (dv's
+    threshold and acceptance, heuristic's n) the same to the bit."""
+    from copy import deepcopy
+
+    from quickdraft.drafters import DraftOptions
+
+    gen = SpeculativeGenerator.from_pretrained(method=method, options=DraftOptions(draft_stop=stop))
+    policy = stop_policy_of(gen.drafter)
+    assert policy.name.startswith(stop.partition(":")[0])
+    for text, n in ((PROMPTS[0], 60), (PROMPTS[1], 60), (PROMPTS[1], 5)):
+        ids = torch.tensor(gen.tokenizer(text)["input_ids"])
+        start = deepcopy(policy.__dict__)
+        want_steps, want = run(gen, ids, n, k=5, one_call=False, monkeypatch=monkeypatch)
+        after_loop = deepcopy(policy.__dict__)
+        policy.__dict__.update(deepcopy(start))
+        calls: list = []
+        counting(monkeypatch, calls)
+        got_steps, got = run(gen, ids, n, k=5, monkeypatch=monkeypatch)
+        assert [s.tokens for s in got_steps] == [s.tokens for s in want_steps], (text, n)
+        assert [s.drafted for s in got_steps] == [s.drafted for s in want_steps], (text, n)
+        for key in STATS:
+            assert getattr(got, key) == getattr(want, key), (text, n, key)
+        assert policy.__dict__ == after_loop, (text, n)
+        if n > 2 * engine.SPEC_CHUNK:  # the rounds ran in C, a chunk a call
+            assert calls and all(c is not None for c in calls) and max(calls) >= engine.SPEC_CHUNK, calls
+            drafted = want.drafted_per_position  # and the policy set the chains' lengths: not all k = 5 long
+            assert len(drafted) < 5 or drafted[0] > drafted[-1], drafted

@@ -1,9 +1,9 @@
 """A/B in one process: greedy speculative rounds several at a time in one C call (session 45,
 ``engine.SPEC_CHUNK``) against one round at a time through the engine's Python loop.
 
-    python docs/bench/spec_rounds_ab.py [--model smollm2-135m] [--repeats 2] [eagle:2 hybrid-eagle:6]
+    python docs/bench/spec_rounds_ab.py [--model smollm2-135m] [--repeats 2] [eagle:2 hybrid-eagle:6 eagle:12@dv]
 
-Every ``METHOD[:K]`` and plain decoding decode the bench's chat and code prompts (128
+Every ``METHOD[:K][@DRAFT_STOP]`` and plain decoding decode the bench's chat and code prompts (128
 tokens), both ways, alternating the order prompt by prompt; outputs must be identical (plain
 decoding's). Prints, per category, decode tokens/s summed over the prompts, each way's
 speedup over plain decoding measured beside it, and new / old. Take the CPU lock first
@@ -23,6 +23,7 @@ from quickdraft import SpeculativeGenerator  # noqa: E402
 from quickdraft.bench.prompt_sets import build_code, category_file  # noqa: E402
 from quickdraft.bench.prompts import load_prompts  # noqa: E402
 from quickdraft.decoding import engine  # noqa: E402
+from quickdraft.drafters import DraftOptions  # noqa: E402
 
 CHUNK = engine.SPEC_CHUNK
 
@@ -36,8 +37,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(2)
     plain = SpeculativeGenerator.from_pretrained(args.model, method="ar")
-    gens = {spec: SpeculativeGenerator.from_pretrained(args.model, method=spec.partition(":")[0])
-            for spec in args.methods}
+    gens = {spec: SpeculativeGenerator.from_pretrained(
+        args.model, method=spec.partition(":")[0].partition("@")[0],
+        options=DraftOptions(draft_stop=spec.partition("@")[2] or "fixed")) for spec in args.methods}
     categories = {"chat": load_prompts(category_file("chat")), "code": build_code()}
     runs = [("ar", None, plain)] + [(spec, way, gens[spec]) for spec in args.methods for way in ("new", "old")]
     for category, prompts in categories.items():
@@ -49,7 +51,7 @@ def main() -> None:
                 expected = None
                 for spec, way, gen in runs[shift:] + runs[:shift]:
                     engine.SPEC_CHUNK = 0 if way == "old" else CHUNK
-                    k = spec.partition(":")[2]
+                    k = spec.partition("@")[0].partition(":")[2]
                     kwargs = {"max_new_tokens": args.max_new_tokens, **({"num_speculative_tokens": int(k)} if k else {})}
                     out = (gen.generate(messages=list(prompt.messages), **kwargs) if prompt.is_chat
                            else gen.generate(prompt.prompt, **kwargs))

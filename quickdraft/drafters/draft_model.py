@@ -12,7 +12,7 @@ from ..decoding.sampling import SamplingParams
 from ..models.cpu_kernels import SpecRounds
 from ..models.decode_linear import row_dependent_rounding
 from ..models.lm import CausalLM, NativeLM
-from .draft_stop import DraftStop, FixedStop
+from .draft_stop import DraftStop, FixedStop, rounds_state_of
 from .shapes import Node, Shape, as_proposal
 
 
@@ -150,21 +150,25 @@ class DraftModelDrafter:
         """Greedy rounds of this draft's chains, verified by ``target``, in one C call
         (``NativeLM.spec_rounds``; ``ngram``: prompt lookup's tail sizes first, hybrid): the
         tokens, caches and counts the engine's rounds through :meth:`propose` and
-        :meth:`verified` give. None where that call does not run (a tree or multi-draft, a
-        draft-stop policy, sampling, a draft our kernels do not run whole)."""
+        :meth:`verified` give, and the draft-stop policy's state. None where that call does
+        not run (a tree or multi-draft, a stop policy that weighs costs, sampling, a draft our
+        kernels do not run whole)."""
         spec_rounds, draft = getattr(target, "spec_rounds", None), self.model
+        policy = None if self.stop.name == "fixed" else rounds_state_of(self.stop)
         if (spec_rounds is None or not self.params.greedy or type(self.shape) is not Shape
-                or self.stop.name != "fixed" or not isinstance(draft, NativeLM) or draft.cache is None
-                or draft.static is not None):
+                or (self.stop.name != "fixed" and policy is None) or not isinstance(draft, NativeLM)
+                or draft.cache is None or draft.static is not None):
             return None
         chain = draft.model.chain_model(draft.cache, self.vocab_size, length + chunk + k + 1)
         if chain is None:
             return None
         out = spec_rounds(sequence, length, None, (0, 0, 0), None, k, k, ngram, remaining, context, chunk, stop_ids,
-                          (chain, draft.length))
+                          (chain, draft.length), policy)
         if out is not None:
             draft.length, draft.hidden_states = out.drafted, {}
             self._kv_rows, self._drafted = {}, 0
+            if policy is not None:
+                self.stop.take_rounds_state(policy)
         return out
 
     def _proposal(self, nodes: list[Node], keep: list[int]) -> Proposal:

@@ -20,6 +20,17 @@ import torch
 #: The most tokens an adaptive policy drafts per step when no -k caps it (Draft & Verify's
 #: max of 12 drafts); the fixed policy's k is chosen by the cost model instead.
 ADAPTIVE_MAX_DEPTH = 12
+#: How many numbers a policy's state takes in greedy rounds run in C (``rounds_state``; the
+#: layout is ``qd_spec_rounds``' in models/kernels/layer_ops.c).
+ROUNDS_STATE = 10
+
+
+def rounds_state(kind: int, floor: float = 0.0, dv: tuple[float, ...] = (0.0,) * 6,
+                 heuristic: tuple[float, float] = (-1.0, 0.0)) -> torch.Tensor:
+    """A policy's state for greedy rounds in C: its kind (0 fixed, 1 confidence, 2 dv, 3
+    heuristic), its confidence floor, dv's acceptance, target, eps, beta1, beta2 and most
+    drafts, then heuristic's n (-1: unset) and the cap (dv's last, heuristic's largest k)."""
+    return torch.tensor([kind, floor, *dv, *heuristic], dtype=torch.float64)
 
 
 class StepCostTable(Protocol):
@@ -60,6 +71,20 @@ class DraftStop(Protocol):
     def observe(self, drafted: int, accepted: int) -> None:
         """After each verification: ``accepted`` of the ``drafted`` tokens were accepted."""
 
+    def rounds_state(self) -> torch.Tensor | None:
+        """This policy's state for greedy rounds run in C (:func:`rounds_state`), which
+        apply its ``max_depth``, floor and ``observe`` as it would; None where it weighs
+        more than that (the rounds then go one at a time through Python)."""
+
+    def take_rounds_state(self, state: torch.Tensor) -> None:
+        """Its state after those rounds."""
+
+
+def rounds_state_of(policy: DraftStop) -> torch.Tensor | None:
+    """``policy.rounds_state()``, or None for a policy without one (one of the caller's own)."""
+    state = getattr(policy, "rounds_state", None)
+    return None if state is None else state()
+
 
 class FixedStop:
     """Always ``k`` tokens (what every chain drafter did before adaptive stopping)."""
@@ -75,6 +100,12 @@ class FixedStop:
         return True
 
     def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+    def rounds_state(self) -> torch.Tensor:
+        return rounds_state(0)
+
+    def take_rounds_state(self, state: torch.Tensor) -> None:
         pass
 
 
@@ -101,6 +132,12 @@ class ConfidenceStop:
         return float(q.max()) >= self.threshold
 
     def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+    def rounds_state(self) -> torch.Tensor:
+        return rounds_state(1, self.threshold)
+
+    def take_rounds_state(self, state: torch.Tensor) -> None:
         pass
 
 
@@ -151,6 +188,13 @@ class DraftVerifyStop:
             goal = self.threshold - self.eps
         self.threshold = self.beta2 * self.threshold + (1 - self.beta2) * goal
 
+    def rounds_state(self) -> torch.Tensor:
+        return rounds_state(2, self.threshold, (self.acceptance, self.target, self.eps, self.beta1, self.beta2,
+                                                self.max_drafts), (-1.0, self._cap))
+
+    def take_rounds_state(self, state: torch.Tensor) -> None:
+        self.threshold, self.acceptance, self._cap = float(state[1]), float(state[2]), int(state[9])
+
 
 class HeuristicStop:
     """transformers' assisted-generation schedule (``num_assistant_tokens_schedule=
@@ -179,6 +223,13 @@ class HeuristicStop:
             return
         step = 2 if accepted == drafted else -1
         self.current = min(max(self.current + step, 1), self._cap)
+
+    def rounds_state(self) -> torch.Tensor:
+        return rounds_state(3, heuristic=(-1.0 if self.current is None else self.current, self._cap))
+
+    def take_rounds_state(self, state: torch.Tensor) -> None:
+        self.current = None if state[8] < 0 else int(state[8])
+        self._cap = int(state[9])
 
 
 class CostStop:
@@ -222,6 +273,12 @@ class CostStop:
         return gain / extra > self._expected / self._time(depth)
 
     def observe(self, drafted: int, accepted: int) -> None:
+        pass
+
+    def rounds_state(self) -> None:
+        return None  # it weighs measured costs: round by round
+
+    def take_rounds_state(self, state: torch.Tensor) -> None:
         pass
 
 

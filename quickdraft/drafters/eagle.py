@@ -31,7 +31,7 @@ from ..models.eagle import FILES as EAGLE_FILES
 from ..models.eagle import EagleConfig, EagleHead, load_eagle
 from ..models.lm import HIDDEN_STATES_NEED_NATIVE, CausalLM, NativeLM
 from ..models.quant_linear import quantize_drafter
-from .draft_stop import DraftStop
+from .draft_stop import DraftStop, rounds_state_of
 from .shapes import Node, Shape, StaticTree, as_proposal, parse_tree
 from .shipped import shipped_for
 
@@ -242,19 +242,22 @@ class EagleDrafter:
         (``NativeLM.spec_rounds``; ``ngram``: prompt lookup's tail sizes first, hybrid-eagle),
         until ``chunk`` tokens are settled or ``remaining`` / ``context`` / a stop id ends
         them: the tokens, caches and positions the engine's rounds through :meth:`propose`,
-        :meth:`verified` and :meth:`observe` give. None where that call does not run (a
-        tree, a stop policy, sampling, before the prefill, a drafter without its C chain or
-        reading other layers than the final one)."""
+        :meth:`verified` and :meth:`observe` give, and the stop policy's state. None where
+        that call does not run (a tree, a stop policy that weighs costs, sampling, before the
+        prefill, a drafter without its C chain or reading other layers than the final one)."""
         spec_rounds = getattr(target, "spec_rounds", None)
-        if (spec_rounds is None or not self.greedy_chains or self.stop_policy is not None or self.call is None
-                or self.reads_hidden != (self.target.config.n_layers,) or self.fed < 1 or self.known < length - 1
-                or self.head.maps_features != self.call.maps or not self.params.greedy):
+        policy = None if self.stop_policy is None else rounds_state_of(self.stop_policy)
+        if (spec_rounds is None or not self.greedy_chains or (self.stop_policy is not None and policy is None)
+                or self.call is None or self.reads_hidden != (self.target.config.n_layers,) or self.fed < 1
+                or self.known < length - 1 or self.head.maps_features != self.call.maps or not self.params.greedy):
             return None
         widths = self.shape.widths  # a chain (greedy_chains)
         out = spec_rounds(sequence, length, self.call, (self.fed, self.known, self.offset),
-                          self.features, k, len(widths), ngram, remaining, context, chunk, stop_ids)
+                          self.features, k, len(widths), ngram, remaining, context, chunk, stop_ids, policy=policy)
         if out is not None:
             self.fed, self.known, self._drafted = out.fed, out.known, 0
+            if policy is not None:
+                self.stop_policy.take_rounds_state(policy)
         return out
 
     def _depth(self, k: int) -> int:

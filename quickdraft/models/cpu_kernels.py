@@ -154,7 +154,7 @@ def library() -> ctypes.CDLL | None:
         _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr, _c_int64,
         # the rounds
         _ptr, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64,
-        _ptr, _c_int64, _ptr, _c_int64, _c_int]
+        _ptr, _c_int64, _ptr, _ptr, _c_int64, _c_int]
     lib.qd_spec_rounds.restype = _c_int64
     for fn in (lib.qd_block, lib.qd_blocks, lib.qd_blocks_ragged, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_bf16dp_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend, lib.qd_argmax_rows):
         fn.restype = None
@@ -612,7 +612,7 @@ def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torc
                 sequence: torch.Tensor, length: int, cached: int, fed: int, known: int, offset: int,
                 features: torch.Tensor | None, k: int, depth: int, ngram: tuple[int, int] | None, remaining: int,
                 context: int, chunk: int, stop_ids: Sequence[int],
-                draft: tuple[tuple, int] | None = None) -> SpecRounds:
+                draft: tuple[tuple, int] | None = None, policy: torch.Tensor | None = None) -> SpecRounds:
     """Greedy speculative rounds in one call (``qd_spec_rounds``): prompt lookup (``ngram``:
     its largest and smallest tail) when it matches, else ``chain``'s EAGLE chain of at most
     ``depth`` (reading the target's final states, through its map if it has one); the target's
@@ -623,8 +623,10 @@ def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torc
     ``EagleDrafter`` keeps them). Or, with ``draft`` (:func:`chain_model`'s arguments and
     the draft model's cache length), that model's greedy chain. Until ``chunk`` tokens are
     settled, ``remaining`` (the token budget) or ``context`` is reached, a token of
-    ``stop_ids`` is settled, or the drafter's cache is full. ``rope``: cos and signed sin from position 0, covering every
-    position fed. The same tokens and caches, bit for bit, as the engine's loop."""
+    ``stop_ids`` is settled, or the drafter's cache is full. ``rope``: cos and signed sin
+    from position 0, covering every position fed. ``policy``: the drafter's ``--draft-stop``
+    state (float64, ``draft_stop.ROUNDS_STATE`` values: ``rounds_state``), updated in place;
+    None: fixed. The same tokens and caches, bit for bit, as the engine's loop."""
     rounds_max = chunk + 1
     records = torch.empty(3 * rounds_max, dtype=torch.int64)
     state = torch.tensor([length, cached, fed, known, offset, 0 if draft is None else draft[1]], dtype=torch.int64)
@@ -646,7 +648,8 @@ def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torc
         *forward._head, *eagle, *model, cos.data_ptr(), sin.data_ptr(), sequence.data_ptr(), state.data_ptr(),
         None if features is None else features.data_ptr(), 0 if features is None else features.shape[1], k, depth,
         *(ngram or (0, 0)), remaining, context, chunk, None if stops is None else stops.data_ptr(),
-        0 if stops is None else stops.numel(), records.data_ptr(), rounds_max, torch.get_num_threads())
+        0 if stops is None else stops.numel(), None if policy is None else policy.data_ptr(), records.data_ptr(),
+        rounds_max, torch.get_num_threads())
     done = count if count >= 0 else -1 - count
     flat = records[: 3 * done].tolist()
     rounds = [(flat[i], flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)]

@@ -255,12 +255,14 @@ class NativeLM:
     def spec_rounds(self, sequence: torch.Tensor, length: int, chain: cpu_kernels.EagleChain | None,
                     drafter_state: tuple[int, int, int], features: torch.Tensor | None,
                     k: int, depth: int, ngram: tuple[int, int] | None, remaining: int, context: int, chunk: int,
-                    stop_ids: Sequence[int], draft: tuple[tuple, int] | None = None) -> cpu_kernels.SpecRounds | None:
+                    stop_ids: Sequence[int], draft: tuple[tuple, int] | None = None,
+                    policy: torch.Tensor | None = None) -> cpu_kernels.SpecRounds | None:
         """Greedy speculative rounds after ``sequence[:length]`` in one C call
         (``cpu_kernels.spec_rounds``: prompt lookup, else an EAGLE ``chain`` or a draft
         model's; this model verifies), the cache then holding what they kept. ``drafter_state``: the EAGLE
         drafter's ``fed``, ``known`` and ``offset`` positions; ``draft``: a draft model's
-        chain instead (``cpu_kernels.chain_model``'s and its cache length). None where it
+        chain instead (``cpu_kernels.chain_model``'s and its cache length); ``policy``: the
+        drafter's ``--draft-stop`` state, updated in place (None: fixed). None where it
         cannot run here (no one-call pass for this model and cache): decode round by round."""
         if self.cache is None or self.static is not None or not self.one_call or sequence.dtype != torch.int64:
             return None
@@ -268,7 +270,7 @@ class NativeLM:
         fed, known, offset = drafter_state
         out = cpu_kernels.spec_rounds(self.one_call, chain, (cos[0, 0], sin[0, 0]), sequence, length,
                                       self.length, fed, known, offset, features, k, depth, ngram, remaining, context,
-                                      chunk, stop_ids, draft)
+                                      chunk, stop_ids, draft, policy)
         self.length = out.cached
         self.hidden_states = {}
         return out

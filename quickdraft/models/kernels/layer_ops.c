@@ -1070,6 +1070,44 @@ static int64_t ngram_lookup(const int64_t *seq, int64_t n, int64_t k, int64_t ng
     return 0;
 }
 
+/* A --draft-stop policy's state in qd_spec_rounds (drafters/draft_stop.py's rounds_state):
+ * p[0] its kind (0 fixed, 1 confidence:T, 2 dv, 3 heuristic), p[1] the confidence floor
+ * (confidence, dv), p[2] dv's smoothed acceptance, p[3 .. 6] dv's target, eps, beta1 and
+ * beta2, p[7] dv's most drafts, p[8] heuristic's n (-1: not set yet), p[9] dv's cap of the
+ * last chain, heuristic's largest k. The Python classes' arithmetic, in double and in their
+ * order, so the chains' lengths and the state after the rounds are theirs. NULL: fixed. */
+static int64_t stop_depth(double *p, int64_t k) { /* max_depth */
+    if (p != NULL && p[0] == 2) {
+        p[9] = k < p[7] ? (double)k : p[7];
+        return (int64_t)p[9];
+    }
+    if (p != NULL && p[0] == 3) {
+        if (p[8] < 0)
+            p[8] = (double)k;
+        if (k > p[9])
+            p[9] = (double)k;
+        return p[8] < k ? (int64_t)p[8] : k;
+    }
+    return k;
+}
+
+static float stop_floor(const double *p) { /* the floor the chain applies token by token */
+    return p != NULL && (p[0] == 1 || p[0] == 2) ? (float)p[1] : 0.0f;
+}
+
+static void stop_observe(double *p, int64_t drafted, int64_t accepted) { /* observe */
+    if (p == NULL || drafted <= 0)
+        return;
+    if (p[0] == 2) {
+        p[2] = p[5] * p[2] + (1 - p[5]) * (double)accepted / (double)drafted;
+        const double goal = p[2] < p[3] ? p[1] + p[4] : (double)drafted >= p[9] ? p[1] : p[1] - p[4];
+        p[1] = p[6] * p[1] + (1 - p[6]) * goal;
+    } else if (p[0] == 3 && p[8] >= 0) {
+        const double n = p[8] + (accepted == drafted ? 2 : -1);
+        p[8] = n < 1 ? 1 : n < p[9] ? n : p[9];
+    }
+}
+
 /* Greedy speculative rounds of the decode loop (decoding/engine.py) in one call, for a chain
  * drafter: prompt lookup (ngram_min > 0) when it matches, else an EAGLE drafter's chain
  * (e_embed non-NULL: hybrid-eagle, or eagle alone with ngram_min = 0) or a draft model's
@@ -1094,7 +1132,9 @@ static int64_t ngram_lookup(const int64_t *seq, int64_t n, int64_t k, int64_t ng
  * settled, the budget (`remaining` tokens) or the context is spent, a token in stop_ids is
  * settled, `max_rounds` rounds, or the drafter's cache has no room (returns; the caller's
  * loop goes on). records[3 r ..]: round r's drafted, accepted and settled counts. Returns the
- * rounds run, or -1 - rounds where the target's pass refused a token (nothing written). */
+ * rounds run, or -1 - rounds where the target's pass refused a token (nothing written).
+ * policy (NULL: fixed): the drafter's --draft-stop state (stop_depth), updated after every
+ * round its chain drafted (prompt lookup's rounds are not its own). */
 int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, const float *const *norms, float eps,
                        const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, void *k_cache, void *v_cache,
                        int64_t layer_stride, int64_t max_len, int64_t kv16, const float *final_norm, float final_eps,
@@ -1113,7 +1153,7 @@ int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, con
                        const float *cos, const float *ssin, int64_t *seq, int64_t *state, float *features,
                        int64_t feature_width, int64_t k_max, int64_t depth, int64_t ngram_max, int64_t ngram_min,
                        int64_t remaining, int64_t context, int64_t chunk, const int64_t *stop_ids, int64_t n_stop,
-                       int64_t *records, int64_t max_rounds, int threads) {
+                       double *policy, int64_t *records, int64_t max_rounds, int threads) {
     int64_t length = state[0], cached = state[1], fed = state[2], known = state[3], drafted = state[5];
     const int64_t offset = state[4], vocab = head->out;
     int64_t *prop = malloc((size_t)(k_max + 1) * sizeof(int64_t)), *fedtok = NULL, *best = NULL;
@@ -1122,31 +1162,31 @@ int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, con
     while (rounds < max_rounds && settled < chunk && remaining > 0 && length < context) {
         const int64_t k0 = remaining - 1 < context - length - 1 ? remaining - 1 : context - length - 1;
         const int64_t k = k_max < k0 ? k_max : (k0 > 0 ? k0 : 0);
-        int64_t n = 0;
+        int64_t n = 0, chained = 0; /* chained: the drafter's own chain drafted this round */
         if (k > 0 && ngram_min > 0)
             n = ngram_lookup(seq, length, k, ngram_max, ngram_min, prop);
         if (k > 0 && n == 0 && e_embed != NULL && depth > 0 && known >= length - 1) {
-            const int64_t levels = k < depth ? k : depth, m = length - fed, base = length - offset;
+            const int64_t levels = stop_depth(policy, k < depth ? k : depth), m = length - fed, base = length - offset;
             if (m < 1 || base < m || base + levels - 1 > e_max_len)
                 break; /* (EagleHead.greedy_chain's refusals: the caller drafts in Python) */
             n = qd_eagle_chain(e_embed, e_scale, e_hidden, e_fc, e_norms, e_eps, e_linears, e_hq, e_hkv, d,
                                cos + (length - m) * d, ssin + (length - m) * d, e_k_cache, e_v_cache, e_layer_stride,
                                e_max_len, e_kv16, base, e_final_norm, e_final_eps, e_head, e_head_ids, e_vocab,
                                e_feature, seq + fed, features + (fed - 1) * feature_width, e_feature_in, e_chunks, m,
-                               prop, levels, 0.0f, threads);
+                               prop, levels, stop_floor(policy), threads);
             fed = length;
+            chained = 1;
         }
-        int64_t levels = 0; /* a draft model's chain (NativeLM.greedy_chain, fed what it lacks) */
-        if (k > 0 && n == 0 && g_embed != NULL && depth > 0) {
-            levels = k < depth ? k : depth;
-            const int64_t lacks = length - drafted;
+        if (k > 0 && n == 0 && g_embed != NULL && depth > 0) { /* a draft model's (NativeLM.greedy_chain) */
+            const int64_t levels = stop_depth(policy, k < depth ? k : depth), lacks = length - drafted;
             if (lacks < 1 || length + levels - 1 > g_max_len)
                 break; /* (Transformer.greedy_chain's refusals: the caller drafts in Python) */
             n = qd_greedy_chain(g_embed, g_hidden, g_n_layers, g_norms, g_eps, g_linears, g_hq, g_hkv, g_d,
                                 g_cos + drafted * g_d, g_ssin + drafted * g_d, g_k_cache, g_v_cache, g_layer_stride,
                                 g_max_len, g_kv16, length, g_final_norm, g_final_eps, g_head, g_head_ids, g_vocab,
-                                seq + drafted, lacks, prop, levels - 1, 0.0f, NULL, 0, threads);
-            drafted = length + levels - 1; /* the chain's last token is not fed */
+                                seq + drafted, lacks, prop, levels - 1, stop_floor(policy), NULL, 0, threads);
+            drafted = length + n - 1; /* the chain's last token is not fed */
+            chained = 2;
         }
         const int64_t lead = length - cached, m = lead + n;
         fedtok = realloc(fedtok, (size_t)m * sizeof(int64_t));
@@ -1165,8 +1205,10 @@ int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, con
         while (path < n && prop[path] == best[path])
             path++;
         cached = length + path;
-        if (levels > 0 && drafted > length + (path < levels - 1 ? path : levels - 1))
-            drafted = length + (path < levels - 1 ? path : levels - 1); /* its accepted tokens stay */
+        if (chained == 2 && drafted > length + (path < n - 1 ? path : n - 1))
+            drafted = length + (path < n - 1 ? path : n - 1); /* its accepted tokens stay */
+        if (chained)
+            stop_observe(policy, n, path);
         if (e_embed != NULL) { /* the drafter's observe: the kept tokens' states */
             memcpy(features + (length - lead) * feature_width, x, (size_t)((lead + path) * hidden) * sizeof(float));
             known = length + path;
