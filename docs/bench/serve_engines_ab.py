@@ -8,8 +8,8 @@ Per category and batch size B, every method decodes the same requests (the categ
 prompts, cycled to at least B of them; chats through the model's template, ending at its
 end-of-turn token) with at most B rows at a time, the methods' order turning from repeat
 to repeat; greedy outputs must be identical. Prints tokens/s (new tokens of all requests
-over the wall time, prefill passes left out) and each method's ratio over the first one
-measured beside it. Take the CPU lock first (``flock /tmp/quickdraft-cpu.lock``).
+over the wall time, prefill passes left out), each method's ratio over the first one
+measured beside it, and the mean k of its steps. Take the CPU lock first (``flock /tmp/quickdraft-cpu.lock``).
 """
 
 from __future__ import annotations
@@ -33,17 +33,21 @@ from quickdraft.decoding.stopping import StopConditions  # noqa: E402
 
 
 def decode_all(engine, requests: list[torch.Tensor], max_new_tokens: int, eos: list[int]):
-    """Every request through ``engine``: (tokens per request, seconds outside prefill)."""
+    """Every request through ``engine``: (tokens per request, seconds outside prefill, the
+    mean k of its steps)."""
     waiting, rows = list(range(len(requests))), {}
     out: list[list[int]] = [[] for _ in requests]
+    ks: list[int] = []
     prefill, started = engine.prefill_seconds, time.perf_counter()
     while waiting or engine.active:
         while waiting and engine.free_slots:
             i = waiting.pop(0)
             rows[engine.add(requests[i], SamplingParams(), StopConditions(max_new_tokens, eos))] = i
-        for row, update in engine.step().items():
+        updates = engine.step()
+        ks.append(engine.last_k or 0)
+        for row, update in updates.items():
             out[rows[row]].extend(update.tokens)
-    return out, time.perf_counter() - started - (engine.prefill_seconds - prefill)
+    return out, time.perf_counter() - started - (engine.prefill_seconds - prefill), sum(ks) / max(1, len(ks))
 
 
 def main() -> None:
@@ -71,12 +75,12 @@ def main() -> None:
                    for m, gen in gens.items()}
         for category, prompts in categories.items():
             requests = [prompts[i % len(prompts)] for i in range(max(b, len(prompts)))]
-            seconds, tokens = dict.fromkeys(engines, 0.0), dict.fromkeys(engines, 0)
+            seconds, tokens, mean_k = dict.fromkeys(engines, 0.0), dict.fromkeys(engines, 0), {}
             for repeat in range(args.repeats):
                 order = list(engines)[repeat % len(engines):] + list(engines)[: repeat % len(engines)]
                 expected = None
                 for m in order:
-                    out, spent = decode_all(engines[m], requests, args.max_new_tokens, eos)
+                    out, spent, mean_k[m] = decode_all(engines[m], requests, args.max_new_tokens, eos)
                     if expected is not None and out != expected:
                         raise SystemExit(f"{m} changed the output at batch {b} ({category})")
                     expected = out
@@ -84,8 +88,8 @@ def main() -> None:
                     tokens[m] += sum(map(len, out))
             rates = {m: tokens[m] / seconds[m] for m in engines}
             base = rates[args.methods[0]]
-            print(f"{category:5} B={b}: " + "  ".join(f"{m} {r:6.1f} tok/s ({r / base:.2f}x)" for m, r in rates.items()),
-                  flush=True)
+            print(f"{category:5} B={b}: " + "  ".join(f"{m} {r:6.1f} tok/s ({r / base:.2f}x, k {mean_k[m]:.1f})"
+                                                   for m, r in rates.items()), flush=True)
 
 
 if __name__ == "__main__":
