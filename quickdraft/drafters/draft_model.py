@@ -154,10 +154,9 @@ class DraftModelDrafter:
         not run (a tree or multi-draft, a stop policy that weighs costs, sampling, a draft our
         kernels do not run whole)."""
         spec_rounds, draft = getattr(target, "spec_rounds", None), self.model
-        policy = None if self.stop.name == "fixed" else rounds_state_of(self.stop)
-        if (spec_rounds is None or not self.params.greedy or type(self.shape) is not Shape
-                or (self.stop.name != "fixed" and policy is None) or not isinstance(draft, NativeLM)
-                or draft.cache is None or draft.static is not None):
+        policy = rounds_state_of(self.stop)  # (fixed too: a state the C rounds read as fixed)
+        if (spec_rounds is None or not self.params.greedy or type(self.shape) is not Shape or policy is None
+                or not isinstance(draft, NativeLM) or draft.cache is None or draft.static is not None):
             return None
         chain = draft.model.chain_model(draft.cache, self.vocab_size, length + chunk + k + 1)
         if chain is None:
@@ -167,8 +166,7 @@ class DraftModelDrafter:
         if out is not None:
             draft.length, draft.hidden_states = out.drafted, {}
             self._kv_rows, self._drafted = {}, 0
-            if policy is not None:
-                self.stop.take_rounds_state(policy)
+            self.stop.take_rounds_state(policy)
         return out
 
     def _proposal(self, nodes: list[Node], keep: list[int]) -> Proposal:
