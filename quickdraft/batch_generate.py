@@ -78,7 +78,7 @@ def _batch_method(drafter) -> tuple[str, object, DraftOptions]:
 def make_batch_engine(
     target, method: str = "draft", draft=None, *, max_batch_size: int = 8, max_len: int | None = None,
     num_speculative_tokens: int | None = None, options: DraftOptions = DraftOptions(), drafter=None,
-    policy=None, acceptance=acceptance_for, prefill_chunk: int | None = None,
+    policy=None, acceptance=acceptance_for, prefill_chunk: int | None = None, plain_when_faster: bool = False,
 ) -> BatchEngine:
     """A :class:`BatchEngine` for ``method`` (ar, draft, ngram, hybrid, early-exit, medusa,
     prophet, eagle or hybrid-eagle; ``options`` sets the n-gram sizes, the exit head and
@@ -88,8 +88,11 @@ def make_batch_engine(
     and batch size (``policy`` replaces it; a head method's rows draft its fixed k,
     ``drafters/per_row.py``; hybrid-eagle's that k alone, its EAGLE chain's beside other
     rows, :class:`~quickdraft.policy.batch_policy.LoneRowK`); ``prefill_chunk``: prompt
-    tokens prefilled per step (:class:`BatchEngine`)."""
-    from .policy.batch_policy import BatchPolicy, LoneRowK
+    tokens prefilled per step (:class:`BatchEngine`). ``plain_when_faster``: a head
+    method's k is a default, not the caller's to keep: with several rows the engine decodes
+    plainly where its own steps measure that faster
+    (:class:`~quickdraft.policy.batch_policy.PlainWhenFaster`)."""
+    from .policy.batch_policy import BatchPolicy, LoneRowK, PlainWhenFaster
 
     stop = parse_draft_stop(options.draft_stop)
     if stop.stops_mid_chain:
@@ -104,6 +107,10 @@ def make_batch_engine(
         # k for a lone row; with more, prompt lookup proposes no longer than the EAGLE chain.
         chain = hybrid_eagle_chain(options.tree)
         policy, num_speculative_tokens = LoneRowK(num_speculative_tokens, min(num_speculative_tokens, chain)), None
+    if plain_when_faster and method in HEAD_BATCH_K:
+        inner = policy if isinstance(policy, LoneRowK) else num_speculative_tokens if policy is None else None
+        if inner:
+            policy, num_speculative_tokens = PlainWhenFaster(inner), None
     engine = BatchEngine(target, drafter, max_batch_size=max_batch_size, max_len=max_len,
                          num_speculative_tokens=num_speculative_tokens, policy=policy, acceptance=acceptance,
                          draft_stop=None if isinstance(stop, FixedStop) else lambda: parse_draft_stop(options.draft_stop),
@@ -125,8 +132,11 @@ def generate_many(gen, requests: Sequence[Request], batch_size: int = 8,
     method, draft, options = batch_method(gen.drafter)
     if num_speculative_tokens is None and method in HEAD_BATCH_K:
         # A head method's rows have no batch policy: they draft the generator's k (the cost
-        # model's, settled as for one prompt), not HEAD_BATCH_K (EAGLE: 6 where SmolLM2 pays at 2).
-        num_speculative_tokens = gen.settled_k()
+        # model's, settled as for one prompt), not HEAD_BATCH_K (EAGLE: 6 where SmolLM2 pays at 2),
+        # or decode plainly where that measures faster with several rows.
+        num_speculative_tokens, switch = gen.settled_k(), True
+    else:
+        switch = False
     encoded = []
     for req in requests:
         stats = GenerationStats()
@@ -137,7 +147,7 @@ def generate_many(gen, requests: Sequence[Request], batch_size: int = 8,
     longest = max(ids.numel() + req.max_new_tokens for (ids, _), req in zip(encoded, requests))
     engine = make_batch_engine(gen.target, method, draft, max_batch_size=min(batch_size, len(requests)),
                                max_len=longest + MAX_BATCH_K + 1, num_speculative_tokens=num_speculative_tokens,
-                               options=options)
+                               options=options, plain_when_faster=switch)
     waiting = deque(range(len(requests)))
     running: dict[int, int] = {}  # engine row -> request index
     tokens: list[list[int]] = [[] for _ in requests]

@@ -28,8 +28,9 @@ def test_batch_bench_rows_are_lossless_and_head_methods_draft_the_settled_k(tmp_
     by_size = {row["batch_size"]: row["methods"] for row in group["rows"]}
     for methods in by_size.values():
         assert all(m["lossless"] for m in methods.values()), methods
-    # Drafted tokens a pass: eagle's chains of 3 (not HEAD_BATCH_K's 6) at both sizes;
+    # Drafted tokens a pass: eagle's chains of 3 (not HEAD_BATCH_K's 6), at 2 rows only in
+    # the steps where they measure faster than plain ones (PlainWhenFaster, as the server);
     # hybrid-eagle's lookups up to 3 alone, up to its chain's 2 beside another row.
-    assert all(2 < by_size[b]["eagle"]["k"] <= 3 for b in (1, 2)), by_size
+    assert 2 < by_size[1]["eagle"]["k"] <= 3 and 0 < by_size[2]["eagle"]["k"] < 3, by_size
     assert by_size[2]["hybrid-eagle"]["k"] <= 2 < by_size[1]["hybrid-eagle"]["k"] <= 3, by_size
     assert "| short | 2 |" in capsys.readouterr().out

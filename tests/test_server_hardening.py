@@ -401,21 +401,26 @@ def test_the_k_reported_is_the_k_used(serve):
 def test_batched_eagle_rows_draft_the_k_the_server_settled():
     """A head method's batched rows have no batch policy: they drafted their fixed k (EAGLE:
     6) whatever the cost model had settled and the banner said (SmolLM2: 2; a lone chat
-    request 157-259 tok/s against ~320 at 2)."""
+    request 157-259 tok/s against ~320 at 2). They draft the settled k, and with several
+    rows decode plainly where the engine measures that faster; -k holds at every step."""
     from quickdraft.cli import build_parser
     from quickdraft.drafters.per_row import HEAD_BATCH_K
+    from quickdraft.policy.batch_policy import LoneRowK, PlainWhenFaster
     from quickdraft.server.loading import load_server
 
     loaded = load_server(build_parser().parse_args(["serve", "--method", "eagle", "--max-batch-size", "2"]))
     engine = loaded.scheduler.engine
     assert engine.name == "batch" and loaded.k is not None, loaded.k_source
-    assert engine.num_speculative_tokens == loaded.k == loaded.state.settings["num_speculative_tokens"]
-    assert engine.k_for(1) == engine.k_for(2) == loaded.k
+    assert isinstance(engine.policy, PlainWhenFaster)
+    assert engine.policy.inner == loaded.k == loaded.state.settings["num_speculative_tokens"]
+    assert engine.k_for(1) == engine.k_for(2) == loaded.k  # alone; a crowd's first steps draft too
     given = load_server(build_parser().parse_args(["serve", "--method", "eagle", "-k", "3", "--max-batch-size", "2"]))
     assert given.scheduler.engine.num_speculative_tokens == 3 != HEAD_BATCH_K["eagle"]
+    assert given.scheduler.engine.policy is None
     # hybrid-eagle batches too: its k (or -k) for a lone row, its EAGLE chain's beside others.
     for flags, lone in (([], HEAD_BATCH_K["hybrid-eagle"]), (["-k", "3"], 3)):
         loaded = load_server(build_parser().parse_args(["serve", "--method", "hybrid-eagle", *flags,
                                                         "--max-batch-size", "2"]))
         engine = loaded.scheduler.engine
         assert engine.name == "batch" and loaded.k == lone and (engine.k_for(1), engine.k_for(2)) == (lone, 2)
+        assert isinstance(engine.policy, LoneRowK if flags else PlainWhenFaster)

@@ -2,10 +2,14 @@
 as the server builds it (k: the one the server settles, ``SpeculativeGenerator.resolve_k``,
 so the cost model's for eagle), at several batch sizes, on the bench's chat and code prompts.
 
-    python docs/bench/serve_engines_ab.py [--model smollm2-135m] [--sizes 1,4,8] [ar eagle hybrid-eagle]
+    python docs/bench/serve_engines_ab.py [--model smollm2-135m] [--sizes 1,4,8] [ar eagle hybrid-eagle eagle@fixed]
+
+A head method's engine decodes plainly with several rows where its steps measure that
+faster, as the server's does without -k (``PlainWhenFaster``); ``METHOD@fixed`` is the
+same engine drafting its k at every step (the server with -k).
 
 Per category and batch size B, every method decodes the same requests (the category's
-prompts, cycled to at least B of them; chats through the model's template, ending at its
+prompts, cycled to at least B of them, or to ``--requests``; chats through the model's template, ending at its
 end-of-turn token) with at most B rows at a time, the methods' order turning from repeat
 to repeat; greedy outputs must be identical. Prints tokens/s (new tokens of all requests
 over the wall time, prefill passes left out), each method's ratio over the first one
@@ -57,9 +61,17 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,4,8")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--requests", type=int, default=0,
+                        help="requests per category and run (default: its prompts, at least B): more keep "
+                             "the batch full, as a loaded server's is")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    gens = {m: SpeculativeGenerator.from_pretrained(args.model, method=m) for m in args.methods}
+    loaded: dict[str, SpeculativeGenerator] = {}
+    for m in args.methods:
+        method = m.removesuffix("@fixed")
+        if method not in loaded:
+            loaded[method] = SpeculativeGenerator.from_pretrained(args.model, method=method)
+    gens = {m: loaded[m.removesuffix("@fixed")] for m in args.methods}
     ks = {m: gen.resolve_k()[0] if m != "ar" else 0 for m, gen in gens.items()}
     tok = next(iter(gens.values())).tokenizer
     eos = list(dict.fromkeys([*next(iter(gens.values())).eos_token_ids, *end_of_turn_ids(tok)]))
@@ -70,11 +82,12 @@ def main() -> None:
     longest = max(ids.numel() for ids in sum(categories.values(), [])) + args.max_new_tokens + MAX_BATCH_K + 2
     print(f"k: {', '.join(f'{m} {k}' for m, k in ks.items())}")
     for b in (int(s) for s in args.sizes.split(",")):
-        engines = {m: make_batch_engine(gen.target, m, gen.draft, max_batch_size=b, max_len=longest,
-                                        num_speculative_tokens=ks[m], options=gen.plan.options)
+        engines = {m: make_batch_engine(gen.target, m.removesuffix("@fixed"), gen.draft, max_batch_size=b,
+                                        max_len=longest, num_speculative_tokens=ks[m], options=gen.plan.options,
+                                        plain_when_faster=not m.endswith("@fixed"))
                    for m, gen in gens.items()}
         for category, prompts in categories.items():
-            requests = [prompts[i % len(prompts)] for i in range(max(b, len(prompts)))]
+            requests = [prompts[i % len(prompts)] for i in range(args.requests or max(b, len(prompts)))]
             seconds, tokens, mean_k = dict.fromkeys(engines, 0.0), dict.fromkeys(engines, 0), {}
             for repeat in range(args.repeats):
                 order = list(engines)[repeat % len(engines):] + list(engines)[: repeat % len(engines)]

@@ -4,7 +4,8 @@ batched speculative decoding, per prompt category.
 For each category and batch size B, the category's prompts (cycled up to ``max(B, 4)``
 requests) run through the batched engine with at most B rows at a time, once with plain
 decoding and once per speculative method (k from the batch policy unless ``-k``; a head
-method's, which has none, the k ``quickdraft serve`` settles for it), the
+method's, which has none, the k ``quickdraft serve`` settles for it, drafted with
+several rows only where the engine's steps measure it faster than plain ones), the
 methods alternating, ``repeats`` times. Throughput = new tokens of all requests / wall
 time; the ratio is speculative over plain in the same run. Greedy rows are also checked
 token for token against the plain rows.
@@ -82,7 +83,8 @@ def run_batch_benchmark(ctx: BenchContext, prompts: Sequence[BenchPrompt], confi
     first = next(iter(categories.values()))
     groups = {category: [] for category in categories}
     # A head method's rows have no batch policy: without -k they draft the k the server and
-    # generate([...]) settle for it (the cost model's for eagle), not HEAD_BATCH_K.
+    # generate([...]) settle for it (the cost model's for eagle), not HEAD_BATCH_K, and decode
+    # plainly with several rows where their steps measure that faster, as the server's do.
     head_ks = {} if config.k is not None else {
         m: SpeculativeGenerator.for_pair(ctx.target, ctx.draft, ctx.tokenizer, m, log=log).settled_k()
         for m in methods if m in HEAD_BATCH_K}
@@ -92,7 +94,7 @@ def run_batch_benchmark(ctx: BenchContext, prompts: Sequence[BenchPrompt], confi
             k = 0 if m == "ar" else config.k if config.k is not None else head_ks.get(m)
             log(f"batch {b}: {m} engine" + (" (batch policy: costs measured once, then cached)" if k is None else ""))
             engines[m] = make_batch_engine(ctx.target, m, ctx.draft, max_batch_size=b, max_len=max_len,
-                                           num_speculative_tokens=k)
+                                           num_speculative_tokens=k, plain_when_faster=m in head_ks)
             _run(engines[m], first[:1], min(config.warmup_tokens, config.max_new_tokens), ctx.eos_token_ids,
                  params)  # warm-up
         for category, ids in categories.items():

@@ -94,7 +94,9 @@ class BatchEngine:
     ``num_speculative_tokens``: k for every batch size, or None for ``policy`` (an object
     with ``k(rows, acceptance, context)``, e.g. :class:`~quickdraft.policy.batch_policy.BatchPolicy`:
     the cost model's k for the current number of rows, 0 = plain decoding when speculation
-    would not pay); None for both is plain decoding. ``max_len`` bounds prompt + generated
+    would not pay; a policy with ``observe(rows, k, tokens, seconds)`` is told each step's
+    outcome, as :class:`~quickdraft.policy.batch_policy.PlainWhenFaster` needs); None for
+    both is plain decoding. ``max_len`` bounds prompt + generated
     tokens of a row (default: the context); a drafter with a KV cache of its own needs
     :func:`cache_length` rows of it. ``acceptance(params, generator)`` makes a row's
     acceptance rule (default: the lossless one, ``verify.acceptance_for``).
@@ -232,6 +234,8 @@ class BatchEngine:
             self.prefill_seconds += time.perf_counter() - started
         if not rows:
             return {}
+        started = time.perf_counter()
+        settled = all(r.stats.target_forward_passes for r in rows)  # no row's prefill in this step's time
         k = self.k_for(len(rows), sum(r.length for r in rows) // len(rows))
         self.last_k = k
         if k == 0 and self.num_speculative_tokens is None:
@@ -269,6 +273,9 @@ class BatchEngine:
                 updates[r.id] = self._advance(r, row_logits, now, choices.get(i), probs.get(i))
             except SamplingError as exc:  # this row's numbers, not the batch's: it fails alone
                 updates[r.id] = RowUpdate([], 0, "error", r.stats, error=str(exc))
+        observe = getattr(self.policy, "observe", None)  # a policy that learns from the steps' speed
+        if observe is not None and self.num_speculative_tokens is None and settled:
+            observe(len(rows), k, sum(len(u.tokens) for u in updates.values()), time.perf_counter() - started)
         for row_id, update in updates.items():
             if update.finish:
                 self.cancel(row_id)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+from collections import deque
 from collections.abc import Sequence
 
 import torch
@@ -155,6 +156,97 @@ class LoneRowK:
     def k(self, rows: int, pooled: GenerationStats | RecentAcceptance | None = None,
           context: int | None = None) -> int:
         return self.lone if rows <= 1 else self.crowded
+
+
+#: What :class:`PlainWhenFaster` keeps per number of rows: the times of its last
+#: ``SWITCH_TIMES`` steps of each kind (a ratio of two medians: one slow step on a busy
+#: machine moves neither), the tokens of its last ``SWITCH_WINDOW`` drafting steps counted
+#: within ``SWITCH_HORIZON`` steps of now (else the latest: acceptance follows the content,
+#: chats then code); how often it takes two steps of the kind it is not using (every
+#: ``EXPLORE_EVERY``, 1/16 of the steps at the slower kind; four times as often where the
+#: two are within ``CLOSE`` of each other, where a wrong choice costs little a step but
+#: one or two explored steps say little).
+SWITCH_TIMES = 16
+SWITCH_WINDOW = 32
+EXPLORE_EVERY = 32
+CLOSE = 1.15
+SWITCH_HORIZON = 4 * EXPLORE_EVERY
+
+
+class PlainWhenFaster:
+    """With several rows, speculate only while the engine's own steps say it pays.
+
+    The head methods' rows (EAGLE, Medusa, prophet, hybrid-eagle) draft a fixed k: their
+    drafters are per row, with no batched draft step a cost model could time, and the
+    target's passes timed alone priced a crowded 3-token pass at 1.84 plain ones, more
+    than the engine's rounds pay (docs/batching.md). So this policy prices the engine's
+    own steps, per number of rows (steps of 5 and of 8 rows are not alike): a drafting
+    step (k from ``inner``: an int, or a policy such as :class:`LoneRowK`) pays when its
+    tokens per row, counted over the recent drafting steps, exceed the median time of
+    such a step over the median time of a plain one (:meth:`gain`). Tokens are the
+    content's (no clock in them) and move with it; the two times are the machine's and
+    barely move, so they are medians over many steps, proof against a busy machine's
+    slow steps. Every ``explore_every`` steps (a quarter as many where the gain is within
+    :data:`CLOSE` of 1) it takes two steps of the kind it is not using, so both figures
+    stay fresh. A drafting step after a plain one is not timed: its drafters catch up on
+    the tokens they did not see (EAGLE feeds them), which steady drafting does not pay.
+    Each kind is tried first. A lone row takes ``inner``'s k unchanged: alone, the settled
+    k is what ``generate`` measured to pay. The engine reports each step with
+    :meth:`observe` (steps with a joining row's prefill are left out). Greedy output is
+    plain decoding's whatever k a step runs."""
+
+    def __init__(self, inner: int | LoneRowK, window: int = SWITCH_WINDOW, explore_every: int = EXPLORE_EVERY,
+                 horizon: int = SWITCH_HORIZON, times: int = SWITCH_TIMES) -> None:
+        self.inner = inner
+        self.window, self.explore_every, self.horizon, self.times = window, explore_every, horizon, times
+        # rows -> seconds of its last steps of each kind (speculative: True), and
+        # rows -> (step number, tokens per row) of its last drafting steps
+        self._seconds: dict[tuple[int, bool], deque[float]] = {}
+        self._tokens: dict[int, deque[tuple[int, float]]] = {}
+        self._asked: dict[int, int] = {}  # steps asked for per number of rows
+        self._kinds = (True, True)  # whether the step before last and the last one drafted
+
+    def k(self, rows: int, pooled: GenerationStats | RecentAcceptance | None = None,
+          context: int | None = None) -> int:
+        k = self.inner if isinstance(self.inner, int) else self.inner.k(rows, pooled, context)
+        if rows > 1 and k > 0 and not self.speculates(rows):
+            k = 0
+        self._kinds = (self._kinds[1], k > 0)
+        return k
+
+    def gain(self, rows: int) -> float | None:
+        """Tokens per second of a drafting step over a plain one with ``rows`` rows, from
+        the steps kept (None until both kinds were timed)."""
+        spec, plain, kept = self._seconds.get((rows, True)), self._seconds.get((rows, False)), self._tokens.get(rows)
+        if not spec or not plain or not kept:
+            return None
+        now = self._asked.get(rows, 0)
+        recent = [t for at, t in kept if now - at < self.horizon] or [kept[-1][1]]
+        return statistics.fmean(recent) * statistics.median(plain) / statistics.median(spec)
+
+    def speculates(self, rows: int) -> bool:
+        """Whether the next step with ``rows`` rows drafts (each call counts as a step)."""
+        asked = self._asked[rows] = self._asked.get(rows, 0) + 1
+        first = max(1, self.window // 4)
+        if len(self._seconds.get((rows, True), ())) < first:  # each kind's first steps
+            return True
+        if len(self._seconds.get((rows, False), ())) < first:
+            return False
+        gain = self.gain(rows)
+        better = gain is None or gain >= 1
+        close = gain is not None and 1 / CLOSE < gain < CLOSE
+        every = max(4, self.explore_every // 4) if close else self.explore_every
+        return (not better) if asked % every in (0, 1) else better
+
+    def observe(self, rows: int, k: int, tokens: int, seconds: float) -> None:
+        """The step just taken (``rows`` rows at ``k``) made ``tokens`` tokens in ``seconds``."""
+        if rows <= 1 or seconds <= 0:
+            return
+        if k > 0:
+            kept = self._tokens.setdefault(rows, deque(maxlen=self.window))
+            kept.append((self._asked.get(rows, 0), tokens / rows))
+        if k == 0 or self._kinds[0]:  # a drafting step after a plain one: tokens, not time
+            self._seconds.setdefault((rows, k > 0), deque(maxlen=self.times)).append(seconds)
 
 
 #: Contexts are bucketed so the policy's answer is kept while rows grow a few tokens.

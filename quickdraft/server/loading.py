@@ -27,9 +27,11 @@ def make_engine(
     options,
     acceptance: str,
     prefill_chunk: int | None = None,
+    plain_when_faster: bool = False,
 ):
     """The engine for these settings: the batched one where it supports them (``choice``
-    auto or batch), else :class:`~quickdraft.server.solo_engine.SoloEngine`."""
+    auto or batch), else :class:`~quickdraft.server.solo_engine.SoloEngine`.
+    ``plain_when_faster``: ``make_batch_engine``'s (k is a head method's default, not -k)."""
     from ..batch_generate import make_batch_engine
     from ..drafters.draft_stop import parse_draft_stop
     from ..drafters.factory import BATCH_METHODS
@@ -53,6 +55,7 @@ def make_engine(
             num_speculative_tokens=k if explicit_k else None,
             options=options,
             prefill_chunk=prefill_chunk,
+            plain_when_faster=plain_when_faster,
         )
         engine.name = "batch"
         return engine
@@ -133,9 +136,10 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
     # -k and auto's k hold at every batch size; otherwise the batched engine's own policy
     # picks k per batch size. A head method's batched rows have no such policy (they drafted
     # their fixed HEAD_BATCH_K: EAGLE chains of 6 on SmolLM2 while the cost model, and this
-    # server's banner, said 2): they draft the k settled here.
-    fixed_k = (args.num_speculative_tokens is not None or plan.choice is not None
-               or (plan.method in HEAD_BATCH_K and k is not None))
+    # server's banner, said 2): they draft the k settled here, or, with several rows, none
+    # where the engine measures plain steps faster (unless -k asks for that k throughout).
+    head_default = plan.method in HEAD_BATCH_K and k is not None and args.num_speculative_tokens is None
+    fixed_k = args.num_speculative_tokens is not None or plan.choice is not None or head_default
     engine = make_engine(
         args.engine,
         gen.target,
@@ -147,9 +151,10 @@ def load_server(args: argparse.Namespace, log: Callable[[str], None] = notice) -
         plan.options,
         args.multi_draft_rule,
         prefill_chunk=getattr(args, "prefill_chunk", 0) or None,
+        plain_when_faster=head_default,
     )
     policy = getattr(engine, "policy", None)
-    if policy is not None and gen.k_choice is not None and gen.k_choice.per_position:
+    if hasattr(policy, "prior") and gen.k_choice is not None and gen.k_choice.per_position:
         # The batch policy drafts under a generic prior until it has measured 64 draft
         # tokens; the pair's acceptance measured by the cost model is a better one: with it
         # a lone stream starts at generate's k instead of a lower one.
