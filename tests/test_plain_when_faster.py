@@ -67,6 +67,17 @@ def test_a_busy_machine_or_a_catching_up_step_does_not_turn_the_choice():
     assert policy.gain(4) == pytest.approx(1.5)
 
 
+def test_drafting_outlasts_a_shallow_dip_but_not_a_deep_one():
+    """Once drafting, a gain just under 1 (a stretch where drafts fare a little worse) keeps
+    it; a gain well under 1 stops it."""
+    policy = PlainWhenFaster(3, window=4, explore_every=32, horizon=8)
+    assert zeros(steps(policy, 10, 40, per_row=3)) == [2, 3, 31, 32]  # warm-up, then drafting
+    # gain 0.95: plain only in the explored steps (two in eight, as it is close to 1)
+    assert zeros(steps(policy, 10, 32, per_row=1.9)) == [7, 8, 15, 16, 23, 24, 31]
+    assert policy.gain(10) == pytest.approx(0.95)
+    assert len(zeros(steps(policy, 10, 32, per_row=1.5))) > 24  # gain 0.75: plain
+
+
 def test_the_inner_policy_gives_k_and_zero_stays_zero():
     policy = PlainWhenFaster(LoneRowK(6, 2), window=2)
     assert policy.k(1) == 6 and policy.k(3) == 2
