@@ -107,10 +107,9 @@ def make_batch_engine(
         # k for a lone row; with more, prompt lookup proposes no longer than the EAGLE chain.
         chain = hybrid_eagle_chain(options.tree)
         policy, num_speculative_tokens = LoneRowK(num_speculative_tokens, min(num_speculative_tokens, chain)), None
-    if plain_when_faster and method in HEAD_BATCH_K:
-        inner = policy if isinstance(policy, LoneRowK) else num_speculative_tokens if policy is None else None
-        if inner:
-            policy, num_speculative_tokens = PlainWhenFaster(inner), None
+    if plain_when_faster and method in HEAD_BATCH_K and (isinstance(policy, LoneRowK)
+                                                         or (policy is None and num_speculative_tokens)):
+        policy, num_speculative_tokens = PlainWhenFaster(policy or num_speculative_tokens), None
     engine = BatchEngine(target, drafter, max_batch_size=max_batch_size, max_len=max_len,
                          num_speculative_tokens=num_speculative_tokens, policy=policy, acceptance=acceptance,
                          draft_stop=None if isinstance(stop, FixedStop) else lambda: parse_draft_stop(options.draft_stop),
@@ -130,13 +129,12 @@ def generate_many(gen, requests: Sequence[Request], batch_size: int = 8,
     if batch_size < 1:
         raise ValueError(f"batch size must be >= 1, got {batch_size}")
     method, draft, options = batch_method(gen.drafter)
-    if num_speculative_tokens is None and method in HEAD_BATCH_K:
+    switch = num_speculative_tokens is None and method in HEAD_BATCH_K
+    if switch:
         # A head method's rows have no batch policy: they draft the generator's k (the cost
         # model's, settled as for one prompt), not HEAD_BATCH_K (EAGLE: 6 where SmolLM2 pays at 2),
         # or decode plainly where that measures faster with several rows.
-        num_speculative_tokens, switch = gen.settled_k(), True
-    else:
-        switch = False
+        num_speculative_tokens = gen.settled_k()
     encoded = []
     for req in requests:
         stats = GenerationStats()

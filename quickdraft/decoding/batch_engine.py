@@ -234,8 +234,10 @@ class BatchEngine:
             self.prefill_seconds += time.perf_counter() - started
         if not rows:
             return {}
+        # A policy that learns from the steps' speed hears of each step without a row's prefill.
+        observe = getattr(self.policy, "observe", None) if self.num_speculative_tokens is None else None
+        observe = observe if observe is not None and all(r.stats.target_forward_passes for r in rows) else None
         started = time.perf_counter()
-        settled = all(r.stats.target_forward_passes for r in rows)  # no row's prefill in this step's time
         k = self.k_for(len(rows), sum(r.length for r in rows) // len(rows))
         self.last_k = k
         if k == 0 and self.num_speculative_tokens is None:
@@ -273,8 +275,7 @@ class BatchEngine:
                 updates[r.id] = self._advance(r, row_logits, now, choices.get(i), probs.get(i))
             except SamplingError as exc:  # this row's numbers, not the batch's: it fails alone
                 updates[r.id] = RowUpdate([], 0, "error", r.stats, error=str(exc))
-        observe = getattr(self.policy, "observe", None)  # a policy that learns from the steps' speed
-        if observe is not None and self.num_speculative_tokens is None and settled:
+        if observe is not None:
             observe(len(rows), k, sum(len(u.tokens) for u in updates.values()), time.perf_counter() - started)
         for row_id, update in updates.items():
             if update.finish:
