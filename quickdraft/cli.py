@@ -55,6 +55,7 @@ positive_int = _checked(int, lambda v: v >= 1, "a positive integer", "positive i
 non_negative_int = _checked(int, lambda v: v >= 0, ">= 0", "integer >= 0")
 non_negative_float = _checked(float, lambda v: v >= 0, ">= 0", "number >= 0")
 positive_float = _checked(float, lambda v: v > 0, "> 0", "number > 0")
+port_number = _checked(int, lambda v: 0 <= v <= 65535, "in 0..65535", "port number")
 probability = _checked(float, lambda v: 0 < v <= 1, "in (0, 1]", "number in (0, 1]")
 
 

@@ -101,6 +101,19 @@ def test_bad_inputs_give_one_line_and_exit_2(tiny_family, tmp_path):
         assert len(err.strip().splitlines()) == 1 and word in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("port", ["99999", "-1", "http"])
+def test_a_port_out_of_range_is_refused_not_wrapped(port):
+    """`serve --port 99999` served on 34463 (99999 mod 65536): the socket layer wraps it."""
+    try:  # a server that starts would serve until killed: the timeout is the failure
+        proc = subprocess.run([sys.executable, "-m", "quickdraft.cli", "serve", "--port", port],
+                              capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"serve --port {port} started a server")
+    code, out, err = proc.returncode, proc.stdout, proc.stderr
+    assert code == 2 and out == "", err
+    assert len(err.strip().splitlines()) == 1 and "--port" in err and "Traceback" not in err, err
+
+
 def test_a_directory_as_prompt_file_is_named_as_one(tiny_family, tmp_path):
     """`--prompt-file DIR` used to say the file does not exist."""
     for flag in ("--prompt-file", "--prompts-file"):

@@ -15,6 +15,7 @@ from ..cli import (
     add_placement_options,
     non_negative_float,
     non_negative_int,
+    port_number,
     positive_float,
     positive_int,
 )
@@ -37,7 +38,7 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
         "streaming with SSE), /metrics (Prometheus), /health and a playground at /. Requests join "
         "and leave the running batch between steps (continuous batching).")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 = any free port, printed)")
+    p.add_argument("--port", type=port_number, default=8000, help="port (default 8000; 0 = any free port, printed)")
     p.add_argument("--model", help="target: embedded name, HF directory or hub id (default: embedded default)")
     p.add_argument("--draft", help="draft model with the target's tokenizer (default: the target's paired draft)")
     p.add_argument("--method", choices=list(METHODS), default=None,
