@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -60,6 +61,24 @@ def sampling_params(
 
 #: The width of a draft model's captured step (``capture=True``).
 DRAFT_STEP_WIDTH = 2
+
+
+def token_ids(prompt) -> list[int]:
+    """A prompt given as token ids, as a list of ints; a ``TypeError`` that names what was
+    given otherwise (an int or a float used to fail deep in the engine)."""
+    if isinstance(prompt, torch.Tensor):
+        if prompt.is_floating_point() or prompt.is_complex() or prompt.dim() != 1:
+            raise TypeError(f"token ids must be a 1-D integer tensor, got {prompt.dtype} of shape {tuple(prompt.shape)}")
+        return prompt.tolist()
+    if isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Sequence):
+        raise TypeError(f"a prompt is text or a sequence of token ids, got {type(prompt).__name__}")
+    ids = []
+    for token in prompt:
+        try:
+            ids.append(operator.index(token))
+        except TypeError:
+            raise TypeError(f"token ids must be integers, got {type(token).__name__} {token!r}") from None
+    return ids
 
 
 def _cost_model_source(k: int, measured: bool, what: str) -> str:
@@ -295,7 +314,7 @@ class SpeculativeGenerator:
             # warning is ours to give (below), with the fix.
             ids = self.tokenizer(prompt, verbose=False)["input_ids"]
         else:
-            ids = list(prompt)
+            ids = token_ids(prompt)
         if not ids:  # before anything measures or decodes
             raise ValueError(EMPTY_PROMPT)
         limit = self.target.context_length - 1

@@ -106,6 +106,36 @@ def test_stream_exposes_its_stats_and_result(gen):
     assert result.text == ref.text and result.token_ids == ref.token_ids
 
 
+BAD_ARGUMENTS = [  # each used to fail deep inside the engine, or crash the process
+    (dict(prompt=[10**7]), ValueError, r"token id 10000000 is outside the model's vocabulary \[0, \d+\)"),
+    (dict(prompt=[5, -1]), ValueError, "token id -1 is outside"),
+    (dict(prompt=["def f():", [10**7]]), ValueError, "token id 10000000 is outside"),  # a batch's row
+    (dict(prompt=5), TypeError, "a prompt is text or a sequence of token ids, got int"),
+    (dict(prompt=[1.5, 2.0]), TypeError, "got float"),
+    (dict(prompt=["x", 5]), TypeError, "got int"),
+    (dict(prompt="x", max_new_tokens=3.5), TypeError, "max_new_tokens must be an integer, got 3.5"),
+    (dict(prompt="x", temperature=0.5, seed="a"), TypeError, "seed must be an integer or None"),
+    (dict(prompt="x", temperature="0.5"), TypeError, "temperature must be a number"),
+    (dict(prompt="x", stop=5), TypeError, "stop must be a string or a list of strings"),
+    (dict(prompt="x", stop=["ok", 1]), TypeError, "stop must be a string or a list of strings"),
+]
+
+
+@pytest.mark.parametrize("kwargs,error,message", BAD_ARGUMENTS)
+def test_bad_arguments_name_what_is_wrong(gen, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        gen.generate(**{"max_new_tokens": 4, **kwargs})
+
+
+def test_token_ids_may_be_a_tensor_or_a_list(gen):
+    import torch
+
+    listed = gen.generate([5, 6, 7], max_new_tokens=6, num_speculative_tokens=2)
+    assert gen.generate(torch.tensor([5, 6, 7]), max_new_tokens=6, num_speculative_tokens=2).token_ids == listed.token_ids
+    with pytest.raises(TypeError, match="1-D integer tensor"):
+        gen.generate(torch.tensor([[5, 6]]), max_new_tokens=4)
+
+
 def test_stream_raises_for_a_prompt_that_does_not_fit(gen):
     from quickdraft import ContextOverflowError
 

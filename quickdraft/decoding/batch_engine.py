@@ -180,7 +180,7 @@ class BatchEngine:
         """Start a row after ``prompt`` (``[T]`` ids); returns its id. Its prefill runs in the
         next ``step``. Raises ContextOverflowError for a prompt that leaves no room in the
         context, BatchFullError when no row is free."""
-        prompt = check_prompt(prompt, self.context)
+        prompt = check_prompt(prompt, self.context, self.target.vocab_size)
         if not self._free:
             raise BatchFullError(f"all {self.max_batch_size} rows of the batch are taken")
         stop = stop or StopConditions(self.context - prompt.numel(), self.target.eos_token_ids)

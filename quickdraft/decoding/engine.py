@@ -72,7 +72,7 @@ def decode(
     """
     if num_speculative_tokens < 0:
         raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
-    prompt = check_prompt(prompt, target.context_length)
+    prompt = check_prompt(prompt, target.context_length, target.vocab_size)
     if drafter is None or num_speculative_tokens == 0:
         drafter, num_speculative_tokens = NoDrafter(), 1
     chains = isinstance(drafter, NoDrafter) and params.greedy and not callable(acceptance)

@@ -7,6 +7,7 @@ distribution p are warped identically, so there is exactly one warping function.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,13 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
+        for name, kind, what in (("temperature", numbers.Real, "a number"), ("top_k", numbers.Integral, "an integer"),
+                                 ("top_p", numbers.Real, "a number")):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, kind):
+                raise TypeError(f"{name} must be {what}, got {value!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
+            raise TypeError(f"seed must be an integer or None, got {self.seed!r}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:

@@ -19,12 +19,18 @@ class ContextOverflowError(ValueError):
 EMPTY_PROMPT = "the prompt is empty; give at least one token"
 
 
-def check_prompt(prompt: torch.Tensor, context: int) -> torch.Tensor:
-    """``prompt`` as a flat ``long`` tensor; a one-line error when it is empty or leaves no
-    room in a context of ``context`` tokens."""
+def check_prompt(prompt: torch.Tensor, context: int, vocab_size: int) -> torch.Tensor:
+    """``prompt`` as a flat ``long`` tensor; a one-line error when it is empty, holds an id
+    outside the vocabulary or leaves no room in a context of ``context`` tokens."""
     prompt = prompt.to(torch.long).view(-1)
     if prompt.numel() == 0:
         raise ValueError(EMPTY_PROMPT)
+    # The native kernels index the embedding unchecked: an id out of range would crash
+    # the process (or, from Python, raise torch's bare "index out of range in self").
+    low, high = int(prompt.min()), int(prompt.max())
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"token id {low if low < 0 else high} is outside the model's vocabulary "
+                         f"[0, {vocab_size}); pass ids from its tokenizer")
     if prompt.numel() >= context:
         raise ContextOverflowError(
             f"the prompt has {prompt.numel()} tokens but the model's context is {context}; "

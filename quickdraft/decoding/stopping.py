@@ -3,6 +3,7 @@ plain decoding would, even in the middle of an accepted chunk."""
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Sequence
 
@@ -25,6 +26,8 @@ class StopConditions:
         stop_strings: Sequence[str] = (),
         tokenizer=None,
     ) -> None:
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+            raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if stop_strings and tokenizer is None:
