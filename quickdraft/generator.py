@@ -432,8 +432,9 @@ class SpeculativeGenerator:
                 ``top_p`` and ``seed`` (not both).
             batch_size: for a list of prompts, how many are decoded at once (the rest join
                 as rows finish). Every prompt gets the settings above (each its own
-                generator seeded with ``seed``, so a row reproduces its solo output); None
-                for ``num_speculative_tokens`` lets the batch policy pick k per batch size.
+                generator seeded with ``seed``: with a given ``num_speculative_tokens`` a
+                row reproduces its solo output); None for ``num_speculative_tokens`` lets
+                the batch policy pick k per batch size.
 
         Returns:
             :class:`Generation`: ``text`` and ``token_ids`` (prompt excluded) and ``stats``

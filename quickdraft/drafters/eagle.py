@@ -152,8 +152,9 @@ class EagleDrafter:
         if k == 0 or self.shape.depth(k) == 0:
             return [EMPTY]
         # Drafting needs the feature of every token but the last, which the prefill gives;
-        # before it, a chain drafts blind and rides in the prefill pass.
-        if self.known < sequence.shape[0] - 1:
+        # before it, a chain drafts blind and rides in the prefill pass. (A one-token
+        # prompt needs no feature but is not fed before the prefill either: `fed` says so.)
+        if self.fed == 0 or self.known < sequence.shape[0] - 1:
             return [self._draft_blind(sequence, k) if self.fed == 0 and self.greedy_chains else EMPTY]
         return [self._draft(sequence, k)]
 
