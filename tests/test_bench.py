@@ -153,6 +153,12 @@ def test_auto_k(ctx):
     (["--repeats", "0"], "--repeats"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--sweep", "a-b"], "--sweep"),
+    # outputs the bench could not write: refused before minutes of measurements, not after
+    (["--json", "/proc/no/x.json"], "--json /proc/no/x.json: cannot"),
+    (["--json", "/proc/x.json"], "--json /proc/x.json: cannot write there"),
+    (["--markdown", "/"], "is a directory"),
+    (["--plot", "/proc/plots"], "--plot /proc/plots: cannot"),
+    (["--methods", "ar", "--batch-size", "1"], "add one of draft, ngram"),
 ])
 def test_bad_input_exits_2(argv, message, capsys):
     args = parse(argv)
