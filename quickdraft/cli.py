@@ -580,4 +580,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # The package's module, not this __main__ copy: sub-commands raise quickdraft.cli's
+    # CliError, which this copy's main would not catch (a traceback instead of one line).
+    from quickdraft.cli import main as package_main
+
+    sys.exit(package_main())

@@ -114,6 +114,33 @@ def test_a_port_out_of_range_is_refused_not_wrapped(port):
     assert len(err.strip().splitlines()) == 1 and "--port" in err and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("command", [
+    ["train", "heads", "--kind", "medusa", "--target", "qd-stdlib-target", "--data", "stdlib", "--out", "/proc/qd"],
+    ["train", "draft", "--target", "qd-stdlib-target", "--data", "stdlib", "--out", "/proc/qd"],
+    ["train", "data", "--target", "qd-stdlib-target", "--tokens", "10", "--out", "/proc/qd"],
+    ["tune", "layer-skip", "--model", "qd-stdlib-target", "--trials", "1", "--out", "/proc/qd.json"],
+])
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(command):
+    """These wrote their first file after loading, measuring or training: a traceback then."""
+    code, out, err = run_cli(*command)
+    assert code == 2 and out == "", err
+    assert err.strip().splitlines() == [f"quickdraft: error: --out {command[-1]}: cannot write there "
+                                        "(No such file or directory); choose a writable path"], err
+
+
+def test_check_writable_creates_nothing_and_names_the_problem(tmp_path):
+    from quickdraft.jsonl import check_writable
+
+    check_writable(tmp_path / "a" / "b" / "out.json", "--json")
+    check_writable(tmp_path / "c" / "d", "--out", directory=True)
+    assert list(tmp_path.iterdir()) == []  # probed, not created
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is not a directory"):
+        check_writable(tmp_path / "file" / "out.json", "--json")
+    with pytest.raises(ValueError, match="is a directory; give a file name"):
+        check_writable(tmp_path, "--json")
+
+
 def test_a_directory_as_prompt_file_is_named_as_one(tiny_family, tmp_path):
     """`--prompt-file DIR` used to say the file does not exist."""
     for flag in ("--prompt-file", "--prompts-file"):

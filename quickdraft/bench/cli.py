@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 import time
-from pathlib import Path
 
 from ..cli import add_placement_options
+from ..jsonl import check_writable
 from ..quiet import quiet_transformers
 from .config import (
     BACKENDS,
@@ -190,28 +189,6 @@ def default_methods(model: str | None, draft: str | None) -> tuple[str, ...] | N
     return None if method == DEFAULT_METHOD else tuple(dict.fromkeys(["ar", method, *DEFAULT_METHODS]))
 
 
-def check_writable(path: str | Path, flag: str, directory: bool = False) -> None:
-    """Fail before the bench runs, not after: a path it cannot write would otherwise lose
-    minutes of measurements to a traceback at the end. Creates missing directories, as
-    writing the results does."""
-    folder = Path(path) if directory else Path(path).parent
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise BenchError(f"{flag} {path}: cannot create {folder} ({e.strerror}); choose a writable path") from None
-    if not directory and Path(path).is_dir():
-        raise BenchError(f"{flag} {path} is a directory; give a file name")
-    probe = Path(path) if not directory else folder / f".quickdraft-write-test-{os.getpid()}"
-    existed = probe.exists()
-    try:  # (os.access says yes to root everywhere, /proc included)
-        with open(probe, "a"):
-            pass
-    except OSError as e:
-        raise BenchError(f"{flag} {path}: cannot write there ({e.strerror}); choose a writable path") from None
-    if not existed:
-        probe.unlink()
-
-
 def _run(args, started: float) -> int:
     from .context import load_context
     from .prompts import builtin_prompts, load_prompts, parse_categories, select
@@ -244,11 +221,9 @@ def _run(args, started: float) -> int:
             raise BenchError("--batch-size compares methods with plain decoding (ar, always run); add one of "
                              + ", ".join(m for m in BATCH_METHODS if m != "ar"))
         methods = methods or ("ar", "draft")
-    for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
+    for flag, path in (("--json", args.json), ("--markdown", args.markdown), ("--plot", args.plot)):
         if path:
-            check_writable(path, flag)
-    if args.plot:
-        check_writable(args.plot, "--plot", directory=True)
+            check_writable(path, flag, BenchError, directory=flag == "--plot")
     config = BenchConfig.create(
         quick=args.quick, model=args.model, draft=args.draft, backend=args.backend, methods=methods,
         max_new_tokens=args.max_new_tokens, repeats=args.repeats, temperature=args.temperature,

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from ..cli import non_negative_int, positive_int
+from ..jsonl import check_writable
 from ..models.registry import ASSETS_DIR, PACKAGE_DIR
 from .presets import PRESETS
 from .textdata import TrainInputError
@@ -288,10 +289,12 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def check_out(out: Path, force: bool) -> None:
-    """Refuse to write into the installed package without ``--force``."""
+    """Refuse to write into the installed package without ``--force``, or where nothing
+    can be written (before the training, not after it)."""
     if not force and Path(out).resolve().is_relative_to(PACKAGE_DIR):
         raise TrainInputError(f"--out {out} is inside the installed quickdraft package; pass "
                               "another directory, or --force to overwrite what is shipped")
+    check_writable(out, "--out", TrainInputError, directory=True)
 
 
 def default_work_dir(out: Path) -> Path:

@@ -60,6 +60,7 @@ def cmd_tune_layer_skip(args: argparse.Namespace) -> int:
 
     from ..cli import CliError, notice, placement_of
     from ..drafters.layer_skip import model_fingerprint
+    from ..jsonl import check_writable
     from ..models.lm import NativeLM, eos_token_ids, load_model
     from ..models.loading import resolve_model_dir
     from ..pair import load_tokenizer
@@ -76,6 +77,8 @@ def cmd_tune_layer_skip(args: argparse.Namespace) -> int:
     name = model_dir.name if model_dir.is_dir() else model_dir.stem  # a GGUF file: no suffix
     out = Path(args.out or f"layer-skip-{name}.json")
     study_path = Path(args.study or out.with_suffix(".db"))
+    check_writable(out, "--out", CliError)  # before the trials, not after them
+    check_writable(study_path, "--study", CliError)
     prompts = calibration_prompts(args, tokenizer)
     eos = eos_token_ids(target, tokenizer)
     notice(f"study {study_path} (resumes if it exists); {args.trials} trials, {len(prompts)} prompts x "
