@@ -72,6 +72,7 @@ BAD = [
     (["--top-p", "1.5"], "top-p"),
     (["--num-speculative-tokens", "0"], "num-speculative-tokens"),
     (["--method", "magic"], "method"),
+    (["--method", "tree", "--tree", "50,50,50"], "has 127550 nodes; at most 1024"),  # exhausted memory
 ]
 
 

@@ -175,21 +175,33 @@ class DynamicTree(Shape):
         return sorted(sorted(range(len(nodes)), key=lambda i: -nodes[i].score)[: self.n])
 
 
+#: The most nodes a tree may have: one verify pass scores them all (and a level's masks
+#: and scores grow with them), so 50,50,50 (127,550 nodes) exhausted memory instead of
+#: failing; the trees that pay hold 4-64.
+MAX_TREE_NODES = 1024
+
+
 def parse_tree(text: str) -> Shape:
     """``"2,2,1"`` (static widths) or ``"dynamic:N"``; a one-line error otherwise."""
     spec = text.strip()
+    shape: Shape | None = None
     try:
         if spec.startswith("dynamic:"):
             n = int(spec.split(":", 1)[1])
             if n >= 1:
-                return DynamicTree(n)
+                shape, nodes = DynamicTree(n), n
         else:
             widths = tuple(int(w) for w in spec.split(","))
             if widths and all(w >= 1 for w in widths):
-                return StaticTree(widths)
+                shape, nodes = StaticTree(widths), sum(math.prod(widths[: i + 1]) for i in range(len(widths)))
     except ValueError:
         pass
-    raise ValueError(
-        f"--tree {text!r} is not a tree shape; give children per level like 2,2,1 "
-        "(each >= 1) or dynamic:N (N >= 1 nodes)"
-    )
+    if shape is None:
+        raise ValueError(
+            f"--tree {text!r} is not a tree shape; give children per level like 2,2,1 "
+            "(each >= 1) or dynamic:N (N >= 1 nodes)"
+        )
+    if nodes > MAX_TREE_NODES:
+        raise ValueError(f"--tree {text!r} has {nodes} nodes; at most {MAX_TREE_NODES} fit one verify pass "
+                         "(trees that pay hold 4-64)")
+    return shape
