@@ -1,6 +1,7 @@
 """The CLI contract: models, generate (text and --json), and one-line errors with exit 2."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -140,6 +141,21 @@ def test_check_writable_creates_nothing_and_names_the_problem(tmp_path):
         check_writable(tmp_path / "file" / "out.json", "--json")
     with pytest.raises(ValueError, match="is a directory; give a file name"):
         check_writable(tmp_path, "--json")
+
+
+def test_a_batch_too_large_for_memory_is_one_line_not_the_oom_killer():
+    """`serve --max-batch-size 100000` tried to allocate a ~400 GiB cache: a traceback, and a
+    cache slightly larger than memory is worse (zeroing it wakes the OOM killer)."""
+    try:
+        proc = subprocess.run([sys.executable, "-m", "quickdraft.cli", "serve", "--port", "0", "-k", "2",
+                               "--max-batch-size", "100000"], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the server started")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"quickdraft: error: the KV cache for 100000 rows of \d+ positions needs [\d.]+ GiB, "
+                        r"[\d.]+ GiB is free; decode fewer rows at once \(serve --max-batch-size, --batch-size\)",
+                        last), last
 
 
 def test_a_directory_as_prompt_file_is_named_as_one(tiny_family, tmp_path):

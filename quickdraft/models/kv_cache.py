@@ -2,9 +2,35 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .config import ModelConfig
+
+#: Caches smaller than this are allocated without asking how much memory is free.
+CHECK_ABOVE_BYTES = 256 << 20
+
+
+class CacheTooLargeError(ValueError):
+    """The preallocated cache would not fit in the memory that is free."""
+
+
+def free_memory(device: torch.device) -> int | None:
+    """Bytes that can be allocated on ``device`` now, where the platform says (Linux's
+    MemAvailable, CUDA's free memory); None where it cannot tell."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 class KVCache:
@@ -31,6 +57,15 @@ class KVCache:
         store_dtype: torch.dtype | None = None,
     ) -> None:
         shape = (config.n_layers, batch_size, config.n_kv_heads, max_len, config.head_dim)
+        need = 2 * math.prod(shape) * (store_dtype or dtype).itemsize
+        if need > CHECK_ABOVE_BYTES:
+            # Too large fails at best with a traceback, at worst zeroing it wakes the OOM killer.
+            free = free_memory(torch.device(device))
+            if free is not None and need > free:
+                raise CacheTooLargeError(
+                    f"the KV cache for {batch_size} rows of {max_len} positions needs {need / 2**30:.1f} GiB, "
+                    f"{free / 2**30:.1f} GiB is free; decode fewer rows at once (serve --max-batch-size, "
+                    "--batch-size)")
         self.k = torch.zeros(shape, dtype=store_dtype or dtype, device=device)
         self.v = torch.zeros(shape, dtype=store_dtype or dtype, device=device)
         self.max_len = max_len
