@@ -116,6 +116,7 @@ BAD_ARGUMENTS = [  # each used to fail deep inside the engine, or crash the proc
     (dict(prompt="x", max_new_tokens=3.5), TypeError, "max_new_tokens must be an integer, got 3.5"),
     (dict(prompt="x", temperature=0.5, seed="a"), TypeError, "seed must be an integer or None"),
     (dict(prompt="x", temperature="0.5"), TypeError, "temperature must be a number"),
+    (dict(prompt="x", temperature=1e308), ValueError, r"temperature must be in \[0, 100\]"),  # NaN otherwise
     (dict(prompt="x", stop=5), TypeError, "stop must be a string or a list of strings"),
     (dict(prompt="x", stop=["ok", 1]), TypeError, "stop must be a string or a list of strings"),
 ]

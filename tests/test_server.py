@@ -151,6 +151,7 @@ BAD = [
     ({"model": MODEL, "prompt": "x", "max_tokens": 0}, 400, "max_tokens", None),
     ({"model": MODEL, "prompt": "x", "max_tokens": -3}, 400, "max_tokens", None),
     ({"model": MODEL, "prompt": "x", "temperature": -0.5}, 400, "temperature", None),
+    ({"model": MODEL, "prompt": "x", "temperature": 1e308}, 400, "temperature", None),  # was a 500: NaN
     ({"model": MODEL, "prompt": "x", "top_p": 0}, 400, "top_p", None),
     ({"model": MODEL, "prompt": "x", "top_p": 1.5}, 400, "top_p", None),
     ({"model": MODEL, "prompt": "word " * 2100}, 400, "prompt", "context_length_exceeded"),
@@ -167,7 +168,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("body,status,param,code", BAD, ids=[
-    "unknown-model", "max-tokens-0", "max-tokens-negative", "temperature-negative", "top-p-0", "top-p-1.5",
+    "unknown-model", "max-tokens-0", "max-tokens-negative", "temperature-negative", "temperature-huge", "top-p-0", "top-p-1.5",
     "prompt-over-context", "prompt-plus-max-tokens-over-context", "empty-prompt", "token-id-out-of-vocab",
     "five-stops", "logprobs", "no-model", "malformed-json", "not-an-object", "oversized-body"])
 def test_bad_completion_requests_get_openai_errors(server, body, status, param, code):

@@ -24,6 +24,11 @@ class SamplingError(ValueError):
     """A row's distribution is not a distribution (NaN, inf or no mass): that row fails."""
 
 
+#: The highest temperature: above ~100 sampling is all but uniform, and a temperature that
+#: overflows float32 (1e308 reached the server) turned every distribution into NaNs.
+MAX_TEMPERATURE = 100.0
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How tokens are chosen. ``temperature`` below :data:`GREEDY_BELOW` (0 included) means
@@ -42,8 +47,8 @@ class SamplingParams:
                 raise TypeError(f"{name} must be {what}, got {value!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)):
             raise TypeError(f"seed must be an integer or None, got {self.seed!r}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must be in [0, {MAX_TEMPERATURE:g}] (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

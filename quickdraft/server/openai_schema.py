@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from ..decoding.sampling import MAX_TEMPERATURE
 from ..decoding.stats import GenerationStats
 
 MAX_STOP_STRINGS = 4  # as the OpenAI API
@@ -49,7 +50,7 @@ class SamplingRequest(BaseModel):
 
     model: Text
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0)  # None: 1, as the OpenAI API
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)  # None: 1, as the OpenAI API
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=0)  # an extension (vLLM has it too): 0 = off
     n: int = Field(1, ge=1)
