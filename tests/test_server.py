@@ -186,9 +186,15 @@ def test_bad_chat_requests_and_the_server_keeps_serving(server, client):
                         ({"model": MODEL, "messages": [{"role": "robot", "content": "x"}]}, "messages"),
                         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_p": 2}, "top_p"),
                         ({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                          "max_completion_tokens": 0}, "max_completion_tokens")]:
+                          "max_completion_tokens": 0}, "max_completion_tokens"),
+                        # constrained decoding is not implemented: refused, not ignored
+                        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                          "response_format": {"type": "json_object"}}, "response_format")]:
         status, error = server.post("/v1/chat/completions", body)
         assert status == 400 and error["error"]["param"] == param, error
+    ok = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+          "response_format": {"type": "text"}}
+    assert server.post("/v1/chat/completions", ok)[0] == 200
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "word " * 2100}])
     assert exc.value.code == "context_length_exceeded"

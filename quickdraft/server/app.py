@@ -306,7 +306,8 @@ def check_context(state: ServerState, ids: list[int], max_tokens: int | None, pa
     prompt must leave room for one token)."""
     n, context = len(ids), state.context_length
     if n == 0:
-        raise APIError(400, f"the {param} is empty; give at least one token", param=param)
+        empty = "the prompt is empty" if param == "prompt" else "the messages render to no tokens"
+        raise APIError(400, f"{empty}; give at least one token", param=param)
     if n + (max_tokens or 1) > context:
         asked = f"; you asked for {n + max_tokens} tokens ({n} in the {param}, {max_tokens} for the completion)" \
             if max_tokens else f"; the {param} has {n} tokens"

@@ -132,10 +132,13 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # the newer name of max_tokens
     tools: list | None = None
+    response_format: dict | None = None
 
     def unsupported(self) -> str | None:
         if self.tools:
             return "tools"
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            return "response_format"  # JSON modes constrain decoding, which this server does not
         return super().unsupported()
 
 
