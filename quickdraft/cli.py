@@ -9,6 +9,12 @@ import json
 import random
 import sys
 
+from .argtypes import (
+    non_negative_float,
+    non_negative_int,
+    positive_int,
+    probability,
+)
 from .console import green, use_color, write_stream
 
 EXIT_USAGE = 2
@@ -35,28 +41,6 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _checked(convert, ok, requirement: str, name: str):
-    """An argparse ``type`` that converts and then checks a value. argparse names the
-    type in its message when conversion fails, so ``name`` is what reads well there."""
-
-    def parse(text: str):
-        value = convert(text)
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
-        return value
-
-    parse.__name__ = name
-    return parse
-
-
-positive_int = _checked(int, lambda v: v >= 1, "a positive integer", "positive integer")
-non_negative_int = _checked(int, lambda v: v >= 0, ">= 0", "integer >= 0")
-non_negative_float = _checked(float, lambda v: v >= 0, ">= 0", "number >= 0")
-positive_float = _checked(float, lambda v: v > 0, "> 0", "number > 0")
-port_number = _checked(int, lambda v: 0 <= v <= 65535, "in 0..65535", "port number")
-probability = _checked(float, lambda v: 0 < v <= 1, "in (0, 1]", "number in (0, 1]")
 
 
 def stop_string(text: str) -> str:

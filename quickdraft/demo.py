@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .argtypes import positive_int
 from .console import green, use_color, write_stream
 from .quiet import quiet_transformers
 
@@ -19,7 +20,7 @@ def add_demo_parser(subparsers) -> argparse.ArgumentParser:
         "demo", help="stream a code completion, then compare with plain decoding",
         description="The main job on the embedded models: a streamed speculative completion "
         "with accepted draft tokens marked, then a quick benchmark.")
-    demo.add_argument("--max-new-tokens", type=int, default=96, help="tokens to generate (default 96)")
+    demo.add_argument("--max-new-tokens", type=positive_int, default=96, help="tokens to generate (default 96)")
     demo.set_defaults(func=run_demo)
     return demo
 

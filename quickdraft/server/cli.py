@@ -9,16 +9,14 @@ import socket
 import sys
 import threading
 
-from ..cli import (
-    CliError,
-    add_method_options,
-    add_placement_options,
+from ..argtypes import (
     non_negative_float,
     non_negative_int,
     port_number,
     positive_float,
     positive_int,
 )
+from ..cli import CliError, add_method_options, add_placement_options
 from .loading import load_server, make_engine
 
 #: Prompt tokens the batched engine prefills per step (``--prefill-chunk``): on 2 CPU cores

@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..cli import non_negative_int, positive_int
+from ..argtypes import non_negative_int, positive_int
 from ..jsonl import check_writable
 from ..models.registry import ASSETS_DIR, PACKAGE_DIR
 from .presets import PRESETS

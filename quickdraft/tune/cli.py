@@ -8,7 +8,8 @@ from pathlib import Path
 
 
 def add_tune_parser(sub) -> None:
-    from ..cli import add_placement_options, positive_int
+    from ..argtypes import positive_int
+    from ..cli import add_placement_options
 
     tune = sub.add_parser("tune", help="fit a method to a model (layer-skip profiles)",
                           description="Search settings of a method for a model.")
