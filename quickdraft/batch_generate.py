@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from .decoding.batch_engine import MAX_BATCH_K, BatchEngine, cache_length
 from .decoding.sampling import SamplingError, SamplingParams
 from .decoding.stats import GenerationStats
-from .decoding.stopping import StopConditions, cut_at_stop
+from .decoding.stopping import StopConditions, check_count, cut_at_stop
 from .decoding.verify import acceptance_for
 from .drafters import DraftModelDrafter, NgramDrafter, NoDrafter
 from .drafters.batched import make_batch_drafter
@@ -126,8 +126,7 @@ def generate_many(gen, requests: Sequence[Request], batch_size: int = 8,
     None lets the batch policy choose k per batch size. Returns one ``Generation`` per
     request, in order."""
 
-    if batch_size < 1:
-        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    check_count(batch_size, "batch_size", 1)
     method, draft, options = batch_method(gen.drafter)
     switch = num_speculative_tokens is None and method in HEAD_BATCH_K
     if switch:

@@ -23,7 +23,7 @@ from .decoding.engine import Step, decode
 from .decoding.sampling import SamplingParams
 from .decoding.stats import GenerationStats
 from .decoding.step import EMPTY_PROMPT, ContextOverflowError
-from .decoding.stopping import StopConditions, cut_at_stop
+from .decoding.stopping import StopConditions, check_count, cut_at_stop
 from .drafters import (
     METHODS,
     NEEDS_DRAFT,
@@ -120,8 +120,9 @@ class SpeculativeGenerator:
         self.drafter = drafter or NoDrafter()
         self.eos_token_ids = eos_token_ids(target, tokenizer)
         # k until settled (given, set, or resolve_k on the first generation)
-        self._k = DEFAULT_NUM_SPECULATIVE_TOKENS if num_speculative_tokens is None else num_speculative_tokens
-        self._k_settled = num_speculative_tokens is not None
+        self._k, self._k_settled = DEFAULT_NUM_SPECULATIVE_TOKENS, False
+        if num_speculative_tokens is not None:
+            self.num_speculative_tokens = num_speculative_tokens  # checked there
         self.log = log  # hears of a cost-model measurement before it runs (resolve_k on the first generation)
         self._remeasure = False  # whether that resolve_k measures again (from_pretrained's remeasure)
         self.acceptance = acceptance  # the sampling rule: mss, or spectr for multi-draft
@@ -144,8 +145,13 @@ class SpeculativeGenerator:
         return self._k
 
     @num_speculative_tokens.setter
-    def num_speculative_tokens(self, k: int) -> None:
-        self._k, self._k_settled = k, True
+    def num_speculative_tokens(self, k: int | None) -> None:
+        """A k for every call that does not give one; None: settle it again (resolve_k) at
+        the next generation."""
+        if k is None:
+            self._k_settled = False
+            return
+        self._k, self._k_settled = check_count(k, "num_speculative_tokens", 0), True
 
     def settled_k(self) -> int:
         """``num_speculative_tokens``, settled first by :meth:`resolve_k` (with

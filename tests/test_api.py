@@ -119,6 +119,8 @@ BAD_ARGUMENTS = [  # each used to fail deep inside the engine, or crash the proc
     (dict(prompt="x", temperature=1e308), ValueError, r"temperature must be in \[0, 100\]"),  # NaN otherwise
     (dict(prompt="x", stop=5), TypeError, "stop must be a string or a list of strings"),
     (dict(prompt="x", stop=["ok", 1]), TypeError, "stop must be a string or a list of strings"),
+    (dict(prompt="x", num_speculative_tokens=1.5), TypeError, "num_speculative_tokens must be an integer, got 1.5"),
+    (dict(prompt=["x", "y"], batch_size=1.5), TypeError, "batch_size must be an integer, got 1.5"),
 ]
 
 
@@ -126,6 +128,20 @@ BAD_ARGUMENTS = [  # each used to fail deep inside the engine, or crash the proc
 def test_bad_arguments_name_what_is_wrong(gen, kwargs, error, message):
     with pytest.raises(error, match=message):
         gen.generate(**{"max_new_tokens": 4, **kwargs})
+
+
+def test_setting_k_checks_it_and_none_settles_it_again(tiny_family, private_cache_dir):
+    gen = SpeculativeGenerator.from_pretrained(tiny_family["target"], tiny_family["perturbed"])
+    gen.num_speculative_tokens = 3
+    assert gen.settled_k() == 3
+    for bad, error in ((-1, ValueError), (2.5, TypeError), ("3", TypeError)):
+        with pytest.raises(error, match="num_speculative_tokens must be"):
+            gen.num_speculative_tokens = bad
+    assert gen.num_speculative_tokens == 3  # a refused value changes nothing
+    gen.num_speculative_tokens = None  # made later generations fail on `None > 0`
+    assert gen.generate("def f():", max_new_tokens=4).token_ids  # settled again
+    with pytest.raises(ValueError, match="num_speculative_tokens must be >= 0"):
+        SpeculativeGenerator(gen.target, gen.tokenizer, num_speculative_tokens=-2)
 
 
 def test_token_ids_may_be_a_tensor_or_a_list(gen):

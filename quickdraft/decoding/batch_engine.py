@@ -31,7 +31,7 @@ from .proposal import EMPTY, Proposal
 from .sampling import SamplingError, SamplingParams, argmax_ids, host_probabilities_rows
 from .stats import GenerationStats, RecentAcceptance
 from .step import accepted_states, check_prompt, draft_budget, emit
-from .stopping import StopConditions
+from .stopping import StopConditions, check_count
 from .verify import AcceptanceRule, GreedyAcceptance, SpeculativeSampling, acceptance_for
 
 #: Most draft tokens per step the policy considers.
@@ -129,12 +129,11 @@ class BatchEngine:
     ) -> None:
         if not isinstance(target, NativeLM):
             raise ValueError("batched decoding needs the native runtime for the target (--backend native)")
-        if max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if num_speculative_tokens is not None and num_speculative_tokens < 0:
-            raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
-        if prefill_chunk is not None and prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be >= 1 (or None: whole prompts), got {prefill_chunk}")
+        check_count(max_batch_size, "max_batch_size", 1)
+        if num_speculative_tokens is not None:
+            check_count(num_speculative_tokens, "num_speculative_tokens", 0)
+        if prefill_chunk is not None:
+            check_count(prefill_chunk, "prefill_chunk", 1)  # (None: whole prompts)
         self.target = target
         self.model = target.model
         self.max_batch_size = max_batch_size

@@ -20,7 +20,7 @@ from .proposal import EMPTY, Proposal, tree_attention
 from .sampling import SamplingParams
 from .stats import GenerationStats
 from .step import accepted_states, check_prompt, draft_budget, emit
-from .stopping import StopConditions
+from .stopping import StopConditions, check_count
 from .verify import AcceptanceRule, acceptance_for
 
 #: The drafter slot of the one sequence: the batch-1 loop is a batch of one.
@@ -70,8 +70,7 @@ def decode(
     "spectr"). ``stats`` (if given) is filled in as generation proceeds; it is complete
     when the iterator is exhausted.
     """
-    if num_speculative_tokens < 0:
-        raise ValueError(f"num_speculative_tokens must be >= 0, got {num_speculative_tokens}")
+    check_count(num_speculative_tokens, "num_speculative_tokens", 0)
     prompt = check_prompt(prompt, target.context_length, target.vocab_size)
     if drafter is None or num_speculative_tokens == 0:
         drafter, num_speculative_tokens = NoDrafter(), 1

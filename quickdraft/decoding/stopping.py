@@ -10,6 +10,17 @@ from collections.abc import Sequence
 from .detokenize import IncrementalDetokenizer
 
 
+def check_count(value, name: str, minimum: int) -> int:
+    """``value`` if it is an integer of at least ``minimum``; else a one-line TypeError or
+    ValueError naming ``name`` (a float count failed deep in torch: "zeros(): argument
+    'size' failed to unpack")."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
 class StopConditions:
     """EOS ids, stop strings and a token budget.
 
@@ -26,10 +37,7 @@ class StopConditions:
         stop_strings: Sequence[str] = (),
         tokenizer=None,
     ) -> None:
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
-            raise TypeError(f"max_new_tokens must be an integer, got {max_new_tokens!r}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_count(max_new_tokens, "max_new_tokens", 1)
         if stop_strings and tokenizer is None:
             raise ValueError("stop strings need a tokenizer to see the text")
         self.max_new_tokens = max_new_tokens
