@@ -130,6 +130,16 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_work(command):
                                         "(No such file or directory); choose a writable path"], err
 
 
+@pytest.mark.parametrize("flag,value", [("--lr", "-1"), ("--warmup", "-3"), ("--reg-weight", "-0.5"),
+                                        ("--kl-weight", "x")])
+def test_training_numbers_are_checked_by_the_parser(flag, value):
+    """--lr -1 loaded the target and the data, then failed in torch's optimizer."""
+    code, out, err = run_cli("train", "heads", "--kind", "eagle", "--target", "qd-stdlib-target", "--data", "stdlib",
+                             "--out", "/tmp/never-written", flag, value)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert f"argument {flag}: " in err and "Traceback" not in err, err
+
+
 def test_check_writable_creates_nothing_and_names_the_problem(tmp_path):
     from quickdraft.jsonl import check_writable
 

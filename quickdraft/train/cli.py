@@ -16,7 +16,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..argtypes import non_negative_int, positive_int
+from ..argtypes import non_negative_float, non_negative_int, positive_float, positive_int
 from ..jsonl import check_writable
 from ..models.registry import ASSETS_DIR, PACKAGE_DIR
 from .presets import PRESETS
@@ -40,9 +40,9 @@ def _configure(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--preset", choices=sorted(PRESETS), default="default",
                    help="model sizes and step budgets (tiny: smoke test in seconds)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--target-steps", type=int, default=None, help="override the preset")
-    p.add_argument("--draft-steps", type=int, default=None, help="override the preset")
-    p.add_argument("--max-files", type=int, default=None,
+    p.add_argument("--target-steps", type=positive_int, default=None, help="override the preset")
+    p.add_argument("--draft-steps", type=positive_int, default=None, help="override the preset")
+    p.add_argument("--max-files", type=positive_int, default=None,
                    help="use only the first N corpus files (sorted by path)")
     p.add_argument("--corpus-root", type=Path, default=None,
                    help="directory of .py files to train on (default: the stdlib)")
@@ -81,13 +81,13 @@ def _configure_distill(p: argparse.ArgumentParser, steps: int = 1000, lr: float 
     p.add_argument("--seq-len", type=positive_int, default=512,
                    help="tokens per training window, at most the target's context (default 512)")
     p.add_argument("--batch-size", type=positive_int, default=4, help="windows per step (default 4)")
-    p.add_argument("--lr", type=float, default=lr, help=f"peak learning rate (default {lr:g})")
-    p.add_argument("--warmup", type=int, default=20, help="warmup steps (default 20)")
-    p.add_argument("--kl-weight", type=float, default=1.0,
+    p.add_argument("--lr", type=positive_float, default=lr, help=f"peak learning rate (default {lr:g})")
+    p.add_argument("--warmup", type=non_negative_int, default=20, help="warmup steps (default 20)")
+    p.add_argument("--kl-weight", type=non_negative_float, default=1.0,
                    help="weight of KL(target || student), a target pass per window (default 1); draft: 0 "
                         "trains on hard labels alone, no target pass, the right choice on data the target "
                         "generated itself (`train data`), scoring only the draft vocabulary")
-    p.add_argument("--ce-weight", type=float, default=0.1, help="weight of the CE on the text (default 0.1)")
+    p.add_argument("--ce-weight", type=non_negative_float, default=0.1, help="weight of the CE on the text (default 0.1)")
     p.add_argument("--ckpt-every", type=positive_int, default=50, help="checkpoint interval (steps)")
     p.add_argument("--log-every", type=positive_int, default=10, help="log interval (steps)")
     p.add_argument("--probe-every", type=non_negative_int, default=50, metavar="N",
@@ -171,7 +171,7 @@ def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--blind-share", type=float, default=0.0, metavar="P",
                    help="eagle: the share of windows read with zero features, as a chain drafts in the first "
                         "round, before the prefill has made the prompt's features (default 0)")
-    p.add_argument("--reg-weight", type=float, default=0.5,
+    p.add_argument("--reg-weight", type=non_negative_float, default=0.5,
                    help="eagle: weight of the SmoothL1 feature regression (default 0.5)")
     p.add_argument("--init", type=Path, default=None, metavar="DIR",
                    help="medusa, eagle: start from heads trained before for this target (e.g. a shipped "
@@ -206,7 +206,7 @@ def _configure_data(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "documents either way; on a GPU use 128 or more)")
     p.add_argument("--shard-jobs", type=positive_int, default=64,
                    help="prompts per shard (default 64): the unit written atomically and resumed")
-    p.add_argument("--temperature", type=float, default=0.8,
+    p.add_argument("--temperature", type=non_negative_float, default=0.8,
                    help="sampling temperature for diversity (default 0.8; 0 = greedy: the text greedy "
                         "decoding verifies, where SmolLM2's EAGLE drafter gained most, docs/smollm2/bench.md; "
                         "self-instruct questions are sampled at 1.0 either way, and a greedy directory asks "
