@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from ..argtypes import non_negative_float, positive_int
+
 
 @dataclass
 class Result:
@@ -209,11 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--start", action="store_true", help="start `quickdraft serve` on loopback for the run; "
                         "arguments after -- go to it")
     parser.add_argument("--categories", default="short,long,out-of-domain", help="bench prompt categories")
-    parser.add_argument("--prompts-per-category", type=int, default=8)
+    parser.add_argument("--prompts-per-category", type=positive_int, default=8)
     parser.add_argument("--concurrency", default="1,8", help="comma-separated; the first is the ratio's base")
-    parser.add_argument("--requests", type=int, default=16, help="requests per category and concurrency")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--requests", type=positive_int, default=16, help="requests per category and concurrency")
+    parser.add_argument("--max-tokens", type=positive_int, default=64)
+    parser.add_argument("--temperature", type=non_negative_float, default=0.0)
     parser.add_argument("--json", help="write the rows to this file")
     args, serve_args = parser.parse_known_args(argv)
     serve_args = [a for a in serve_args if a != "--"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def add_tune_parser(sub) -> None:
-    from ..argtypes import positive_int
+    from ..argtypes import non_negative_int, positive_int
     from ..cli import add_placement_options
 
     tune = sub.add_parser("tune", help="fit a method to a model (layer-skip profiles)",
@@ -30,7 +30,7 @@ def add_tune_parser(sub) -> None:
     ls.add_argument("--max-k", type=positive_int, default=8, help="largest k the cost model considers (default 8)")
     ls.add_argument("--out", metavar="FILE", help="the profile to write (default: layer-skip-<model>.json)")
     ls.add_argument("--study", metavar="DB", help="the Optuna SQLite study (default: the profile's name .db)")
-    ls.add_argument("--measure-best", type=int, default=3,
+    ls.add_argument("--measure-best", type=non_negative_int, default=3,
                     help="decode the best N profiles for real against plain decoding (default 3; 0 = none)")
     ls.add_argument("--seed", type=int, default=0, help="sampler seed (default 0)")
     add_placement_options(ls)
