@@ -82,8 +82,9 @@ class KVCache:
             self.v[layer][: v.shape[0]].narrow(2, slots, v.shape[2]).copy_(v)
             return
         # Advanced indices around a slice put the indexed dims first: target is [B, T, H, D].
-        self.k[layer][rows, :, slots] = k.transpose(1, 2)
-        self.v[layer][rows, :, slots] = v.transpose(1, 2)
+        # (Index put does not cast as copy_ does: a narrower store needs its own dtype.)
+        self.k[layer][rows, :, slots] = k.transpose(1, 2).to(self.k.dtype)
+        self.v[layer][rows, :, slots] = v.transpose(1, 2).to(self.v.dtype)
 
     def layer(self, layer: int, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values ``[B, H, kv_len, D]`` of ``layer``'s first ``kv_len`` slots
