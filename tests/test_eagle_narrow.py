@@ -12,6 +12,7 @@ import torch
 
 from quickdraft.cli import main
 from quickdraft.drafters import DraftOptions
+from quickdraft.models import cpu_kernels
 from quickdraft.models.config import ModelConfig
 from quickdraft.models.eagle import EagleHead, load_eagle
 from quickdraft.models.transformer import Transformer
@@ -177,6 +178,7 @@ def test_train_heads_from_a_draft(tmp_path, capsys):
     reads_both_layers_losslessly("wide-fused")
 
 
+@pytest.mark.skipif(cpu_kernels.library() is None, reason="needs our compiled CPU kernels (x86 AVX2, a C compiler)")  # keys bit for bit
 def test_the_first_round_drafts_blind_and_leaves_nothing_behind(monkeypatch):
     """Before the prefill a chain drafts from the prompt with zero features and the prefill
     pass verifies it: the first pass yields more than one token, greedy output stays plain

@@ -9,6 +9,7 @@ from quickdraft.decoding.stopping import StopConditions
 from quickdraft.decoding.verify import GreedyAcceptance
 from quickdraft.drafters import DraftModelDrafter
 from quickdraft.generator import SpeculativeGenerator
+from quickdraft.models import cpu_kernels
 from quickdraft.models.lm import load_model
 from quickdraft.pair import load_tokenizer
 
@@ -174,6 +175,7 @@ def plain_run(target, ids, n, eos=(), chains=True, monkeypatch=None, **kwargs):
     return steps, stats
 
 
+@pytest.mark.skipif(cpu_kernels.library() is None, reason="needs our compiled CPU kernels (x86 AVX2, a C compiler)")
 def test_plain_greedy_chains_decode_what_one_pass_a_token_does(models, monkeypatch):
     """Plain greedy decoding settles up to PLAIN_CHAIN tokens a call of the target's greedy
     chain (one C call): the tokens, pass counts and finish of one pass a token, wherever the

@@ -22,6 +22,7 @@ from quickdraft.decoding.sampling import SamplingParams
 from quickdraft.decoding.stopping import StopConditions
 from quickdraft.drafters import DraftModelDrafter, make_drafter
 from quickdraft.drafters.ngram import NgramDrafter
+from quickdraft.models import cpu_kernels
 from quickdraft.models.lm import load_model
 from quickdraft.pair import load_tokenizer
 
@@ -123,7 +124,8 @@ def test_plain_decoding_reads_the_device_once_a_step(pair, monkeypatch):
     The CPU's plain greedy chains read none: their tokens come back from C as host integers."""
     target, _, ids = pair
     counts = reads_per_step(target, None, ids, 0)
-    assert counts[0] == 1 and set(counts[1:]) == {0}, counts  # the prefill's step, then chains
+    if cpu_kernels.library() is not None:
+        assert counts[0] == 1 and set(counts[1:]) == {0}, counts  # the prefill's step, then chains
     monkeypatch.setitem(target.__dict__, "greedy_chain", lambda *args, **kwargs: None)
     assert set(reads_per_step(target, None, ids, 0)) == {1}  # the argmax
 
@@ -133,7 +135,8 @@ def test_prompt_lookup_reads_the_device_once_a_step(pair, monkeypatch):
     once a step. The CPU's C rounds read none: their tokens come back as host integers."""
     target, _, ids = pair
     counts = reads_per_step(target, NgramDrafter(3, 1), ids, 4)
-    assert counts[0] == 1 and set(counts[1:]) == {0}, counts  # the prefill's step, then C rounds
+    if cpu_kernels.library() is not None:
+        assert counts[0] == 1 and set(counts[1:]) == {0}, counts  # the prefill's step, then C rounds
     monkeypatch.setitem(target.__dict__, "spec_rounds", lambda *args, **kwargs: None)
     assert set(reads_per_step(target, NgramDrafter(3, 1), ids, 4)) == {1}
 
@@ -147,7 +150,8 @@ def test_a_draft_chain_reads_once_per_drafted_token_and_once_to_verify(pair, k, 
 
     target, draft, ids = pair
     counts = reads_per_step(target, DraftModelDrafter(draft, target.vocab_size), ids, k)
-    assert set(counts) == {1}, counts  # the verify's only
+    if cpu_kernels.library() is not None:
+        assert set(counts) == {1}, counts  # the verify's only
     monkeypatch.setattr(NativeLM, "greedy_chain", lambda *args, **kwargs: None)
     counts = reads_per_step(target, DraftModelDrafter(draft, target.vocab_size), ids, k)
     assert max(counts) <= k + 1 and counts[0] == k + 1, counts

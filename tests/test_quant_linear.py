@@ -244,10 +244,13 @@ def test_unusable_combinations_are_one_line_errors():
 def test_our_kernels_build_and_run_on_x86_avx2():
     """Where a C compiler and AVX2 exist (this machine and CI), the layers use our kernels:
     PyTorch's int8/int4 kernels are scalar on AVX2."""
+    import os
     import shutil
 
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or not shutil.which("cc"):
         pytest.skip("our kernels need x86 AVX2 and a C compiler")
+    if os.environ.get("QUICKDRAFT_NATIVE_KERNELS") == "0":
+        pytest.skip("QUICKDRAFT_NATIVE_KERNELS=0 turns them off")
     assert native_kernels()
     weight = torch.randn(48, 64)
     assert Int8Linear(weight).native and Int4Linear.from_weight(weight).native
@@ -255,6 +258,8 @@ def test_our_kernels_build_and_run_on_x86_avx2():
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_results_do_not_depend_on_the_thread_count(kind):
+    if kind == "int4" and not native_kernels():
+        pytest.skip("PyTorch's int4 kernel takes rows in multiples of 16 (quantize_linears keeps others float)")
     layer, _ = random_layer(kind, 200, 96, seed=1)
     x = torch.randn(9, 96)
     threads = torch.get_num_threads()

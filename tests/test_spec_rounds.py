@@ -19,6 +19,7 @@ from quickdraft.decoding.stats import GenerationStats
 from quickdraft.decoding.stopping import StopConditions
 from quickdraft.decoding.verify import GreedyAcceptance
 from quickdraft.generator import SpeculativeGenerator
+from quickdraft.models import cpu_kernels
 from quickdraft.models.lm import NativeLM
 
 # Code that repeats itself (prompt lookup's rounds) and prose (the drafter's).
@@ -28,6 +29,8 @@ PROMPTS = ["class Stack:\n    def __init__(self):\n        self.items = []\n\n  
 METHODS = ("eagle", "hybrid-eagle", "ngram", "draft", "hybrid")
 STATS = ("new_tokens", "target_forward_passes", "drafted_tokens", "accepted_tokens", "drafted_per_position",
          "accepted_per_position", "finish_reason", "stopped_by")
+
+pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason="needs our compiled CPU kernels (x86 AVX2, a C compiler)")
 
 
 def run(gen, ids, n, eos=(), k=4, one_call=True, monkeypatch=None, **kwargs):
