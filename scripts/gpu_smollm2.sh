@@ -92,15 +92,28 @@ run)
         compgen -G "$d/shard-*.npy" > /dev/null && GPU_DATA+=("$d")
     done
     SELF=("${GPU_DATA[@]}" data/selfdistill/smollm2-135m data/selfdistill/smollm2-135m-s1)  # shipped: seeds 0, 1
+    for d in data/selfdistill/smollm2-135m-greedy2 data/selfdistill/smollm2-135m-greedy; do
+        [ -d "$d" ] && SELF+=("$d")  # greedy answers (sessions 38-39): what moved chat most; gpu_tree.sh
+    done                             # --code --eagle-init carries greedy2
+    # EAGLE from the shipped drafter where it travelled (gpu_tree.sh --code --eagle-init),
+    # with the target's layers 3 and 15 fused in (session 41: +1 point of held-out agreement
+    # at every depth over the same training), at session 39's fine-tuning rate; else
+    # session 18's recipe from scratch.
+    EAGLE_INIT=quickdraft/assets/heads/smollm2-135m-eagle
+    if [ -f "$EAGLE_INIT/model.safetensors" ]; then
+        EAGLE_ARGS=(--init "$EAGLE_INIT" --feature-layers 3,15,30 --lr 5e-4 --warmup 10 --ttt-steps 3)
+    else
+        EAGLE_ARGS=(--draft-vocab 4096 --lr 1.5e-3 --warmup 40 --ttt-steps 5)
+    fi
     STEPS=${STEPS:-1100}  # the H100 ran 1,128 of 1,200 in its 280 s (~95 s of loading first)
     LIMIT=${TRAIN_LIMIT:-280}
     # 2. The drafters, side by side on the GPU, each stopped by SIGINT at LIMIT (a usable
     #    model is saved; the optimizer checkpoints are dropped below: too large to come back).
-    #    EAGLE: session 18's recipe on the new chat data as well.
+    #    EAGLE: from the shipped drafter where it travelled (above), on the new data as well.
     [[ $STAGES == *,eagle,* ]] && timeout -s INT --kill-after=30 "$LIMIT" "$PY" -m quickdraft train heads \
         --kind eagle --target "$GGUF" --data "${SELF[@]}" stdlib --out "$RES/smollm2-135m-eagle" \
-        --steps "$STEPS" --seq-len 512 --batch-size "${TRAIN_ROWS:-16}" --lr 1.5e-3 --warmup 40 --reg-weight 0.5 \
-        --ttt-steps 5 --draft-vocab 4096 --ckpt-every 250 --log-every 25 --eval-tokens "${EVAL_TOKENS:-65536}" \
+        --steps "$STEPS" --seq-len 512 --batch-size "${TRAIN_ROWS:-16}" "${EAGLE_ARGS[@]}" --reg-weight 0.5 \
+        --ckpt-every 250 --log-every 25 --eval-tokens "${EVAL_TOKENS:-65536}" \
         --device "$DEVICE" --no-progress > "$RES/eagle-train.log" 2>&1 &
     #    The separate draft: two of the target's layers, hard labels of the target's own text
     #    (the shipped one saw 150 steps of 4 x 256 tokens on a CPU).

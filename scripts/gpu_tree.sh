@@ -9,6 +9,10 @@
 # --code leaves out every shipped model and head as well (and all data but the SmolLM2
 # self-distillation shards): ~2 MiB, for calls that carry their own model files
 # (scripts/gpu_smollm2.sh) or need none (the roofline and overhead timings).
+# --code --eagle-init keeps SmolLM2's shipped EAGLE drafter and the greedy2 shards too
+# (~25 MiB) in branch gpu-tree-eagle: gpu_smollm2.sh then trains the drafter on from where
+# it is. For its second call only (with .gguf-b, ~39 MiB, and .whl); the first, with
+# .gguf-a's 55 MiB, goes from gpu-tree (--code).
 # Wheels the machine lacks (fastapi, uvicorn, pydantic, prometheus-client,
 # opentelemetry-api for the server part) travel as .whl/ (carry: [".whl"]); see
 # docs/gpu.md, "Measuring on a GPU machine".
@@ -16,6 +20,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -z "$(git status --porcelain --untracked-files=no)" ] || { echo "gpu_tree: commit or stash first" >&2; exit 2; }
 code_only=0; [ "${1:-}" = --code ] && code_only=1
+eagle_init=0; [ "${2:-}" = --eagle-init ] && eagle_init=1
+branch=gpu-tree; [ $eagle_init = 1 ] && branch=gpu-tree-eagle  # both exist at once: one per call
 tmp=$(mktemp -d)
 git worktree add -q --detach "$tmp" HEAD
 (
@@ -30,12 +36,16 @@ git worktree add -q --detach "$tmp" HEAD
     if [ $code_only = 1 ]; then
         git rm -rq quickdraft/assets/models quickdraft/assets/heads
         git checkout -q HEAD -- data/selfdistill/smollm2-135m data/selfdistill/smollm2-135m-s1
+        if [ $eagle_init = 1 ]; then  # what gpu_smollm2.sh's EAGLE stage starts from and adds
+            git checkout -q HEAD -- quickdraft/assets/heads/smollm2-135m-eagle data/selfdistill/smollm2-135m-greedy2
+            git rm -rq --ignore-unmatch quickdraft/assets/heads/smollm2-135m-eagle/tensorboard
+        fi
     fi
     git ls-files 'quickdraft/assets/*.png' 'tests/*' | grep -v -E '^tests/(test_gpu.py|conftest.py)$' \
         | xargs -r git rm -q
     git commit -qm "gpu-tree: what the GPU check needs, under the device tool's 64 MiB (never merged)"
-    git branch -f gpu-tree HEAD
+    git branch -f "$branch" HEAD
     bytes=$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1)
-    echo "gpu_tree: branch gpu-tree, $((bytes / 1048576)) MiB of tracked files (+ .whl/ if carried; limit 64 MiB)"
+    echo "gpu_tree: branch $branch, $((bytes / 1048576)) MiB of tracked files (+ .whl/ if carried; limit 64 MiB)"
 )
 git worktree remove --force "$tmp"
