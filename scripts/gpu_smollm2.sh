@@ -94,7 +94,7 @@ run)
     SELF=("${GPU_DATA[@]}" data/selfdistill/smollm2-135m data/selfdistill/smollm2-135m-s1)  # shipped: seeds 0, 1
     for d in data/selfdistill/smollm2-135m-greedy2 data/selfdistill/smollm2-135m-greedy; do
         [ -d "$d" ] && SELF+=("$d")  # greedy answers (sessions 38-39): what moved chat most; gpu_tree.sh
-    done                             # --code --eagle-init carries greedy2
+    done                             # --code --eagle-init carries the first set
     # EAGLE from the shipped drafter where it travelled (gpu_tree.sh --code --eagle-init),
     # with the target's layers 3 and 15 fused in (session 41: +1 point of held-out agreement
     # at every depth over the same training), at session 39's fine-tuning rate; else

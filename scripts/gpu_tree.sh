@@ -9,8 +9,8 @@
 # --code leaves out every shipped model and head as well (and all data but the SmolLM2
 # self-distillation shards): ~2 MiB, for calls that carry their own model files
 # (scripts/gpu_smollm2.sh) or need none (the roofline and overhead timings).
-# --code --eagle-init keeps SmolLM2's shipped EAGLE drafter and the greedy2 shards too
-# (~25 MiB) in branch gpu-tree-eagle: gpu_smollm2.sh then trains the drafter on from where
+# --code --eagle-init keeps SmolLM2's shipped EAGLE drafter and the first greedy shards
+# too, without the datastore (~20 MiB), in branch gpu-tree-eagle: gpu_smollm2.sh then trains the drafter on from where
 # it is. For its second call only (with .gguf-b, ~39 MiB, and .whl); the first, with
 # .gguf-a's 55 MiB, goes from gpu-tree (--code).
 # Wheels the machine lacks (fastapi, uvicorn, pydantic, prometheus-client,
@@ -37,8 +37,10 @@ git worktree add -q --detach "$tmp" HEAD
         git rm -rq quickdraft/assets/models quickdraft/assets/heads
         git checkout -q HEAD -- data/selfdistill/smollm2-135m data/selfdistill/smollm2-135m-s1
         if [ $eagle_init = 1 ]; then  # what gpu_smollm2.sh's EAGLE stage starts from and adds
-            git checkout -q HEAD -- quickdraft/assets/heads/smollm2-135m-eagle data/selfdistill/smollm2-135m-greedy2
-            git rm -rq --ignore-unmatch quickdraft/assets/heads/smollm2-135m-eagle/tensorboard
+            git checkout -q HEAD -- quickdraft/assets/heads/smollm2-135m-eagle data/selfdistill/smollm2-135m-greedy
+            # (greedy2's 9.3 MiB would not fit beside .gguf-b; training needs no datastore)
+            git rm -rq --ignore-unmatch quickdraft/assets/heads/smollm2-135m-eagle/tensorboard \
+                quickdraft/assets/datastores
         fi
     fi
     git ls-files 'quickdraft/assets/*.png' 'tests/*' | grep -v -E '^tests/(test_gpu.py|conftest.py)$' \
