@@ -193,7 +193,8 @@ def parse_tree(text: str) -> Shape:
         else:
             widths = tuple(int(w) for w in spec.split(","))
             if widths and all(w >= 1 for w in widths):
-                shape, nodes = StaticTree(widths), sum(math.prod(widths[: i + 1]) for i in range(len(widths)))
+                shape = StaticTree(widths)
+                nodes = shape.width(len(widths))
     except ValueError:
         pass
     if shape is None:
