@@ -106,9 +106,13 @@ run)
     # session 18's recipe from scratch.
     EAGLE_INIT=quickdraft/assets/heads/smollm2-135m-eagle
     if [ -f "$EAGLE_INIT/model.safetensors" ]; then
+        # No stdlib text: the shipped drafter was fine-tuned on the shards alone, and chat is
+        # what is short of its goal (the shards hold code continuations too).
         EAGLE_ARGS=(--init "$EAGLE_INIT" --feature-layers 3,15,30 --lr 5e-4 --warmup 10 --ttt-steps 3)
+        EAGLE_DATA=("${SELF[@]}")
     else
         EAGLE_ARGS=(--draft-vocab 4096 --lr 1.5e-3 --warmup 40 --ttt-steps 5)
+        EAGLE_DATA=("${SELF[@]}" stdlib)
     fi
     STEPS=${STEPS:-1100}  # the H100 ran 1,128 of 1,200 in its 280 s (~95 s of loading first)
     LIMIT=${TRAIN_LIMIT:-280}
@@ -116,7 +120,7 @@ run)
     #    model is saved; the optimizer checkpoints are dropped below: too large to come back).
     #    EAGLE: from the shipped drafter where it travelled (above), on the new data as well.
     [[ $STAGES == *,eagle,* ]] && timeout -s INT --kill-after=30 "$LIMIT" "$PY" -m quickdraft train heads \
-        --kind eagle --target "$GGUF" --data "${SELF[@]}" stdlib --out "$RES/smollm2-135m-eagle" \
+        --kind eagle --target "$GGUF" --data "${EAGLE_DATA[@]}" --out "$RES/smollm2-135m-eagle" \
         --steps "$STEPS" --seq-len 512 --batch-size "${TRAIN_ROWS:-16}" "${EAGLE_ARGS[@]}" --reg-weight 0.5 \
         --ckpt-every 250 --log-every 25 --eval-tokens "${EVAL_TOKENS:-65536}" \
         --device "$DEVICE" --no-progress > "$RES/eagle-train.log" 2>&1 &
