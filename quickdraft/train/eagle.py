@@ -35,7 +35,7 @@ def vocab_cover(stream: np.ndarray, ids: torch.Tensor | None) -> float:
     """The share of ``stream`` that a draft vocabulary ``ids`` (None: all) covers."""
     if ids is None:
         return 1.0
-    return float(np.isin(stream, ids.numpy()).mean()) if stream.size else 0.0
+    return float(np.isin(stream, ids.cpu().numpy()).mean()) if stream.size else 0.0
 
 
 def teacher_probs(head: EagleHead, t_logits: torch.Tensor) -> torch.Tensor:
