@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from quickdraft.batch_generate import make_batch_engine
 from quickdraft.decoding.batch_engine import BatchFullError
@@ -91,6 +92,59 @@ def test_ragged_forward_logits_do_not_depend_on_the_batch(models, prompts):
         together = ragged_forward(model, cache, [feed(s) for s in group])
         for s, logits in zip(group, together):
             assert torch.equal(logits, alone[s]), (group, s)
+
+
+class BooleanSelections(TorchDispatchMode):
+    """Records the ops that would read a device tensor's values back to the host on a GPU:
+    selection by a boolean mask (``aten.index`` / ``index_put_`` with a bool index) and
+    ``nonzero``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        indices = args[1] if name.startswith(("aten.index.", "aten.index_put")) and len(args) > 1 else ()
+        if "nonzero" in name or any(i is not None and i.dtype == torch.bool for i in indices):
+            self.seen.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_padded_ragged_passes_match_the_row_loop_and_select_by_index_lists(models, prompts, monkeypatch):
+    """The GPU's layout of a ragged pass (one padded attention call, ``PaddedRows``), run on
+    the CPU: each row's logits as the row loop gives them, up to rounding, and inside the
+    layers no selection by a boolean mask (on a GPU each is a host sync: four a layer made
+    `train data --device cuda` as slow as the CPU, session 49)."""
+    from quickdraft.models import transformer
+
+    model = models[1].model
+    rows = [*prompts, prompts[1][:7]]
+    widths = [1, 5, 3, 2, 4]
+    selections = BooleanSelections()  # in the layers (the layout is made on the host)
+    forward = transformer.Attention.forward
+
+    def watched(self, *args, **kwargs):
+        with selections:
+            return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(transformer.Attention, "forward", watched)
+    results = []
+    for devices in (("cpu",), ()):
+        monkeypatch.setattr(transformer, "PADDED_RAGGED_DEVICES", devices)
+        cache = model.new_cache(len(rows), 160)
+        first = ragged_forward(model, cache, [Feed(s, 0, ids, 0) for s, ids in enumerate(rows)])
+        feeds = [Feed(s, rows[s].numel(), torch.arange(3, 3 + w), w) for s, w in enumerate(widths)]
+        layout = model.ragged_inputs(torch.zeros(1, dtype=torch.long), cache,
+                                     [transformer.RaggedRow(f.cache_row, f.start, f.tokens.numel()) for f in feeds])[1]
+        assert isinstance(layout, transformer.PaddedRows) == bool(devices)
+        selections.seen.clear()
+        step = ragged_forward(model, cache, feeds)
+        if devices:
+            assert selections.seen == []
+        results.append([*first, *step])
+    for padded, loop in zip(*results):
+        torch.testing.assert_close(padded, loop, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram", "hybrid"])

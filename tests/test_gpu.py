@@ -197,6 +197,21 @@ def test_ragged_passes_attend_in_one_call_and_match_the_row_loop(monkeypatch):
     for padded, loop in zip(*results):
         torch.testing.assert_close(padded, loop, rtol=1e-4, atol=1e-4)
     monkeypatch.setattr(transformer, "PADDED_RAGGED_DEVICES", ("cuda",))
+    # The layers of a padded pass never wait for the GPU (session 49: four boolean selections
+    # a layer made `train data` on an H200 as slow as the CPU).
+    forward = transformer.Attention.forward
+
+    def unsynchronised(self, *args, **kwargs):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    monkeypatch.setattr(transformer.Attention, "forward", unsynchronised)
+    ragged_forward(model, cache, [Feed(s, rows[s].numel() + w, torch.arange(5, 7, device="cuda"), 1)
+                                  for s, w in enumerate(widths)])
+    monkeypatch.setattr(transformer.Attention, "forward", forward)
     outs = generate_many(gen, [Request(p, N, SamplingParams()) for p in PROMPTS], batch_size=2)
     for prompt, out in zip(PROMPTS, outs):
         assert out.token_ids == gen.generate(prompt, max_new_tokens=N).token_ids
@@ -216,3 +231,14 @@ def test_train_data_writes_a_wide_shard_in_seconds(tmp_path):
     seconds = time.perf_counter() - started
     print(f"train data: one 64-job shard at 64 rows in {seconds:.1f} s")
     assert seconds < 60
+
+
+def test_a_draft_vocabulary_on_the_gpu_measures_its_cover():
+    """`train heads --kind eagle --init DRAFTER --device cuda` measured the loaded drafter's
+    vocabulary, on the GPU, against the token stream with numpy (session 49's H200: a
+    TypeError after loading, the call's training lost)."""
+    import numpy as np
+
+    from quickdraft.train.eagle import vocab_cover
+
+    assert vocab_cover(np.array([1, 2, 3, 4]), torch.tensor([1, 2, 9], device="cuda")) == 0.5

@@ -135,15 +135,23 @@ PADDED_RAGGED_DEVICES = ("cuda",)
 class PaddedRows:
     """A ragged pass's rows laid out for one attention call: row ``i`` of the padded batch
     is cache row ``cache_rows[i]``; its token ``t`` sits at ``packed[i, t]`` of the packed
-    sequence and goes to cache slot ``slots[i, t]`` (``valid`` marks real tokens); ``mask``
-    (additive, ``[R, 1, T, kv_len]``) lets each token see its row's cache and its row's
-    earlier tokens, nothing else (a padded query sees slot 0 only, and is dropped)."""
+    sequence; ``mask`` (additive, ``[R, 1, T, kv_len]``) lets each token see its row's cache
+    and its row's earlier tokens, nothing else (a padded query sees slot 0 only, and is
+    dropped). The real tokens, in row order: their place in the packed sequence
+    (``token_packed``), their cache row and slot (``token_rows``, ``token_slots``) and their
+    place in the flattened ``[R * T]`` padded layout (``token_flat``). These are index
+    lists made on the host once a pass, because selecting with a boolean mask on the device
+    reads the selection's size back to the host: a synchronisation per selection, four a
+    layer, which left the GPU idle between a decode step's kernels (session 49's H200:
+    ~460 tokens/s from `train data` at 128 rows, no faster than the CPU)."""
 
     cache_rows: torch.Tensor
     packed: torch.Tensor
-    valid: torch.Tensor
-    slots: torch.Tensor
     mask: torch.Tensor
+    token_packed: torch.Tensor
+    token_rows: torch.Tensor
+    token_slots: torch.Tensor
+    token_flat: torch.Tensor
 
     @staticmethod
     def build(ragged: Sequence[RaggedRow], kv_len: int, dtype: torch.dtype, device: torch.device) -> PaddedRows:
@@ -151,29 +159,30 @@ class PaddedRows:
         t = torch.arange(width)
         tokens = torch.tensor([r.tokens for r in ragged])[:, None]
         starts = torch.tensor([r.start for r in ragged])[:, None]
+        cache_rows = torch.tensor([r.cache_row for r in ragged])
         valid = t < tokens
         packed = torch.tensor([r.offset for r in ragged])[:, None] + torch.minimum(t, tokens - 1)
         slots = starts + t
         seen = torch.arange(kv_len) <= torch.where(valid, slots, 0)[:, :, None]
         mask = additive_mask(seen[:, None], dtype)
-        return PaddedRows(*(v.to(device, non_blocking=True) for v in (
-            torch.tensor([r.cache_row for r in ragged]), packed, valid, slots, mask)))
+        per_token = (packed[valid], cache_rows[:, None].expand_as(packed)[valid], slots[valid],
+                     valid.flatten().nonzero().flatten())
+        return PaddedRows(*(v.to(device, non_blocking=True) for v in (cache_rows, packed, mask, *per_token)))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache, layer: int,
                gqa: bool) -> torch.Tensor:
         """Write the rows' keys and values (``[1, H, P, D]`` packed) to their cache rows and
         return the attention output in the packed layout (padding after the rows: 0)."""
-        pick = self.packed[self.valid]
-        rows = self.cache_rows[:, None].expand_as(self.packed)[self.valid]
-        cache.k[layer, rows, :, self.slots[self.valid]] = k[0][:, pick].transpose(0, 1)
-        cache.v[layer, rows, :, self.slots[self.valid]] = v[0][:, pick].transpose(0, 1)
+        cache.k[layer, self.token_rows, :, self.token_slots] = k[0][:, self.token_packed].transpose(0, 1)
+        cache.v[layer, self.token_rows, :, self.token_slots] = v[0][:, self.token_packed].transpose(0, 1)
         kv_len = self.mask.shape[-1]
         keys = cache.widen(cache.k[layer, self.cache_rows, :, :kv_len])
         values = cache.widen(cache.v[layer, self.cache_rows, :, :kv_len])
         queries = q[0][:, self.packed].transpose(0, 1)  # [R, H, T, D]
         att = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.mask, enable_gqa=gqa)
+        rows, heads, width, head_dim = att.shape
         out = q.new_zeros(q.shape)
-        out[0][:, pick] = att.transpose(0, 1)[:, self.valid]
+        out[0][:, self.token_packed] = att.transpose(0, 1).reshape(heads, rows * width, head_dim)[:, self.token_flat]
         return out
 
 
