@@ -154,3 +154,38 @@ def test_c_rounds_apply_a_draft_stop_policy_as_the_loop_does(method, stop, monke
             assert calls and all(c is not None for c in calls) and max(calls) >= engine.SPEC_CHUNK, calls
             drafted = want.drafted_per_position  # and the policy set the chains' lengths: not all k = 5 long
             assert len(drafted) < 5 or drafted[0] > drafted[-1], drafted
+
+
+def test_c_rounds_of_a_drafter_fusing_layers_decode_what_the_loop_does(embedded, monkeypatch):
+    """An EAGLE-3 drafter (target layers 3, 6 and the final 8 fused) in the C rounds: the
+    target's pass hands out layers 3's and 6's states beside the final one (qd_spec_rounds'
+    taps), and the tokens, chains and stats are the loop's. Its map's columns for the new
+    layers are random, so the drafts depend on those states."""
+    from quickdraft.drafters import DraftOptions
+    from quickdraft.drafters.eagle import shipped_eagle
+    from quickdraft.models.decode_linear import use_decode_linears
+    from quickdraft.models.eagle import EagleHead, load_eagle
+    from quickdraft.models.quant_linear import quantize_drafter
+    from quickdraft.train.heads import widened_map
+
+    target = embedded["eagle"].target
+    shipped = load_eagle(shipped_eagle(target), target.model)  # float32 (serving quantizes it)
+    layers = (3, 6, target.config.n_layers)
+    fused = EagleHead(target.model, shipped.vocab_ids, shipped.layer_shape, layers).eval()
+    state = fused.state_dict()
+    state.update((k, v) for k, v in shipped.state_dict().items() if k != "feature_in.weight")
+    torch.manual_seed(0)
+    weight = widened_map(shipped, layers)
+    size = weight.shape[1] // len(layers)
+    weight[:, : 2 * size] = torch.randn(weight.shape[0], 2 * size) * weight[:, 2 * size :].std()
+    state["feature_in.weight"] = weight
+    fused.load_state_dict(state)
+    quantize_drafter(fused, beside=target.model)  # as serving loads it (the C chain's linears)
+    if target.decode_linears:
+        use_decode_linears(fused)
+    gen = SpeculativeGenerator.for_pair(target, None, embedded["eagle"].tokenizer, "eagle", DraftOptions(heads=fused))
+    ids = torch.tensor(gen.tokenizer(PROMPTS[0])["input_ids"])
+    reference = [t for s in run(gen, ids, 60, one_call=False, monkeypatch=monkeypatch)[0] for t in s.tokens]
+    cases = [dict(text=text, n=n) for text in PROMPTS for n in (2, 17, 60)]
+    cases += [dict(text=PROMPTS[0], n=60, eos=[reference[i]]) for i in (3, 41)]
+    assert_rounds_match(gen, monkeypatch, cases, k=5)

@@ -245,16 +245,18 @@ class EagleDrafter:
         them: the tokens, caches and positions the engine's rounds through :meth:`propose`,
         :meth:`verified` and :meth:`observe` give, and the stop policy's state. None where
         that call does not run (a tree, a stop policy that weighs costs, sampling, before the
-        prefill, a drafter without its C chain or reading other layers than the final one)."""
+        prefill, a drafter without its C chain, or one that fuses layers without the final one)."""
         spec_rounds = getattr(target, "spec_rounds", None)
         policy = None if self.stop_policy is None else rounds_state_of(self.stop_policy)
+        *taps, last = self.reads_hidden
         if (spec_rounds is None or not self.greedy_chains or (self.stop_policy is not None and policy is None)
-                or self.call is None or self.reads_hidden != (self.target.config.n_layers,) or self.fed < 1
+                or self.call is None or last != self.target.config.n_layers or self.fed < 1
                 or self.known < length - 1 or self.head.maps_features != self.call.maps or not self.params.greedy):
             return None
         widths = self.shape.widths  # a chain (greedy_chains)
         out = spec_rounds(sequence, length, self.call, (self.fed, self.known, self.offset),
-                          self.features, k, len(widths), ngram, remaining, context, chunk, stop_ids, policy=policy)
+                          self.features, k, len(widths), ngram, remaining, context, chunk, stop_ids, policy=policy,
+                          taps=taps)
         if out is not None:
             self.fed, self.known, self._drafted = out.fed, out.known, 0
             if policy is not None:

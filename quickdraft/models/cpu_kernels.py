@@ -153,8 +153,8 @@ def library() -> ctypes.CDLL | None:
         _ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64,
         _c_int64, _c_int64, _ptr, _c_float, _ptr, _ptr, _c_int64,
         # the rounds
-        _ptr, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64,
-        _ptr, _c_int64, _ptr, _ptr, _c_int64, _c_int]
+        _ptr, _ptr, _ptr, _ptr, _ptr, _c_int64, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64, _c_int64,
+        _c_int64, _c_int64, _ptr, _c_int64, _ptr, _ptr, _c_int64, _c_int]
     lib.qd_spec_rounds.restype = _c_int64
     for fn in (lib.qd_block, lib.qd_blocks, lib.qd_blocks_ragged, lib.qd_q8_matmul, lib.qd_q4_matmul, lib.qd_f32_matmul, lib.qd_bf16_matmul, lib.qd_f16_matmul, lib.qd_bf16dp_matmul, lib.qd_rms_norm, lib.qd_silu_mul, lib.qd_attend, lib.qd_argmax_rows):
         fn.restype = None
@@ -612,7 +612,8 @@ def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torc
                 sequence: torch.Tensor, length: int, cached: int, fed: int, known: int, offset: int,
                 features: torch.Tensor | None, k: int, depth: int, ngram: tuple[int, int] | None, remaining: int,
                 context: int, chunk: int, stop_ids: Sequence[int],
-                draft: tuple[tuple, int] | None = None, policy: torch.Tensor | None = None) -> SpecRounds:
+                draft: tuple[tuple, int] | None = None, policy: torch.Tensor | None = None,
+                taps: Sequence[int] = ()) -> SpecRounds:
     """Greedy speculative rounds in one call (``qd_spec_rounds``): prompt lookup (``ngram``:
     its largest and smallest tail) when it matches, else ``chain``'s EAGLE chain of at most
     ``depth`` (reading the target's final states, through its map if it has one); the target's
@@ -620,7 +621,8 @@ def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torc
     chain; the longest prefix it agrees with and its own next token, written into
     ``sequence`` (int64, contiguous, with room); the kept tokens' final states into
     ``features`` (by position, the drafter's ``fed`` / ``known`` / ``offset`` as
-    ``EagleDrafter`` keeps them). Or, with ``draft`` (:func:`chain_model`'s arguments and
+    ``EagleDrafter`` keeps them), after the states of the layers in ``taps`` (an EAGLE-3
+    drafter's fused layers but the last: states after that many blocks, ascending), side by side. Or, with ``draft`` (:func:`chain_model`'s arguments and
     the draft model's cache length), that model's greedy chain. Until ``chunk`` tokens are
     settled, ``remaining`` (the token budget) or ``context`` is reached, a token of
     ``stop_ids`` is settled, or the drafter's cache is full. ``rope``: cos and signed sin
@@ -631,22 +633,28 @@ def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torc
     records = torch.empty(3 * rounds_max, dtype=torch.int64)
     state = torch.tensor([length, cached, fed, known, offset, 0 if draft is None else draft[1]], dtype=torch.int64)
     stops = torch.tensor(list(stop_ids), dtype=torch.int64) if stop_ids else None
+    tap_ids = torch.tensor(list(taps), dtype=torch.int64)
     cos, sin = rope
     if chain is None:
         eagle = (None, 0.0, 0, None, None, 0.0, None, 0, 0, None, None, 0, 0, 0, None, 0.0, None, None, 0, None, None,
                  1)
     else:
         embed, scale, width, fc, norms, eps, linears, n_heads, n_kv_heads, head_dim = chain._model
-        if head_dim != forward._model[8] or (width != forward.hidden and not chain.maps) or chain._chunks != 1:
-            raise ValueError("spec_rounds: an EAGLE chain of the target's head size reading its final states")
+        if (head_dim != forward._model[8] or (width != forward.hidden and not chain.maps)
+                or chain._chunks != len(taps) + 1 or list(taps) != sorted(set(taps))
+                or any(not 0 < layer < forward._model[2] for layer in taps)
+                or (features is not None and features.shape[1] != chain._chunks * forward.hidden)):
+            raise ValueError("spec_rounds: an EAGLE chain of the target's head size reading its final state, "
+                             "after the states of the layers in taps (ascending, inside the model)")
         eagle = (embed, scale, width, fc, norms, eps, linears, n_heads, n_kv_heads, *chain._cache, *chain._head,
-                 chain._feature.data_ptr(), chain._feature_in, 1)
+                 chain._feature.data_ptr(), chain._feature_in, chain._chunks)
     model = (None, 0, 0, None, 0.0, None, 0, 0, 1, None, None, None, None, 0, 0, 0, None, 0.0, None, None, 0) \
         if draft is None else draft[0][0]
     count = library().qd_spec_rounds(
         *forward._model, forward._keys, forward._values, *forward._cache,
         *forward._head, *eagle, *model, cos.data_ptr(), sin.data_ptr(), sequence.data_ptr(), state.data_ptr(),
-        None if features is None else features.data_ptr(), 0 if features is None else features.shape[1], k, depth,
+        None if features is None else features.data_ptr(), 0 if features is None else features.shape[1],
+        tap_ids.data_ptr() if taps else None, len(taps), k, depth,
         *(ngram or (0, 0)), remaining, context, chunk, None if stops is None else stops.data_ptr(),
         0 if stops is None else stops.numel(), None if policy is None else policy.data_ptr(), records.data_ptr(),
         rounds_max, torch.get_num_threads())

@@ -256,13 +256,14 @@ class NativeLM:
                     drafter_state: tuple[int, int, int], features: torch.Tensor | None,
                     k: int, depth: int, ngram: tuple[int, int] | None, remaining: int, context: int, chunk: int,
                     stop_ids: Sequence[int], draft: tuple[tuple, int] | None = None,
-                    policy: torch.Tensor | None = None) -> cpu_kernels.SpecRounds | None:
+                    policy: torch.Tensor | None = None, taps: Sequence[int] = ()) -> cpu_kernels.SpecRounds | None:
         """Greedy speculative rounds after ``sequence[:length]`` in one C call
         (``cpu_kernels.spec_rounds``: prompt lookup, else an EAGLE ``chain`` or a draft
         model's; this model verifies), the cache then holding what they kept. ``drafter_state``: the EAGLE
         drafter's ``fed``, ``known`` and ``offset`` positions; ``draft``: a draft model's
         chain instead (``cpu_kernels.chain_model``'s and its cache length); ``policy``: the
-        drafter's ``--draft-stop`` state, updated in place (None: fixed). None where it
+        drafter's ``--draft-stop`` state, updated in place (None: fixed); ``taps``: the layers
+        whose states an EAGLE-3 drafter fuses before the final one's. None where it
         cannot run here (no one-call pass for this model and cache): decode round by round."""
         if self.cache is None or self.static is not None or not self.one_call or sequence.dtype != torch.int64:
             return None
@@ -270,7 +271,7 @@ class NativeLM:
         fed, known, offset = drafter_state
         out = cpu_kernels.spec_rounds(self.one_call, chain, (cos[0, 0], sin[0, 0]), sequence, length,
                                       self.length, fed, known, offset, features, k, depth, ngram, remaining, context,
-                                      chunk, stop_ids, draft, policy)
+                                      chunk, stop_ids, draft, policy, taps)
         self.length = out.cached
         self.hidden_states = {}
         return out

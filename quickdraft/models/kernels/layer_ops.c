@@ -875,6 +875,41 @@ static float top_probability(const float *logits, int64_t n, const int64_t *ids,
     return sum > 0.0f ? 1.0f / sum : 0.0f;
 }
 
+/* qd_forward's pass, also handing out the states after taps[0] < taps[1] < ... blocks (each
+ * in 1 .. n_layers - 1; n_taps 0: none) side by side in tapped [m, n_taps * hidden]: an
+ * EAGLE-3 drafter's fused layers. The blocks run in one qd_blocks call per stretch between
+ * the taps, as Transformer.forward's stretches do: the same arithmetic, bit for bit. */
+static int64_t forward_tapped(const float *embed, int64_t hidden, int64_t n_layers, const float *const *norms,
+                              float eps, const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos,
+                              const float *ssin, void *k_cache, void *v_cache, int64_t layer_stride, int64_t max_len,
+                              int64_t kv16, int64_t start, const float *final_norm, float final_eps,
+                              const QdLinear *head, int64_t n_embed, const int64_t *tokens, int64_t m, float *x,
+                              int64_t rows, float *logits, const int64_t *taps, int64_t n_taps, float *tapped,
+                              int threads) {
+    for (int64_t j = 0; j < m; j++)
+        if (tokens[j] < 0 || tokens[j] >= n_embed)
+            return -1;
+    for (int64_t j = 0; j < m; j++)
+        memcpy(x + j * hidden, embed + tokens[j] * hidden, (size_t)hidden * sizeof(float));
+    for (int64_t c = 0, done = 0; c <= n_taps; c++) {
+        const int64_t upto = c < n_taps ? taps[c] : n_layers;
+        qd_blocks(x, m, hidden, upto - done, norms + 2 * done, eps, linears + 4 * done, hq, hkv, d, cos, ssin,
+                  kv_at(k_cache, done * layer_stride, kv16), kv_at(v_cache, done * layer_stride, kv16), layer_stride,
+                  max_len, kv16, NULL, start, start + m, NULL, 0, x, threads); /* causal (qd_attend) */
+        if (c < n_taps)
+            for (int64_t j = 0; j < m; j++)
+                memcpy(tapped + (j * n_taps + c) * hidden, x + j * hidden, (size_t)hidden * sizeof(float));
+        done = upto;
+    }
+    if (rows > 0) {
+        float *h = malloc((size_t)(rows * hidden) * sizeof(float));
+        qd_rms_norm(x + (m - rows) * hidden, rows, hidden, final_norm, final_eps, h);
+        linear(head, h, rows, logits, threads);
+        free(h);
+    }
+    return 0;
+}
+
 /* One causal pass of a Llama model over batch row 0, in one call: the m tokens' embedding
  * rows (into x [m, hidden]), the n_layers blocks at positions and cache slots start ..
  * start + m - 1 (qd_blocks, in place in x: x ends as the final hidden state, before the
@@ -890,20 +925,9 @@ int64_t qd_forward(const float *embed, int64_t hidden, int64_t n_layers, const f
                    void *k_cache, void *v_cache, int64_t layer_stride, int64_t max_len, int64_t kv16, int64_t start,
                    const float *final_norm, float final_eps, const QdLinear *head, int64_t n_embed,
                    const int64_t *tokens, int64_t m, float *x, int64_t rows, float *logits, int threads) {
-    for (int64_t j = 0; j < m; j++)
-        if (tokens[j] < 0 || tokens[j] >= n_embed)
-            return -1;
-    for (int64_t j = 0; j < m; j++)
-        memcpy(x + j * hidden, embed + tokens[j] * hidden, (size_t)hidden * sizeof(float));
-    qd_blocks(x, m, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache, layer_stride,
-              max_len, kv16, NULL, start, start + m, NULL, 0, x, threads); /* causal (qd_attend) */
-    if (rows > 0) {
-        float *h = malloc((size_t)(rows * hidden) * sizeof(float));
-        qd_rms_norm(x + (m - rows) * hidden, rows, hidden, final_norm, final_eps, h);
-        linear(head, h, rows, logits, threads);
-        free(h);
-    }
-    return 0;
+    return forward_tapped(embed, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache,
+                          layer_stride, max_len, kv16, start, final_norm, final_eps, head, n_embed, tokens, m, x, rows,
+                          logits, NULL, 0, NULL, threads);
 }
 
 static int is_stop(int64_t token, const int64_t *stop_ids, int64_t n_stop) {
@@ -1122,12 +1146,14 @@ static void stop_observe(double *p, int64_t drafted, int64_t accepted) { /* obse
  * after it; the accepted tokens' states into features. So the tokens and the caches are
  * those of the Python loop bit for bit; what it saves is the Python between the calls
  * (~0.7 ms a SmolLM2 round). The drafter (e_hidden wide: e_feature_in maps the target's
- * states where that differs) reads the target's final states, one row of hidden a token.
+ * states where that differs) reads the target's final states, one row of hidden a token, or
+ * (taps, n_taps > 0: an EAGLE-3 drafter's fused layers) the states after taps[0] < taps[1]
+ * < ... blocks and the final one side by side, feature_width = (n_taps + 1) hidden.
  *
  * seq [capacity] holds state[0] tokens (the sequence: the settled tokens are written after
  * them); state = {length, the target's cache length, the EAGLE drafter's fed, known and
  * offset, the draft model's cache length}, updated. features [.., feature_width]: the
- * target's final states by position. cos / ssin: the target's RoPE tables from position 0
+ * target's states the drafter reads, by position. cos / ssin: the target's RoPE tables from position 0
  * (the EAGLE drafter's too). Rounds run until `chunk` tokens are
  * settled, the budget (`remaining` tokens) or the context is spent, a token in stop_ids is
  * settled, `max_rounds` rounds, or the drafter's cache has no room (returns; the caller's
@@ -1151,13 +1177,13 @@ int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, con
                        int64_t g_layer_stride, int64_t g_max_len, int64_t g_kv16, const float *g_final_norm,
                        float g_final_eps, const QdLinear *g_head, const int64_t *g_head_ids, int64_t g_vocab,
                        const float *cos, const float *ssin, int64_t *seq, int64_t *state, float *features,
-                       int64_t feature_width, int64_t k_max, int64_t depth, int64_t ngram_max, int64_t ngram_min,
+                       int64_t feature_width, const int64_t *taps, int64_t n_taps, int64_t k_max, int64_t depth, int64_t ngram_max, int64_t ngram_min,
                        int64_t remaining, int64_t context, int64_t chunk, const int64_t *stop_ids, int64_t n_stop,
                        double *policy, int64_t *records, int64_t max_rounds, int threads) {
     int64_t length = state[0], cached = state[1], fed = state[2], known = state[3], drafted = state[5];
     const int64_t offset = state[4], vocab = head->out;
     int64_t *prop = malloc((size_t)(k_max + 1) * sizeof(int64_t)), *fedtok = NULL, *best = NULL;
-    float *x = NULL, *logits = malloc((size_t)((k_max + 1) * vocab) * sizeof(float));
+    float *x = NULL, *tapx = NULL, *logits = malloc((size_t)((k_max + 1) * vocab) * sizeof(float));
     int64_t rounds = 0, settled = 0, refused = 0;
     while (rounds < max_rounds && settled < chunk && remaining > 0 && length < context) {
         const int64_t k0 = remaining - 1 < context - length - 1 ? remaining - 1 : context - length - 1;
@@ -1191,12 +1217,14 @@ int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, con
         const int64_t lead = length - cached, m = lead + n;
         fedtok = realloc(fedtok, (size_t)m * sizeof(int64_t));
         x = realloc(x, (size_t)(m * hidden) * sizeof(float));
+        if (n_taps > 0)
+            tapx = realloc(tapx, (size_t)(m * n_taps * hidden) * sizeof(float));
         best = realloc(best, (size_t)(n + 1) * sizeof(int64_t));
         memcpy(fedtok, seq + cached, (size_t)lead * sizeof(int64_t));
         memcpy(fedtok + lead, prop, (size_t)n * sizeof(int64_t));
-        if (qd_forward(embed, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos + cached * d, ssin + cached * d,
-                       k_cache, v_cache, layer_stride, max_len, kv16, cached, final_norm, final_eps, head, n_embed,
-                       fedtok, m, x, n + 1, logits, threads)) {
+        if (forward_tapped(embed, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos + cached * d,
+                           ssin + cached * d, k_cache, v_cache, layer_stride, max_len, kv16, cached, final_norm,
+                           final_eps, head, n_embed, fedtok, m, x, n + 1, logits, taps, n_taps, tapx, threads)) {
             refused = 1;
             break;
         }
@@ -1209,8 +1237,13 @@ int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, con
             drafted = length + (path < n - 1 ? path : n - 1); /* its accepted tokens stay */
         if (chained)
             stop_observe(policy, n, path);
-        if (e_embed != NULL) { /* the drafter's observe: the kept tokens' states */
-            memcpy(features + (length - lead) * feature_width, x, (size_t)((lead + path) * hidden) * sizeof(float));
+        if (e_embed != NULL) { /* the drafter's observe: the kept tokens' states (taps first) */
+            for (int64_t j = 0; j < lead + path; j++) {
+                float *row = features + (length - lead + j) * feature_width;
+                if (n_taps > 0)
+                    memcpy(row, tapx + j * n_taps * hidden, (size_t)(n_taps * hidden) * sizeof(float));
+                memcpy(row + n_taps * hidden, x + j * hidden, (size_t)hidden * sizeof(float));
+            }
             known = length + path;
         }
         memcpy(seq + length, prop, (size_t)path * sizeof(int64_t));
@@ -1237,6 +1270,7 @@ int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, con
     free(fedtok);
     free(best);
     free(x);
+    free(tapx);
     free(logits);
     return refused ? -1 - rounds : rounds;
 }
