@@ -406,17 +406,18 @@ def test_a_ragged_pass_in_one_call_is_the_per_op_row_loop_bit_for_bit(quantize, 
         kept, states = ragged_forward_keeping(model, cache, [Feed(0, 10, torch.tensor([5, 6]), 2),
                                                              Feed(3, 3, torch.tensor([8]), 1)], (1, 2))
         final = model.config.n_layers
-        lone, lone_states = ragged_forward_keeping(model, cache, [Feed(3, 4, torch.tensor([9, 10, 11]), 2)], (final,))
+        lone, lone_states = ragged_forward_keeping(model, cache, [Feed(3, 4, torch.tensor([9, 10, 11]), 2)],
+                                                   (1, final))  # (an EAGLE-3 drafter's)
         return [*prefill, *step, *alone, *kept, *(t for row in states for t in row.values()), *lone,
-                lone_states[0][final], cache.k, cache.v]
+                lone_states[0][1], lone_states[0][final], cache.k, cache.v]
 
     calls = count_calls(monkeypatch, "blocks_ragged")
     one_calls = []
     real_call = cpu_kernels.ForwardCall.__call__
 
-    def one_call(self, *args):
+    def one_call(self, *args, **kwargs):
         one_calls.append(args[-1])  # the cache row
-        return real_call(self, *args)
+        return real_call(self, *args, **kwargs)
 
     monkeypatch.setattr(cpu_kernels.ForwardCall, "__call__", one_call)
     stacked = run()
@@ -519,8 +520,9 @@ def test_a_pass_in_one_call_is_the_model_forward_bit_for_bit(case, monkeypatch):
     """NativeLM.extend runs a contiguous pass (a prefill, a plain step, a chain's verify
     pass) as one C call (Transformer.forward_call: embedding, blocks, final norm, head)
     with the logits, final hidden states and KV cache of Transformer.forward, bit for
-    bit: float32, int8 (with an int8 head) and int4 blocks, a float16 KV cache. A
-    restricted head, other hidden states and a token the embedding lacks take forward."""
+    bit: float32, int8 (with an int8 head) and int4 blocks, a float16 KV cache, and the
+    states of other layers beside (an EAGLE-3 drafter's). A restricted head, the
+    embedding's output and a token the embedding lacks take forward."""
     model = tiny_model(case if case in ("int8", "int4") else "none", int8_head=case == "int8")
     if case == "kv16":
         model.kv_dtype = torch.float16
@@ -542,21 +544,28 @@ def test_a_pass_in_one_call_is_the_model_forward_bit_for_bit(case, monkeypatch):
         assert lm.length == 20
         return out, lm
 
+    def fused_states(lm: NativeLM) -> list[torch.Tensor]:  # an EAGLE-3 drafter's (layer 1 and the final)
+        with torch.inference_mode():
+            out = [lm.extend(tokens[:3], logits="last", output_hidden_states=(1, final))]
+        return out + [lm.hidden_states[layer] for layer in (1, final)]
+
     forwards = count_calls(monkeypatch, "blocks")
     one, lm = run(one_call=True)
+    one += fused_states(lm)
     assert (lm.one_call is None) == (case == "restricted")
     ran_forward = forwards["blocks"]
-    assert ran_forward == (5 if case == "restricted" else 0)
-    reference, _ = run(one_call=False)
-    assert forwards["blocks"] == ran_forward + 5
+    assert ran_forward == (5 + 2 if case == "restricted" else 0)  # (2 stretches)
+    reference, reference_lm = run(one_call=False)
+    reference += fused_states(reference_lm)
+    assert forwards["blocks"] == ran_forward + 5 + 2
     for got, want in zip(one, reference, strict=True):
         assert got.shape == want.shape and torch.equal(got, want)
-    with torch.inference_mode():  # another layer's states: forward, the same way
-        lm.extend(tokens[:2], logits="last", output_hidden_states=(1,))
-    assert forwards["blocks"] == ran_forward + 5 + 2 and lm.length == 22
+    with torch.inference_mode():  # the embedding's output (state 0): forward
+        lm.extend(tokens[:2], logits="last", output_hidden_states=(0,))
+    assert forwards["blocks"] == ran_forward + 5 + 2 + 1 and lm.length == 25
     with pytest.raises(IndexError):  # a token the embedding lacks: forward's error, nothing fed
         lm.extend(torch.tensor([3, 96]), logits="last")
-    assert lm.length == 22
+    assert lm.length == 25
 
 
 def test_the_draft_model_drafts_greedy_chains_in_one_call(monkeypatch):

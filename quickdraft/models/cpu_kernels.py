@@ -129,10 +129,11 @@ def library() -> ctypes.CDLL | None:
     lib.qd_blocks_ragged.argtypes = [_ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64,
                                      _c_int64, _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _ptr, _c_int64, _ptr,
                                      ctypes.c_int]
-    lib.qd_forward.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64, _ptr,
-                               _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64,
-                               _ptr, _c_int64, _ptr, _c_int64, _ptr, ctypes.c_int]
-    lib.qd_forward.restype = _c_int64
+    lib.qd_forward_tapped.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
+                                      _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _c_float,
+                                      _ptr, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _ptr, _ptr, _c_int64, _ptr,
+                                      ctypes.c_int]
+    lib.qd_forward_tapped.restype = _c_int64
     lib.qd_greedy_chain.argtypes = [_ptr, _c_int64, _c_int64, _ptr, _c_float, _ptr, _c_int64, _c_int64, _c_int64,
                                     _ptr, _ptr, _ptr, _ptr, _c_int64, _c_int64, _c_int64, _c_int64, _ptr, _c_float, _ptr,
                                     _ptr, _c_int64, _ptr, _c_int64, _ptr, _c_int64, _c_float, _ptr, _c_int64, _c_int]
@@ -495,21 +496,29 @@ class ForwardCall:
         self._head = (final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), embed.shape[0])
 
     def __call__(self, tokens: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor],
-                 rows: int, cache_row: int = 0) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+                 rows: int, cache_row: int = 0, taps: Sequence[int] = ()
+                 ) -> tuple[torch.Tensor, torch.Tensor | None, dict[int, torch.Tensor]] | None:
         """Feed ``tokens`` (``[m]`` int64, contiguous) at positions and slots ``start .. start
         + m - 1`` of cache row ``cache_row``, causally after what it holds; ``rope``: their cos
         and signed sin rows (``[m, D]`` each, contiguous). Returns the final hidden states
-        ``[m, H]`` (before the norm) and the logits of the last ``rows`` tokens (None for 0);
-        None, with nothing written, where a token is not a row of the embedding."""
+        ``[m, H]`` (before the norm), the logits of the last ``rows`` tokens (None for 0) and
+        the states after each of ``taps`` blocks (ascending, below the model's count: an
+        EAGLE-3 drafter's fused layers), by layer; None, with nothing written, where a token
+        is not a row of the embedding."""
         m = tokens.numel()
         x = torch.empty(m, self.hidden, dtype=torch.float32)
         logits = torch.empty(rows, self.vocab, dtype=torch.float32) if rows else None
+        tapped = torch.empty(m, len(taps), self.hidden, dtype=torch.float32)
+        tap_ids = torch.tensor(list(taps), dtype=torch.int64)
         offset = cache_row * self._row_bytes
-        status = library().qd_forward(*self._model, rope[0].data_ptr(), rope[1].data_ptr(), self._keys + offset,
-                                      self._values + offset, *self._cache, start, *self._head, tokens.data_ptr(), m,
-                                      x.data_ptr(), rows, None if logits is None else logits.data_ptr(),
-                                      torch.get_num_threads())
-        return None if status else (x, logits)
+        status = library().qd_forward_tapped(
+            *self._model, rope[0].data_ptr(), rope[1].data_ptr(), self._keys + offset, self._values + offset,
+            *self._cache, start, *self._head, tokens.data_ptr(), m, x.data_ptr(), rows,
+            None if logits is None else logits.data_ptr(), tap_ids.data_ptr() if taps else None, len(taps),
+            tapped.data_ptr() if taps else None, torch.get_num_threads())
+        if status:
+            return None
+        return x, logits, {layer: tapped[:, i] for i, layer in enumerate(taps)}
 
 
 def _chain_args(head_ids: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor] | None) -> tuple:

@@ -209,12 +209,12 @@ class NativeLM:
     def _one_call_pass(self, tokens: torch.Tensor, logits: str | int,
                        output_hidden_states: Sequence[int]) -> tuple[torch.Tensor | None] | None:
         """A contiguous pass as one C call (``Transformer.forward_call``; the same results bit
-        for bit), where it runs: ``(logits,)`` (the hidden states in ``hidden_states``), else
-        None (nothing fed)."""
+        for bit, the states of any layers too), where it runs: ``(logits,)`` (the hidden
+        states in ``hidden_states``), else None (nothing fed)."""
         if self.one_call is False:  # once a generation: the checks walk every layer's linears
             self.one_call = self.model.forward_call(self.cache)
         final = self.config.n_layers
-        if self.one_call is None or any(layer != final for layer in output_hidden_states) or (
+        if self.one_call is None or any(not 0 < layer <= final for layer in output_hidden_states) or (
                 type(logits) is int and logits < 1):
             return None
         ids = tokens.view(-1)
@@ -223,10 +223,12 @@ class NativeLM:
         m = ids.numel()
         rows = m if logits == "all" else 0 if logits == "none" else 1 if logits == "last" else min(logits, m)
         cos, sin = self.model._rope(self.length, m)
-        out = self.one_call(ids, self.length, (cos[0, 0], sin[0, 0]), rows)
+        taps = sorted({layer for layer in output_hidden_states if layer != final})
+        out = self.one_call(ids, self.length, (cos[0, 0], sin[0, 0]), rows, taps=taps)
         if out is None:  # a token the embedding lacks: forward raises the error
             return None
-        self.hidden_states = {final: out[0]} if output_hidden_states else {}
+        states = {**out[2], final: out[0]}
+        self.hidden_states = {layer: states[layer] for layer in output_hidden_states}
         return (out[1],)
 
     @torch.inference_mode()

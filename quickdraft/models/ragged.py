@@ -85,15 +85,18 @@ def _lone_row(model: Transformer, cache: KVCache, feed: Feed, keep: tuple[int, .
     if cache not in _ONE_CALLS:
         _ONE_CALLS[cache] = model.forward_call(cache)
     call = _ONE_CALLS[cache]
-    if (call is None or any(layer != model.config.n_layers for layer in keep)
+    final = model.config.n_layers
+    if (call is None or any(not 0 < layer <= final for layer in keep)
             or feed.start + feed.tokens.numel() > cache.max_len):  # (the ragged pass raises the error)
         return None
     tokens = feed.tokens if feed.tokens.dtype == torch.long else feed.tokens.to(torch.long)
     cos, sin = model._rope(feed.start, tokens.numel())
-    out = call(tokens.contiguous(), feed.start, (cos[0, 0], sin[0, 0]), feed.logits, feed.cache_row)
+    out = call(tokens.contiguous(), feed.start, (cos[0, 0], sin[0, 0]), feed.logits, feed.cache_row,
+               taps=sorted({layer for layer in keep if layer != final}))
     if out is None:  # a token the embedding lacks: the ragged pass raises the error
         return None
-    return [out[1]], [{layer: out[0] for layer in keep}]
+    states = {**out[2], final: out[0]}
+    return [out[1]], [{layer: states[layer] for layer in keep}]
 
 
 def _ragged(model: Transformer, cache: KVCache, feeds: Sequence[Feed], layers: tuple[int, int] | None = None,

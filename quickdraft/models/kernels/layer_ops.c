@@ -879,13 +879,13 @@ static float top_probability(const float *logits, int64_t n, const int64_t *ids,
  * in 1 .. n_layers - 1; n_taps 0: none) side by side in tapped [m, n_taps * hidden]: an
  * EAGLE-3 drafter's fused layers. The blocks run in one qd_blocks call per stretch between
  * the taps, as Transformer.forward's stretches do: the same arithmetic, bit for bit. */
-static int64_t forward_tapped(const float *embed, int64_t hidden, int64_t n_layers, const float *const *norms,
-                              float eps, const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos,
-                              const float *ssin, void *k_cache, void *v_cache, int64_t layer_stride, int64_t max_len,
-                              int64_t kv16, int64_t start, const float *final_norm, float final_eps,
-                              const QdLinear *head, int64_t n_embed, const int64_t *tokens, int64_t m, float *x,
-                              int64_t rows, float *logits, const int64_t *taps, int64_t n_taps, float *tapped,
-                              int threads) {
+int64_t qd_forward_tapped(const float *embed, int64_t hidden, int64_t n_layers, const float *const *norms,
+                          float eps, const QdLinear *linears, int64_t hq, int64_t hkv, int64_t d, const float *cos,
+                          const float *ssin, void *k_cache, void *v_cache, int64_t layer_stride, int64_t max_len,
+                          int64_t kv16, int64_t start, const float *final_norm, float final_eps,
+                          const QdLinear *head, int64_t n_embed, const int64_t *tokens, int64_t m, float *x,
+                          int64_t rows, float *logits, const int64_t *taps, int64_t n_taps, float *tapped,
+                          int threads) {
     for (int64_t j = 0; j < m; j++)
         if (tokens[j] < 0 || tokens[j] >= n_embed)
             return -1;
@@ -925,7 +925,7 @@ int64_t qd_forward(const float *embed, int64_t hidden, int64_t n_layers, const f
                    void *k_cache, void *v_cache, int64_t layer_stride, int64_t max_len, int64_t kv16, int64_t start,
                    const float *final_norm, float final_eps, const QdLinear *head, int64_t n_embed,
                    const int64_t *tokens, int64_t m, float *x, int64_t rows, float *logits, int threads) {
-    return forward_tapped(embed, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache,
+    return qd_forward_tapped(embed, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache,
                           layer_stride, max_len, kv16, start, final_norm, final_eps, head, n_embed, tokens, m, x, rows,
                           logits, NULL, 0, NULL, threads);
 }
@@ -1222,9 +1222,9 @@ int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, con
         best = realloc(best, (size_t)(n + 1) * sizeof(int64_t));
         memcpy(fedtok, seq + cached, (size_t)lead * sizeof(int64_t));
         memcpy(fedtok + lead, prop, (size_t)n * sizeof(int64_t));
-        if (forward_tapped(embed, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos + cached * d,
-                           ssin + cached * d, k_cache, v_cache, layer_stride, max_len, kv16, cached, final_norm,
-                           final_eps, head, n_embed, fedtok, m, x, n + 1, logits, taps, n_taps, tapx, threads)) {
+        if (qd_forward_tapped(embed, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos + cached * d,
+                              ssin + cached * d, k_cache, v_cache, layer_stride, max_len, kv16, cached, final_norm,
+                              final_eps, head, n_embed, fedtok, m, x, n + 1, logits, taps, n_taps, tapx, threads)) {
             refused = 1;
             break;
         }
