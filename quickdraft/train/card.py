@@ -750,9 +750,13 @@ def write_eagle_card(out: Path, r: dict) -> None:
                 "outputs back")
         loss = f"loss = sum over steps k of 0.8^k x {r['kl_weight']} x soft CE against the target"
     else:
-        what = ("fc([token embedding; the target's final hidden state of the previous token]) + one decoder layer "
-                f"of the target's shape, read by the target's final norm and {vocab}. It predicts the target's next "
-                "feature and token, and drafts by feeding its own features back")
+        fused = r.get("feature_layers") or []
+        states = (f"the target's hidden states after layers {', '.join(map(str, fused))} of the previous token, each "
+                  "at unit RMS, fused to its width (EAGLE-3)" if len(fused) > 1
+                  else "the target's final hidden state of the previous token")
+        what = (f"fc([token embedding; {states}]) + one decoder layer of the target's shape, read by the target's "
+                f"final norm and {vocab}. It predicts the target's next final state and token, and drafts by feeding "
+                "its own features back")
         loss = (f"loss = sum over steps k of 0.8^k x ({r['reg_weight']} x SmoothL1(feature) + {r['kl_weight']} x "
                 "soft CE against the target)")
     if r.get("blind_share"):
