@@ -156,6 +156,7 @@ def test_bad_input_is_one_line_exit_2(setup, tmp_path, capsys):
         "not loadable": ["--target", str(tmp_path / "missing"), "--data", data],
         "no config.json": ["--target", str(tmp_path / "noconfig"), "--data", data],
         "no data files": ["--target", target, "--data", str(tmp_path / "empty")],
+        "empty beside data": ["--target", target, "--data", data, str(tmp_path / "empty")],
         "no data path": ["--target", target, "--data", str(tmp_path / "nope.txt")],
         "no usable text": ["--target", target, "--data", str(tmp_path / "binary")],
         "inside package": ["--target", target, "--data", data],
@@ -175,6 +176,7 @@ def test_bad_input_is_one_line_exit_2(setup, tmp_path, capsys):
     assert "different tokenizers" in messages["other tokenizer"]
     assert "no usable text" in messages["no usable text"]
     assert "no data files" in messages["no data files"]
+    assert f"no data files with text in {tmp_path / 'empty'};" in messages["empty beside data"]
     assert "--draft-vocab 100000 is more than the target's" in messages["draft vocab over vocab"]
 
 

@@ -145,6 +145,7 @@ def read_text_data(sources: list[str]) -> TextData:
             continue
         files = _walk(path) if path.is_dir() else [path]
         root = path if path.is_dir() else path.parent
+        found, skipped = len(data.files), len(data.skipped)
         for f in files:
             name = f.relative_to(root).as_posix()
             docs = _documents(f, name, data.skipped)
@@ -153,14 +154,15 @@ def read_text_data(sources: list[str]) -> TextData:
                                    "documents": len(docs)})
             for doc in docs:
                 (data.heldout if is_validation(doc[0]) else data.train).append(doc)
-    if not data.files:
-        if not any(str(s) == STDLIB for s in sources) and data.skipped:
-            raise TrainInputError(
-                f"no usable text in {', '.join(map(str, sources))}: {len(data.skipped)} "
-                "files or JSONL lines skipped (not UTF-8, binary, or JSONL without a "
-                "\"text\" string)")
-        raise TrainInputError(f"no data files with text in {', '.join(map(str, sources))}; "
-                              "pass text, source or JSONL files or directories of them")
+        # Each source must give something: one that gives nothing beside others would
+        # train on less than asked without a word (a shard set left behind by a copy).
+        if len(data.files) == found:
+            if len(data.skipped) > skipped:
+                raise TrainInputError(
+                    f"no usable text in {src}: {len(data.skipped) - skipped} files or JSONL lines skipped "
+                    "(not UTF-8, binary, or JSONL without a \"text\" string)")
+            raise TrainInputError(f"no data files with text in {src}; pass text, source or JSONL files, "
+                                  "directories of them or shard directories, or leave it out")
     _ensure_heldout(data)
     return data
 
