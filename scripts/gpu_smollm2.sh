@@ -96,9 +96,11 @@ run)
     for d in "$RES"/selfdistill-gpu-*; do  # only folders that hold a shard
         compgen -G "$d/shard-*.npy" > /dev/null && GPU_DATA+=("$d")
     done
-    SELF=("${GPU_DATA[@]}" data/selfdistill/smollm2-135m data/selfdistill/smollm2-135m-s1)  # shipped: seeds 0, 1
+    # shipped: seeds 0, 1, and session 49's GPU greedy sets (seeds 11, 12)
+    SELF=("${GPU_DATA[@]}" data/selfdistill/smollm2-135m data/selfdistill/smollm2-135m-s1
+          data/selfdistill/smollm2-135m-gpu-1 data/selfdistill/smollm2-135m-gpu-2)
     for d in data/selfdistill/smollm2-135m-greedy2 data/selfdistill/smollm2-135m-greedy; do
-        [ -d "$d" ] && SELF+=("$d")  # greedy answers (sessions 38-39): what moved chat most; gpu_tree.sh
+        compgen -G "$d/shard-*.npy" > /dev/null && SELF+=("$d")  # greedy answers (sessions 38-39): what moved chat most; gpu_tree.sh
     done                             # --code --eagle-init carries the first set
     # EAGLE from the shipped drafter where it travelled (gpu_tree.sh --code --eagle-init),
     # with the target's layers 3 and 15 fused in (session 41: +1 point of held-out agreement

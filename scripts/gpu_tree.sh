@@ -34,13 +34,14 @@ git worktree add -q --detach "$tmp" HEAD
         quickdraft/assets/heads/qd-stdlib-target-medusa4 \
         quickdraft/assets/heads/qd-stdlib-target-exit1x
     if [ $code_only = 1 ]; then
-        git rm -rq quickdraft/assets/models quickdraft/assets/heads
-        git checkout -q HEAD -- data/selfdistill/smollm2-135m data/selfdistill/smollm2-135m-s1
+        # (no datastore either: 5.6 MiB that left gpu-tree 0.4 MB under the limit beside .gguf-a)
+        git rm -rq quickdraft/assets/models quickdraft/assets/heads quickdraft/assets/datastores
+        git checkout -q HEAD -- data/selfdistill/smollm2-135m data/selfdistill/smollm2-135m-s1 \
+            data/selfdistill/smollm2-135m-gpu-1 data/selfdistill/smollm2-135m-gpu-2
         if [ $eagle_init = 1 ]; then  # what gpu_smollm2.sh's EAGLE stage starts from and adds
             git checkout -q HEAD -- quickdraft/assets/heads/smollm2-135m-eagle data/selfdistill/smollm2-135m-greedy
-            # (greedy2's 9.3 MiB would not fit beside .gguf-b; training needs no datastore)
-            git rm -rq --ignore-unmatch quickdraft/assets/heads/smollm2-135m-eagle/tensorboard \
-                quickdraft/assets/datastores
+            # (greedy2's 9.3 MiB would not fit beside .gguf-b)
+            git rm -rq --ignore-unmatch quickdraft/assets/heads/smollm2-135m-eagle/tensorboard
         fi
     fi
     git ls-files 'quickdraft/assets/*.png' 'tests/*' | grep -v -E '^tests/(test_gpu.py|conftest.py)$' \
