@@ -241,3 +241,27 @@ def test_data_on_a_missing_device_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "cuda" in err.lower()
     assert not (tmp_path / "d").exists()
+
+
+def test_answers_to_one_prompt_are_held_out_together(tmp_path):
+    """The shard sets answer the same instructions many times: a held-out answer to a prompt
+    that is also trained on scores memory, not prediction (session 49), so a shard document
+    is held out by its prompt's ids, every answer to one prompt on the same side."""
+    from quickdraft.train.textdata import read_text_data
+
+    root = tmp_path / "shards"
+    root.mkdir()
+    (root / shards.META_FILE).write_text(json.dumps({"format": shards.FORMAT}))
+    rng = np.random.default_rng(0)
+    docs = []
+    for prompt in range(200):
+        for _ in range(3):  # three answers to each prompt
+            ids = [prompt, 7, 7, 7] + rng.integers(0, 900, size=6).tolist()
+            docs.append((ids, {"prompt_tokens": 4}))
+    shards.write_shard(root, 0, docs, vocab_size=1000)
+    data = read_text_data([str(root)])
+    side = {}
+    for held, split in ((True, data.heldout_ids), (False, data.train_ids)):
+        for _, ids in split:
+            assert side.setdefault(int(ids[0]), held) == held, f"prompt {ids[0]} on both sides"
+    assert 0 < sum(side.values()) < len(side)
