@@ -158,6 +158,10 @@ def test_corrupted_safetensors(tiny_checkpoint, tmp_path):
 def test_unknown_model_name():
     with pytest.raises(CheckpointError, match="not found"):
         resolve_model_dir("no-such-model")
+    with pytest.raises(CheckpointError, match="did you mean qd-stdlib-target\\?"):  # a typo
+        resolve_model_dir("qd-stdlib-targt")
+    with pytest.raises(CheckpointError, match="hub id as owner/name"):  # a bare hub name is not looked up
+        resolve_model_dir("gpt2")
 
 
 def test_hub_id_loads_from_the_huggingface_cache(tiny_family, tmp_path):

@@ -19,7 +19,15 @@ from . import cpu_kernels, gguf
 from .config import ModelConfig
 from .errors import CheckpointError
 from .quant_linear import fast_kernels, quantize_head, quantize_linears
-from .registry import default_target, find_draft_dir, find_embedded, find_packaged, packaged_file
+from .registry import (
+    PACKAGED_MODELS,
+    default_target,
+    find_draft_dir,
+    find_embedded,
+    find_packaged,
+    list_models,
+    packaged_file,
+)
 from .shared_embed import missing_target_error, read_shared
 from .transformer import Transformer
 
@@ -81,10 +89,7 @@ def resolve_model_dir(name_or_path: str | Path) -> Path:
         raise CheckpointError(f"{text} is a file; pass the model directory that holds config.json, "
                               "or a .gguf file")
     if text.count("/") != 1 or text.startswith((".", "/", "~")) or text.endswith(gguf.GGUF_SUFFIX):
-        raise CheckpointError(
-            f"model {text!r} not found: pass a model name (see `quickdraft models`), a local "
-            "directory with config.json, a .gguf file, or a Hugging Face hub id"
-        )
+        raise CheckpointError(f"model {text!r} not found: {_not_found_hint(text)}")
     try:
         from huggingface_hub import snapshot_download
 
@@ -97,6 +102,20 @@ def resolve_model_dir(name_or_path: str | Path) -> Path:
             f"({type(exc).__name__}); download it first or pass a local path"
         ) from None
     return Path(local)
+
+
+def _not_found_hint(text: str) -> str:
+    """What to pass instead of ``text``: a known name close to it, else every kind of model
+    argument (a bare word is not looked up on the hub: its ids are ``owner/name``)."""
+    import difflib
+
+    names = [m.name for m in list_models()] + [m.name for m in PACKAGED_MODELS]
+    close = difflib.get_close_matches(text, names, n=1, cutoff=0.6)
+    if close:
+        return f"did you mean {close[0]}? (`quickdraft models` lists the names)"
+    hub = " as owner/name (e.g. openai-community/gpt2)" if "/" not in text else ""
+    return ("pass a model name (see `quickdraft models`), a local directory with config.json, a .gguf file, "
+            f"or a Hugging Face hub id{hub}")
 
 
 def resolve_pair(
