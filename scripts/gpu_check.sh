@@ -79,6 +79,10 @@ part roofline 125 "$PY" scripts/gpu_roofline.py --device cuda --dtype bfloat16 -
 part roofline-captured 115 "$PY" scripts/gpu_roofline.py --device cuda --dtype bfloat16 --shapes llama-8b \
     --draft-shape none --no-hf --capture --tokens 128 --out "$OUT/roofline-captured.json"
 
+# 4b. (not in the default PARTS) the same with the matrix kernels tuned too: the captured 8B
+#     step ran at 50% of the roofline, 93% of an isolated cuBLAS GEMV's bandwidth (2026-11-29).
+part roofline-autotune 300 "$PY" scripts/gpu_roofline.py --device cuda --dtype bfloat16 --shapes llama-8b \
+    --draft-shape none --no-hf --capture --capture-mode max-autotune --tokens 128 --out "$OUT/roofline-autotune.json"
 # 5. The server on the GPU (bf16): aggregate tokens/s of 8 concurrent streams against 1.
 part server 85 "$PY" -m quickdraft.server.loadtest --start --categories short,long --requests 16 \
     --max-tokens 128 --concurrency 1,8 --json "$OUT/server-load.json" -- --device cuda

@@ -76,3 +76,23 @@ def test_greedy_through_the_static_step_is_plain_decoding(tiny_family, method):
 def test_capture_needs_the_native_runtime(tiny_family):
     with pytest.raises(ValueError, match="capture needs the native runtime"):
         SpeculativeGenerator.from_pretrained(tiny_family["target"], method="ar", backend="hf", capture=True)
+
+
+@pytest.mark.parametrize("compile, mode", [(True, "reduce-overhead"), ("max-autotune", "max-autotune")])
+def test_the_compiled_step_takes_a_compile_mode(tiny_family, monkeypatch, compile, mode):
+    """``use_static_step(w, compile=True)`` captures with CUDA graphs (reduce-overhead); a
+    mode by name is passed on (``gpu_roofline.py --capture-mode max-autotune`` tunes the
+    matrix kernels too). torch.compile itself is not run here: its mode is what is checked."""
+    seen = []
+
+    def recording_compile(fn, mode=None, dynamic=None):
+        seen.append(mode)
+        return fn  # the step as it is: eager, same results
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+    lm = load_model(tiny_family["target"])
+    lm.use_static_step(2, compile=compile)
+    lm.reset(32)
+    lm.extend(torch.tensor([3, 9, 27]), logits="none")
+    lm.extend(torch.tensor([5]))
+    assert seen == [mode]

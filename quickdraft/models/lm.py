@@ -131,15 +131,16 @@ class NativeLM:
         self.length = 0
         self.cache = None
         self.hidden_states: dict[int, torch.Tensor] = {}
-        self.static_width, self.static_compile = 0, False
+        self.static_width, self.static_compile = 0, False  # (compile: False, True or a mode)
         self.static: StaticStep | None = None
         self.one_call: ForwardCall | None | bool = False  # set up at the first pass after a reset
 
-    def use_static_step(self, width: int, compile: bool = False) -> None:
+    def use_static_step(self, width: int, compile: bool | str = False) -> None:
         """Run chain passes of up to ``width`` tokens (plain steps, verify passes) through a
         fixed-shape :class:`~quickdraft.models.static_step.StaticStep`, compiled with
-        ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) when ``compile``; 0 turns it
-        off. Other passes (prefills, trees, early exit, hidden states) stay eager."""
+        ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) when ``compile`` (a string:
+        that mode, e.g. ``"max-autotune"``); 0 turns it off. Other passes (prefills, trees,
+        early exit, hidden states) stay eager."""
         if (width, compile) != (self.static_width, self.static_compile):
             self.static_width, self.static_compile, self.static = width, compile, None
 

@@ -57,7 +57,7 @@ class StaticStep:
     at fixed shapes: ``step(tokens, start)`` returns the logits ``[T, V]`` of the ``T`` tokens
     fed at positions (and slots) ``start ..``."""
 
-    def __init__(self, model: Transformer, cache: KVCache, width: int, compile: bool = False) -> None:
+    def __init__(self, model: Transformer, cache: KVCache, width: int, compile: bool | str = False) -> None:
         device = cache.k.device
         self.model, self.cache, self.width = model, cache, width
         self.tokens = torch.zeros(1, width, dtype=torch.long, device=device)
@@ -73,7 +73,9 @@ class StaticStep:
             # Buffers at fixed addresses, mutated in place: what a CUDA graph may capture.
             for t in (cache.k, cache.v, self.tokens, self.start):
                 torch._dynamo.mark_static_address(t)
-        self.fn = CompiledStep(self._step) if compile else self._step
+        # (a mode by name, e.g. "max-autotune": tuned matrix kernels as well as CUDA graphs)
+        self.fn = CompiledStep(self._step, compile if isinstance(compile, str) else "reduce-overhead") \
+            if compile else self._step
 
     def _step(self, tokens: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         positions = (start + self.offsets)[None]  # [1, W], on the device
