@@ -737,12 +737,11 @@ def write_eagle_card(out: Path, r: dict) -> None:
              "`draft_vocab.json` ranks them, so `--draft-vocab N` drafts with the N most frequent)"
              if r["draft_vocab"] else "the target's own LM head (shared, not stored here)")
     layer = r.get("layer")
+    fused = r.get("feature_layers") or []
+    states = (f"the target's hidden states after layers {', '.join(map(str, fused))} of the previous token, each at "
+              "unit RMS, fused (EAGLE-3)" if len(fused) > 1 else "the target's final hidden state of the previous token")
     if layer:
-        fused = r.get("feature_layers") or []
-        states = (f"the target's hidden states after layers {', '.join(map(str, fused))} of the previous token, "
-                  "each at unit RMS, fused (EAGLE-3) and" if len(fused) > 1
-                  else "the target's final hidden state of the previous token,")
-        what = (f"fc([its own token embedding; {states} mapped to "
+        what = (f"fc([its own token embedding; {states}{' and' if len(fused) > 1 else ','} mapped to "
                 f"{layer['hidden_size']} wide]) + one decoder layer {layer['hidden_size']} wide ({layer['n_heads']} "
                 f"heads, MLP {layer['intermediate_size']}), read by its own final norm and LM head rows over the "
                 f"{r['draft_vocab']:,} most frequent tokens of the training text ({r['draft_vocab_covers']:.1%} of it; "
@@ -750,10 +749,6 @@ def write_eagle_card(out: Path, r: dict) -> None:
                 "outputs back")
         loss = f"loss = sum over steps k of 0.8^k x {r['kl_weight']} x soft CE against the target"
     else:
-        fused = r.get("feature_layers") or []
-        states = (f"the target's hidden states after layers {', '.join(map(str, fused))} of the previous token, each "
-                  "at unit RMS, fused to its width (EAGLE-3)" if len(fused) > 1
-                  else "the target's final hidden state of the previous token")
         what = (f"fc([token embedding; {states}]) + one decoder layer of the target's shape, read by the target's "
                 f"final norm and {vocab}. It predicts the target's next final state and token, and drafts by feeding "
                 "its own features back")
