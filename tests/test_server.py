@@ -201,7 +201,10 @@ def test_bad_chat_requests_and_the_server_keeps_serving(server, client):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="gpt-4", prompt="x")
     assert server.get("/no/such/route")[0] == 404
-    assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).usage.completion_tokens == 2
+    # greedy: sampled at the API's default temperature 1, "x" is followed by the end of text one
+    # time in ~11,000 (p = 9e-5), and a fresh clone's `make test` drew it once (session 49)
+    done = client.completions.create(model=MODEL, prompt="x", max_tokens=2, temperature=0)
+    assert done.usage.completion_tokens == 2
     assert "Traceback" not in server.log.read_text()
 
 
