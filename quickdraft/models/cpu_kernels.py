@@ -496,29 +496,33 @@ class ForwardCall:
         self._head = (final_norm[0].data_ptr(), final_norm[1], ctypes.addressof(head), embed.shape[0])
 
     def __call__(self, tokens: torch.Tensor, start: int, rope: tuple[torch.Tensor, torch.Tensor],
-                 rows: int, cache_row: int = 0, taps: Sequence[int] = ()
+                 rows: int, cache_row: int = 0, states: Sequence[int] = ()
                  ) -> tuple[torch.Tensor, torch.Tensor | None, dict[int, torch.Tensor]] | None:
         """Feed ``tokens`` (``[m]`` int64, contiguous) at positions and slots ``start .. start
         + m - 1`` of cache row ``cache_row``, causally after what it holds; ``rope``: their cos
         and signed sin rows (``[m, D]`` each, contiguous). Returns the final hidden states
         ``[m, H]`` (before the norm), the logits of the last ``rows`` tokens (None for 0) and
-        the states after each of ``taps`` blocks (ascending, below the model's count: an
-        EAGLE-3 drafter's fused layers), by layer; None, with nothing written, where a token
-        is not a row of the embedding."""
-        m = tokens.numel()
+        the hidden states of the layers in ``states`` (1 .. the layer count, the final one
+        included; an EAGLE-3 drafter's fused layers), by layer; None, with nothing written,
+        where a token is not a row of the embedding."""
+        m, final = tokens.numel(), self._model[2]
         x = torch.empty(m, self.hidden, dtype=torch.float32)
         logits = torch.empty(rows, self.vocab, dtype=torch.float32) if rows else None
-        tapped = torch.empty(m, len(taps), self.hidden, dtype=torch.float32)
-        tap_ids = torch.tensor(list(taps), dtype=torch.int64)
+        taps = sorted({layer for layer in states if layer != final})
+        tapped = tap_ids = None
+        if taps:  # (nothing to allocate on a plain step: this is the decode loop's pass)
+            tapped = torch.empty(m, len(taps), self.hidden, dtype=torch.float32)
+            tap_ids = torch.tensor(taps, dtype=torch.int64)
         offset = cache_row * self._row_bytes
         status = library().qd_forward_tapped(
             *self._model, rope[0].data_ptr(), rope[1].data_ptr(), self._keys + offset, self._values + offset,
             *self._cache, start, *self._head, tokens.data_ptr(), m, x.data_ptr(), rows,
-            None if logits is None else logits.data_ptr(), tap_ids.data_ptr() if taps else None, len(taps),
-            tapped.data_ptr() if taps else None, torch.get_num_threads())
+            None if logits is None else logits.data_ptr(), None if tap_ids is None else tap_ids.data_ptr(), len(taps),
+            None if tapped is None else tapped.data_ptr(), torch.get_num_threads())
         if status:
             return None
-        return x, logits, {layer: tapped[:, i] for i, layer in enumerate(taps)}
+        by_layer = {final: x, **{layer: tapped[:, i] for i, layer in enumerate(taps)}}
+        return x, logits, {layer: by_layer[layer] for layer in states}
 
 
 def _chain_args(head_ids: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor] | None) -> tuple:

@@ -224,12 +224,10 @@ class NativeLM:
         m = ids.numel()
         rows = m if logits == "all" else 0 if logits == "none" else 1 if logits == "last" else min(logits, m)
         cos, sin = self.model._rope(self.length, m)
-        taps = sorted({layer for layer in output_hidden_states if layer != final})
-        out = self.one_call(ids, self.length, (cos[0, 0], sin[0, 0]), rows, taps=taps)
+        out = self.one_call(ids, self.length, (cos[0, 0], sin[0, 0]), rows, states=output_hidden_states)
         if out is None:  # a token the embedding lacks: forward raises the error
             return None
-        states = {**out[2], final: out[0]}
-        self.hidden_states = {layer: states[layer] for layer in output_hidden_states}
+        self.hidden_states = out[2]
         return (out[1],)
 
     @torch.inference_mode()

@@ -91,12 +91,10 @@ def _lone_row(model: Transformer, cache: KVCache, feed: Feed, keep: tuple[int, .
         return None
     tokens = feed.tokens if feed.tokens.dtype == torch.long else feed.tokens.to(torch.long)
     cos, sin = model._rope(feed.start, tokens.numel())
-    out = call(tokens.contiguous(), feed.start, (cos[0, 0], sin[0, 0]), feed.logits, feed.cache_row,
-               taps=sorted({layer for layer in keep if layer != final}))
+    out = call(tokens.contiguous(), feed.start, (cos[0, 0], sin[0, 0]), feed.logits, feed.cache_row, states=keep)
     if out is None:  # a token the embedding lacks: the ragged pass raises the error
         return None
-    states = {**out[2], final: out[0]}
-    return [out[1]], [{layer: states[layer] for layer in keep}]
+    return [out[1]], [out[2]]
 
 
 def _ragged(model: Transformer, cache: KVCache, feeds: Sequence[Feed], layers: tuple[int, int] | None = None,
