@@ -635,8 +635,9 @@ def spec_rounds(forward: ForwardCall, chain: EagleChain | None, rope: tuple[torc
     ``sequence`` (int64, contiguous, with room); the kept tokens' final states into
     ``features`` (by position, the drafter's ``fed`` / ``known`` / ``offset`` as
     ``EagleDrafter`` keeps them), after the states of the layers in ``taps`` (an EAGLE-3
-    drafter's fused layers but the last: states after that many blocks, ascending), side by side. Or, with ``draft`` (:func:`chain_model`'s arguments and
-    the draft model's cache length), that model's greedy chain. Until ``chunk`` tokens are
+    drafter's fused layers but the last: states after that many blocks, ascending), side
+    by side. Or, with ``draft`` (:func:`chain_model`'s arguments and the draft model's
+    cache length), that model's greedy chain. Until ``chunk`` tokens are
     settled, ``remaining`` (the token budget) or ``context`` is reached, a token of
     ``stop_ids`` is settled, or the drafter's cache is full. ``rope``: cos and signed sin
     from position 0, covering every position fed. ``policy``: the drafter's ``--draft-stop``

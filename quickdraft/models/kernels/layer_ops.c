@@ -926,8 +926,8 @@ int64_t qd_forward(const float *embed, int64_t hidden, int64_t n_layers, const f
                    const float *final_norm, float final_eps, const QdLinear *head, int64_t n_embed,
                    const int64_t *tokens, int64_t m, float *x, int64_t rows, float *logits, int threads) {
     return qd_forward_tapped(embed, hidden, n_layers, norms, eps, linears, hq, hkv, d, cos, ssin, k_cache, v_cache,
-                          layer_stride, max_len, kv16, start, final_norm, final_eps, head, n_embed, tokens, m, x, rows,
-                          logits, NULL, 0, NULL, threads);
+                             layer_stride, max_len, kv16, start, final_norm, final_eps, head, n_embed, tokens, m, x,
+                             rows, logits, NULL, 0, NULL, threads);
 }
 
 static int is_stop(int64_t token, const int64_t *stop_ids, int64_t n_stop) {
@@ -1153,8 +1153,8 @@ static void stop_observe(double *p, int64_t drafted, int64_t accepted) { /* obse
  * seq [capacity] holds state[0] tokens (the sequence: the settled tokens are written after
  * them); state = {length, the target's cache length, the EAGLE drafter's fed, known and
  * offset, the draft model's cache length}, updated. features [.., feature_width]: the
- * target's states the drafter reads, by position. cos / ssin: the target's RoPE tables from position 0
- * (the EAGLE drafter's too). Rounds run until `chunk` tokens are
+ * target's states the drafter reads, by position. cos / ssin: the target's RoPE tables from
+ * position 0 (the EAGLE drafter's too). Rounds run until `chunk` tokens are
  * settled, the budget (`remaining` tokens) or the context is spent, a token in stop_ids is
  * settled, `max_rounds` rounds, or the drafter's cache has no room (returns; the caller's
  * loop goes on). records[3 r ..]: round r's drafted, accepted and settled counts. Returns the
@@ -1177,7 +1177,8 @@ int64_t qd_spec_rounds(const float *embed, int64_t hidden, int64_t n_layers, con
                        int64_t g_layer_stride, int64_t g_max_len, int64_t g_kv16, const float *g_final_norm,
                        float g_final_eps, const QdLinear *g_head, const int64_t *g_head_ids, int64_t g_vocab,
                        const float *cos, const float *ssin, int64_t *seq, int64_t *state, float *features,
-                       int64_t feature_width, const int64_t *taps, int64_t n_taps, int64_t k_max, int64_t depth, int64_t ngram_max, int64_t ngram_min,
+                       int64_t feature_width, const int64_t *taps, int64_t n_taps, int64_t k_max, int64_t depth,
+                       int64_t ngram_max, int64_t ngram_min,
                        int64_t remaining, int64_t context, int64_t chunk, const int64_t *stop_ids, int64_t n_stop,
                        double *policy, int64_t *records, int64_t max_rounds, int threads) {
     int64_t length = state[0], cached = state[1], fed = state[2], known = state[3], drafted = state[5];
