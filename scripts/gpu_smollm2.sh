@@ -69,8 +69,10 @@ run)
     nvidia-smi > "$RES/nvidia-smi.txt" 2>&1
     STAGES=",${STAGES:-data,eagle,draft,exit},"
     # 1. Self-distillation data on the GPU (bf16): chat through the template, self-instruct,
-    #    code continuations. DATA_PROCS writers, each its own seed (11, 12, ...: the shipped shards are
-    #    seed 0) and folder, share the GPU: one writer leaves it mostly idle (batch 256 of a
+    #    code continuations. DATA_PROCS writers, each its own seed (DATA_SEED0 + 1, + 2, ...: greedy
+    #    writers of a seed already committed write the same documents again; committed: 0-3,
+    #    and 11, 12 in data/selfdistill/smollm2-135m-gpu-1, -2) and folder, share the GPU: one
+    #    writer leaves it mostly idle (batch 256 of a
     #    135M model). The shipped shards hold only ~35k chat tokens. Greedy by default
     #    (DATA_TEMPERATURE): greedy answers are what moved SmolLM2's chat acceptance most
     #    (sessions 38-39); DATA_MIX weights chat / self-instruct / code (e.g.
@@ -83,7 +85,7 @@ run)
         # already written stay usable.
         for i in $(seq 1 "${DATA_PROCS:-2}"); do
             timeout -s INT --kill-after=10 "$(( ${DATA_SECONDS:-150} + 60 ))" \
-            "$PY" -m quickdraft train data --target "$GGUF" --out "$RES/selfdistill-gpu-$i" --seed "$(( 10 + i ))" \
+            "$PY" -m quickdraft train data --target "$GGUF" --out "$RES/selfdistill-gpu-$i" --seed "$(( ${DATA_SEED0:-20} + i ))" \
                 --tokens "${DATA_TOKENS:-3000000}" --batch-size "${DATA_ROWS:-128}" --shard-jobs "${SHARD_JOBS:-128}" \
                 --temperature "${DATA_TEMPERATURE:-0}" ${DATA_MIX:+--mix "$DATA_MIX"} \
                 --max-seconds "${DATA_SECONDS:-150}" --device "$DEVICE" --no-progress > "$RES/data-$i.log" 2>&1 &
