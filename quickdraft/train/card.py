@@ -663,7 +663,7 @@ def write_heads_card(out: Path, r: dict) -> None:
         "is one residual block (x + SiLU(W x)) on the target's final hidden state, read by the target's own final "
         "norm and LM head (shared, not stored here); head i predicts the token i + 2 places ahead. "
         f"**{r['params']:,} parameters**, stored as bf16 safetensors (trained in fp32); distilled from the frozen target with loss = sum over "
-        f"heads of 0.8^i x ({r['kl_weight']} x KL(target || head) + {r['ce_weight']} x CE). {status}",
+        f"heads of 0.8^i x ({r['kl_weight']} x KL(target || head) + {r['ce_weight']} x CE){answers_only(r)}. {status}",
         "",
         "`config.json` records the target's name and fingerprint; `quickdraft generate --method medusa --heads "
         "THIS_DIR` uses them (verified as a token tree: output identical to the target's) and refuses them for "
@@ -676,7 +676,8 @@ def write_heads_card(out: Path, r: dict) -> None:
     agreement = r.get("heldout_agreement")
     if agreement:
         before = r.get("init_heldout_agreement")
-        lines += ["Teacher-forced top-1 agreement of each head with the target's own greedy token at its depth:",
+        lines += ["Teacher-forced top-1 agreement of each head with the target's own greedy token at its depth"
+                  f"{' (on its answers)' if r.get('loss_on') == 'answers' else ''}:",
                   "", "| head | predicts | top-1 agreement |" + _before_header(r), "|---:|---|---:|" + "---:|" * bool(before)]
         lines += [f"| {i} | token t + {i + 2} | {a:.2%} |" + (f" {before[i]:.2%} |" if before else "")
                   for i, a in enumerate(agreement)]
@@ -727,6 +728,14 @@ def write_prophet_card(out: Path, r: dict) -> None:
     (out / "README.md").write_text("\n".join(lines))
 
 
+def answers_only(r: dict) -> str:
+    """What a heads card says of ``--loss-on answers`` (nothing for a run on every token)."""
+    if r.get("loss_on") != "answers":
+        return ""
+    return (", counted on the target's answers alone (the self-distilled documents' prompts, which it never "
+            "drafts, masked; `--loss-on answers`)")
+
+
 def write_eagle_card(out: Path, r: dict) -> None:
     """README.md of an EAGLE drafter trained by ``quickdraft train heads --kind eagle``."""
     tr, st = r["train"], r["stage"]
@@ -754,6 +763,7 @@ def write_eagle_card(out: Path, r: dict) -> None:
                 "its own features back")
         loss = (f"loss = sum over steps k of 0.8^k x ({r['reg_weight']} x SmoothL1(feature) + {r['kl_weight']} x "
                 "soft CE against the target)")
+    loss += answers_only(r)
     if r.get("blind_share"):
         loss += (f", {r['blind_share']:.0%} of the windows read with zero features (as a chain drafts in the first "
                  "round, before the prefill)")
@@ -776,7 +786,8 @@ def write_eagle_card(out: Path, r: dict) -> None:
     if agreement:
         before = r.get("init_heldout_agreement")
         lines += ["Top-1 agreement with the target's own greedy token at each unrolled step (step k = a tree "
-                  "node at depth k whose ancestors were right):", "",
+                  "node at depth k whose ancestors were right)"
+                  f"{', on its answers' if r.get('loss_on') == 'answers' else ''}:", "",
                   "| step | top-1 agreement |" + _before_header(r), "|---:|---:|" + "---:|" * bool(before)]
         lines += [f"| {k} | {a:.2%} |" + (f" {before[k]:.2%} |" if before else "") for k, a in enumerate(agreement)]
         lines.append("")

@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # (torch is imported where it runs: reading the corpus needs none)
+    import torch
 
 
 def encode_docs(tok, texts: list[str]) -> np.ndarray:
@@ -51,8 +56,23 @@ def cached_streams(tok, tok_dir: Path, corpus, cache_dir: Path) -> tuple[np.ndar
     return train, val
 
 
-def sample_batch(stream: np.ndarray, batch_size: int, seq_len: int, seed: int, step: int):
-    """Random windows of ``seq_len + 1`` tokens; depends only on (seed, step), so resumable."""
+@dataclass
+class Windows:
+    """Training windows ``tokens`` ``[B, L + 1]`` and ``answers`` ``[B, L + 1]`` (bool): whether
+    each token is the target's own writing, not a prompt (:func:`.distill.answer_flags`)."""
+
+    tokens: torch.Tensor
+    answers: torch.Tensor
+
+    def to(self, device) -> Windows:
+        return Windows(self.tokens.to(device), self.answers.to(device))
+
+
+def sample_batch(stream: np.ndarray, batch_size: int, seq_len: int, seed: int, step: int,
+                 answers: np.ndarray | None = None) -> torch.Tensor | Windows:
+    """Random windows of ``seq_len + 1`` tokens; depends only on (seed, step), so resumable.
+    With ``answers`` (a flag per token of ``stream``): :class:`Windows` of both, the same
+    windows."""
     import torch
 
     rng = np.random.default_rng([seed, step])
@@ -60,8 +80,45 @@ def sample_batch(stream: np.ndarray, batch_size: int, seq_len: int, seed: int, s
     if hi <= 0:
         raise ValueError(f"token stream ({stream.size}) shorter than seq_len+1 ({seq_len + 1})")
     starts = rng.integers(0, hi + 1, size=batch_size)
-    x = np.stack([stream[s : s + seq_len + 1] for s in starts]).astype(np.int64)
-    return torch.from_numpy(x)
+    x = torch.from_numpy(np.stack([stream[s : s + seq_len + 1] for s in starts]).astype(np.int64))
+    if answers is None:
+        return x
+    return Windows(x, torch.from_numpy(np.stack([answers[s : s + seq_len + 1] for s in starts])))
+
+
+def batch_parts(batch: torch.Tensor | Windows) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A batch's token windows and its answer flags (None: every token counts)."""
+    return (batch.tokens, batch.answers) if isinstance(batch, Windows) else (batch, None)
+
+
+def answer_runs(answers: torch.Tensor) -> torch.Tensor:
+    """``[B, L]`` flags -> how many answer tokens end at each place (0 at a prompt token;
+    counted from the window's start): a draft at depth d predicting token i is trained on
+    iff ``runs[i] >= d + 1``, since the d tokens before it were drafted too, and a drafted
+    token is an answer token when decoding."""
+    import torch
+
+    places = torch.arange(answers.shape[1], device=answers.device).expand(answers.shape)
+    last_prompt = torch.where(answers.bool(), -1, places).cummax(dim=1).values
+    return places - last_prompt
+
+
+def window_runs(answers: np.ndarray, start: int, length: int, device) -> torch.Tensor:
+    """:func:`answer_runs` ``[1, length + 1]`` of a held-out window ``start .. start + length - 1``
+    and the token after it (a prompt token past the stream's end)."""
+    import torch
+
+    flags = np.zeros(length + 1, dtype=bool)
+    part = answers[start : start + length + 1]
+    flags[: part.size] = part
+    return answer_runs(torch.as_tensor(flags, device=device)[None])
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The mean of ``values`` where ``mask`` is set (all of them for None); 0 where none is."""
+    if mask is None:
+        return values.mean()
+    return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
 def eval_windows(stream: np.ndarray, seq_len: int, max_tokens: int | None = None):

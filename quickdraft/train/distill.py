@@ -80,6 +80,10 @@ class TokenData:
     train: np.ndarray
     heldout: np.ndarray
     manifest: dict
+    #: Per token of each stream, whether the target wrote it (:func:`answer_flags`); None
+    #: where every token counts (text a user gave, no shard's prompt in it).
+    train_answers: np.ndarray | None = None
+    heldout_answers: np.ndarray | None = None
 
 
 def tokenize(data: TextData, tok, seq_len: int) -> TokenData:
@@ -87,8 +91,10 @@ def tokenize(data: TextData, tok, seq_len: int) -> TokenData:
     are); the train stream must hold a window. Self-distillation documents that ask a bench
     prompt are left out first (:mod:`.holdout`; the manifest's ``held_out`` lists them)."""
     held_out = drop_bench_documents(data, tok)
-    train = join_ids(encode_docs(tok, [t for _, t in data.train]), data.train_ids, tok)
-    heldout = join_ids(encode_docs(tok, [t for _, t in data.heldout]), data.heldout_ids, tok)
+    train_text = encode_docs(tok, [t for _, t in data.train])
+    heldout_text = encode_docs(tok, [t for _, t in data.heldout])
+    train = join_ids(train_text, data.train_ids, tok)
+    heldout = join_ids(heldout_text, data.heldout_ids, tok)
     if train.size < seq_len + 1:
         raise TrainInputError(
             f"the training text has {train.size} tokens, fewer than --seq-len + 1 = "
@@ -96,7 +102,27 @@ def tokenize(data: TextData, tok, seq_len: int) -> TokenData:
     manifest = data.manifest()
     manifest["split"].update(train_tokens=int(train.size), heldout_tokens=int(heldout.size))
     manifest["held_out"] = held_out
-    return TokenData(train, heldout, manifest)
+    return TokenData(train, heldout, manifest,
+                     answer_flags(train_text.size, data.train_ids, data.prompt_tokens, tok),
+                     answer_flags(heldout_text.size, data.heldout_ids, data.prompt_tokens, tok))
+
+
+def answer_flags(text_tokens: int, docs: list[tuple[str, np.ndarray]], prompt_tokens: dict[str, int],
+                 tok) -> np.ndarray | None:
+    """Per token of ``join_ids``' stream, whether it is what the target wrote: a user's text
+    (the first ``text_tokens``) counts whole; a shard document's separator and prompt (its
+    chat template and instruction, or the code it completes) do not, its answer does. A
+    drafter only ever drafts answers: a loss on prompts trains it for text it never meets
+    (EAGLE's and Medusa's recipes train on answers alone). None where every token counts."""
+    if not any(prompt_tokens.get(name, 0) for name, _ in docs):
+        return None
+    eos = 0 if tok.eos_token_id is None else 1
+    parts = [np.ones(text_tokens, dtype=bool)]
+    for name, ids in docs:
+        flags = np.ones(eos + ids.size, dtype=bool)
+        flags[: eos + prompt_tokens.get(name, 0)] = False
+        parts.append(flags)
+    return np.concatenate(parts)
 
 
 def join_ids(stream: np.ndarray, docs: list[tuple[str, np.ndarray]], tok) -> np.ndarray:
@@ -137,11 +163,14 @@ def check_settings(work_dir: Path, settings: dict, resume: bool) -> None:
 
 def train(task: DistillTask, tokens: TokenData, stage: Stage, seq_len: int, seed: int,
           work_dir: Path, resume: bool = False, progress: bool = True,
-          threads: int | str | None = None) -> dict:
-    """Run the training loop on the task's student; the summary says if Ctrl-C stopped it."""
+          threads: int | str | None = None, answers: bool = False) -> dict:
+    """Run the training loop on the task's student; the summary says if Ctrl-C stopped it.
+    ``answers``: its loss takes :class:`~.data.Windows` with the answer flags (where the
+    data has prompts: ``tokens.train_answers``)."""
     task.teacher.eval()
     tuner = thread_tuner(threads) if threads is not None else None
     work_dir = Path(work_dir)
     return train_loop(task.student, tokens.train, stage, seq_len, seed, work_dir,
                       work_dir / "train_log.jsonl", loss_fn=task.loss_fn, resume=resume,
-                      desc=task.kind, progress=progress, tuner=tuner, probe=task.probe)
+                      desc=task.kind, progress=progress, tuner=tuner, probe=task.probe,
+                      answers=tokens.train_answers if answers else None)

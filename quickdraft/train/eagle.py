@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.eagle import EagleHead, unit_rms
+from .data import answer_runs, batch_parts, masked_mean, window_runs
 
 STEP_DECAY = 0.8  # loss weight of unrolled step k: STEP_DECAY ** k
 
@@ -46,59 +47,73 @@ def teacher_probs(head: EagleHead, t_logits: torch.Tensor) -> torch.Tensor:
 
 
 def eagle_loss(head: EagleHead, target, tokens: torch.Tensor, t_logits: torch.Tensor, features: torch.Tensor,
-               steps: int, reg_weight: float, ce_weight: float, blind: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, dict[str, float]]:
+               steps: int, reg_weight: float, ce_weight: float, blind: torch.Tensor | None = None,
+               runs: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """The weighted loss of ``steps`` unrolled steps over windows ``tokens`` ``[B, T]``, with
     the target's logits and final states there; and each step's soft CE for the log.
     ``blind`` ``[B]``: windows the drafter reads with zero features, as the first round
-    drafts before the prefill (their targets stay the target's)."""
+    drafts before the prefill (their targets stay the target's). ``runs`` ``[B, T + 1]``
+    (:func:`~.data.answer_runs` of the windows and their next token; None: every place
+    counts): step k at place p counts where the token it predicts and the k drafted before
+    it are answer tokens."""
     teacher = teacher_probs(head, t_logits)
     total = features.new_zeros(())
     logs = {}
     inputs = features if blind is None else features.masked_fill(blind[:, None, None], 0.0)
     for k, out in enumerate(head.unrolled(tokens, inputs, target, steps)):
+        mask = None if runs is None else runs[:, k + 1 :] >= k + 1  # places k .. T - 1
         logp = F.log_softmax(head.sub_logits(out[:, k:], target).float(), dim=-1)
-        ce = -(teacher[:, k:] * logp).sum(-1).mean()
+        ce = masked_mean(-(teacher[:, k:] * logp).sum(-1), mask)
         loss = ce_weight * ce
         if not head.own_width:  # a narrow layer's output is no target feature: nothing to regress
             final = features[:, k:, -out.shape[-1]:]  # a fused drafter's states end with the final one
-            loss = loss + reg_weight * F.smooth_l1_loss(out[:, k:], unit_rms(final))  # the drafter's scale
+            regress = F.smooth_l1_loss(out[:, k:], unit_rms(final), reduction="none").mean(-1)  # the drafter's scale
+            loss = loss + reg_weight * masked_mean(regress, mask)
         total = total + STEP_DECAY ** k * loss
         logs[f"ce{k}"] = ce.item()
         # Top-1 agreement with the target (what greedy verification accepts): the soft CE
         # alone hides how much of it is the target's own entropy.
-        logs[f"top1_{k}"] = (logp.argmax(-1) == teacher[:, k:].argmax(-1)).float().mean().item()
+        logs[f"top1_{k}"] = masked_mean((logp.argmax(-1) == teacher[:, k:].argmax(-1)).float(), mask).item()
     return total, logs
 
 
 def make_eagle_loss(states, steps: int, reg_weight: float, ce_weight: float, blind_share: float = 0.0):
     """The trainer's ``loss_fn`` (``states``: :class:`~quickdraft.train.heads.TargetStates`);
-    ``blind_share`` of the windows, drawn each step, are read with zero features."""
-    def loss_fn(head: EagleHead, batch: torch.Tensor):
-        tokens = batch[:, :-1]
+    ``blind_share`` of the windows, drawn each step, are read with zero features. Given
+    :class:`~.data.Windows`, the loss counts answer tokens alone (:func:`eagle_loss`)."""
+    def loss_fn(head: EagleHead, batch):
+        windows, answers = batch_parts(batch)
+        tokens = windows[:, :-1]
         t_logits, features = states(tokens)
         blind = torch.rand(tokens.shape[0]) < blind_share if blind_share > 0 else None
         return eagle_loss(head, states.target, tokens, t_logits, features, steps, reg_weight, ce_weight,
-                          None if blind is None else blind.to(features.device))
+                          None if blind is None else blind.to(features.device),
+                          None if answers is None else answer_runs(answers))
 
     return loss_fn
 
 
 @torch.no_grad()
 def eagle_agreement(head: EagleHead, states, stream: np.ndarray, seq_len: int, max_tokens: int,
-                    steps: int) -> list[float]:
+                    steps: int, answers: np.ndarray | None = None) -> list[float]:
     """Top-1 agreement of each unrolled step with the target's greedy token, on held-out
     windows: step ``k``'s is the chance a tree node at depth ``k`` (its ancestors right)
-    has the target's choice as its first candidate."""
+    has the target's choice as its first candidate. ``answers`` (a flag per token of
+    ``stream``): only where the loss counts (:func:`eagle_loss`), the target's answers."""
     hits, counts = torch.zeros(steps, device=states.device), torch.zeros(steps, device=states.device)
     for start in range(0, min(stream.size - 1, max_tokens), seq_len):
         window = states.window(stream, start, seq_len)
         if window.shape[1] < steps + 1:
             break
+        runs = None if answers is None else window_runs(answers, start, window.shape[1], states.device)
         t_logits, features = states(window)
         greedy = t_logits.argmax(-1)
         for k, out in enumerate(head.unrolled(window, features, states.target, steps)):
             guess = head.logits(out[:, k:], states.target).argmax(-1)
-            hits[k] += (guess == greedy[:, k:]).sum()
+            agree = guess == greedy[:, k:]
+            if runs is not None:
+                mask = runs[:, k + 1 :] >= k + 1
+                agree, guess = agree & mask, guess[mask]
+            hits[k] += agree.sum()
             counts[k] += guess.numel()
     return (hits / counts.clamp(min=1)).tolist()

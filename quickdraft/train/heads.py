@@ -43,6 +43,7 @@ from ..models.errors import CheckpointError
 from ..models.medusa import MedusaHeads, is_medusa_dir, load_medusa, save_medusa
 from ..models.registry import read_meta
 from . import card
+from .data import answer_runs, batch_parts, masked_mean, window_runs
 from .distill import DistillTask, check_settings, resolve_device, tokenize, train
 from .draft import default_work_dir
 from .exit_head import check_out_dir, load_native_teacher
@@ -101,15 +102,21 @@ class TargetStates:
 
 
 def head_loss(heads: MedusaHeads, target, i: int, t_logits: torch.Tensor, labels: torch.Tensor,
-              kl_weight: float, ce_weight: float) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Head ``i``'s weighted loss as a function of the final states ``[B, T, H]``."""
+              kl_weight: float, ce_weight: float, runs: torch.Tensor | None = None
+              ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Head ``i``'s weighted loss as a function of the final states ``[B, T, H]``. ``runs``
+    ``[B, T + 1]`` (:func:`~.data.answer_runs`; None: every place counts): place t counts
+    where the tokens t + 1 .. t + i + 2 are answers (the target's own next token, then the
+    heads' i + 1 drafts)."""
     shift = i + 1
     teacher = F.log_softmax(t_logits[:, shift:].float(), dim=-1)
+    mask = None if runs is None else runs[:, shift + 1 :] >= shift + 1
 
     def loss_of(hidden: torch.Tensor) -> torch.Tensor:
         logp = F.log_softmax(heads.head_logits(i, hidden[:, :-shift], target), dim=-1)
-        kl = (teacher.exp() * (teacher - logp)).sum(-1).mean()
-        ce = F.nll_loss(logp.flatten(0, 1), labels[:, shift:].flatten())
+        kl = masked_mean((teacher.exp() * (teacher - logp)).sum(-1), mask)
+        ce = masked_mean(F.nll_loss(logp.flatten(0, 1), labels[:, shift:].flatten(), reduction="none"
+                                    ).view(labels[:, shift:].shape), mask)
         return HEAD_DECAY ** i * (kl_weight * kl + ce_weight * ce)
 
     return loss_of
@@ -117,12 +124,15 @@ def head_loss(heads: MedusaHeads, target, i: int, t_logits: torch.Tensor, labels
 
 def make_medusa_loss(states: TargetStates, kl_weight: float, ce_weight: float):
     """The trainer's ``loss_fn``: backpropagates itself (memory-efficient order) and
-    returns the total loss detached, which tells the loop not to call backward again."""
-    def loss_fn(heads: MedusaHeads, batch: torch.Tensor):
-        inp, labels = batch[:, :-1], batch[:, 1:]
+    returns the total loss detached, which tells the loop not to call backward again.
+    Given :class:`~.data.Windows`, the loss counts answer tokens alone (:func:`head_loss`)."""
+    def loss_fn(heads: MedusaHeads, batch):
+        windows, answers = batch_parts(batch)
+        inp, labels = windows[:, :-1], windows[:, 1:]
+        runs = None if answers is None else answer_runs(answers)
         t_logits, hidden = states(inp)
         losses = multi_head_backward(hidden, [head_loss(heads, states.target, i, t_logits, labels, kl_weight,
-                                                        ce_weight) for i in range(heads.num_heads)])
+                                                        ce_weight, runs) for i in range(heads.num_heads)])
         return torch.tensor(sum(losses)), {f"head{i}": value for i, value in enumerate(losses)}
 
     return loss_fn
@@ -130,21 +140,27 @@ def make_medusa_loss(states: TargetStates, kl_weight: float, ce_weight: float):
 
 @torch.no_grad()
 def head_agreement(heads: MedusaHeads, states: TargetStates, stream: np.ndarray, seq_len: int,
-                   max_tokens: int) -> list[float]:
+                   max_tokens: int, answers: np.ndarray | None = None) -> list[float]:
     """Teacher-forced top-1 agreement of each head with the target's own greedy choice for
     the token it predicts, on held-out windows: the chance a head's first candidate is
-    what greedy verification accepts at that depth (given the earlier ones were)."""
+    what greedy verification accepts at that depth (given the earlier ones were).
+    ``answers`` (a flag per token of ``stream``): only where the loss counts (:func:`head_loss`)."""
     hits = torch.zeros(heads.num_heads, device=states.device)
     counts = torch.zeros(heads.num_heads, device=states.device)
     for start in range(0, min(stream.size - 1, max_tokens), seq_len):
         window = states.window(stream, start, seq_len)
         if window.shape[1] < heads.num_heads + 2:
             break
+        runs = None if answers is None else window_runs(answers, start, window.shape[1], states.device)
         t_logits, hidden = states(window)
         greedy = t_logits.argmax(-1)
         for i in range(heads.num_heads):
             guess = heads.head_logits(i, hidden[:, : -(i + 1)], states.target).argmax(-1)
-            hits[i] += (guess == greedy[:, i + 1 :]).sum()
+            agree = guess == greedy[:, i + 1 :]
+            if runs is not None:
+                mask = runs[:, i + 2 :] >= i + 2
+                agree, guess = agree & mask, guess[mask]
+            hits[i] += agree.sum()
             counts[i] += guess.numel()
     return (hits / counts.clamp(min=1)).tolist()
 
@@ -204,6 +220,11 @@ def read_init(path: Path, target, load) -> tuple[torch.nn.Module, dict[str, str]
     return heads, {"path": str(path), "sha256": digest}
 
 
+def heldout_answers(args, tokens) -> np.ndarray | None:
+    """The held-out answer flags where the loss counts answers alone (``--loss-on``)."""
+    return tokens.heldout_answers if args.loss_on == "answers" else None
+
+
 def _student(args, target, tokens, log):
     """The kind's student, its loss, save, load and held-out check, and its settings."""
     if args.kind == "medusa":
@@ -214,7 +235,8 @@ def _student(args, target, tokens, log):
             heads.load_state_dict(start.state_dict())
             log(f"[train heads] starting from {args.init} ({heads.num_heads} heads)")
         return (heads, make_medusa_loss(states, args.kl_weight, args.ce_weight), save_medusa, load_medusa,
-                lambda h: head_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens),
+                lambda h: head_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens,
+                                         heldout_answers(args, tokens)),
                 {"num_heads": heads.num_heads, "kl_weight": args.kl_weight, "ce_weight": args.ce_weight, "init": init})
     from .eagle import eagle_agreement, frequent_tokens, make_eagle_loss, vocab_cover
 
@@ -272,7 +294,8 @@ def _student(args, target, tokens, log):
     states = TargetStates(target, head.feature_layers)
     return (head, make_eagle_loss(states, args.ttt_steps, args.reg_weight, args.kl_weight, args.blind_share), save_eagle,
             load_eagle,
-            lambda h: eagle_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens, args.ttt_steps),
+            lambda h: eagle_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens, args.ttt_steps,
+                                      heldout_answers(args, tokens)),
             {"ttt_steps": args.ttt_steps, "layer": head.layer_shape, "feature_layers": list(head.feature_layers),
              "draft_vocab": 0 if ids is None else ids.numel(),
              "draft_vocab_covers": covers, "reg_weight": args.reg_weight, "kl_weight": args.kl_weight, "blind_share": args.blind_share,
@@ -299,7 +322,7 @@ def run_train_heads(args, command: str, log=print) -> int:
     check_settings(work, {
         "kind": args.kind, "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
         "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup,
-        "seed": args.seed, **settings}, args.resume)
+        "seed": args.seed, "loss_on": args.loss_on, **settings}, args.resume)
     split = tokens.manifest["split"]
     target_name = read_meta(target_dir).get("name") or target_dir.name
     what = (f"{args.num_heads} Medusa heads" if args.kind == "medusa" else
@@ -321,7 +344,7 @@ def run_train_heads(args, command: str, log=print) -> int:
         student.train()
     task = DistillTask(args.kind, target, student, loss_fn, lambda d: save(student, target, target_name, d), probe)
     summary = train(task, tokens, stage, args.seq_len, args.seed, work, resume=args.resume,
-                    progress=not args.no_progress, threads=args.threads)
+                    progress=not args.no_progress, threads=args.threads, answers=args.loss_on == "answers")
     out.mkdir(parents=True, exist_ok=True)
     task.save(out)
     if args.kind == "eagle" and student.vocab_ids is not None:  # ranks its rows: --draft-vocab N keeps the first N
@@ -331,6 +354,7 @@ def run_train_heads(args, command: str, log=print) -> int:
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": args.kind, "command": command, "target": target_name, "target_dir": str(target_dir),
               "target_params": count_params(target), "params": count_params(student), **settings,
+              "loss_on": args.loss_on if tokens.train_answers is not None else "all",
               "seq_len": args.seq_len, "seed": args.seed, "stage": asdict(stage), "train": summary,
               "data": {k: v for k, v in tokens.manifest.items() if k != "file_list"},
               "hardware": {**machine_info(),

@@ -339,6 +339,7 @@ def train_loop(
     progress: bool = True,
     tuner: ThreadTuner | None = None,
     probe: Callable[[torch.nn.Module], dict[str, float]] | None = None,
+    answers: np.ndarray | None = None,
 ) -> dict:
     """Train ``model`` for ``stage.steps`` steps; returns a summary dict.
 
@@ -348,6 +349,8 @@ def train_loop(
     such as the drafter's acceptance, logged as ``probe/<name>``.
     Ctrl-C stops after the current step with a checkpoint (``interrupted`` in the summary);
     ``resume`` continues from the latest checkpoint exactly as if never stopped.
+    ``answers`` (a flag per token of ``stream``): ``loss_fn`` gets :class:`~.data.Windows`
+    of tokens and flags instead of token windows.
     """
     from tqdm import tqdm
 
@@ -402,7 +405,7 @@ def train_loop(
             lr = lr_at(step, stage)
             for g in opt.param_groups:
                 g["lr"] = lr
-            batch = sample_batch(stream, stage.batch_size, seq_len, seed, step).to(device)
+            batch = sample_batch(stream, stage.batch_size, seq_len, seed, step, answers).to(device)
             opt.zero_grad(set_to_none=True)
             loss, extra = loss_fn(model, batch)
             if loss.requires_grad:  # (a detached loss: the loss_fn ran its own backward)

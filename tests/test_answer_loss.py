@@ -1,0 +1,194 @@
+"""``train heads --loss-on answers``: EAGLE and Medusa train on what the target wrote, not on
+the prompts of its self-distilled documents (which a drafter never drafts), and their
+held-out agreement counts the same places."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from quickdraft.cli import main
+from quickdraft.models.config import ModelConfig
+from quickdraft.models.eagle import EagleHead
+from quickdraft.models.medusa import MedusaHeads
+from quickdraft.models.transformer import Transformer
+from quickdraft.train import shards
+from quickdraft.train.data import Windows, answer_runs, sample_batch
+from quickdraft.train.distill import tokenize
+from quickdraft.train.eagle import eagle_agreement, eagle_loss
+from quickdraft.train.heads import TargetStates, head_agreement, head_loss
+from quickdraft.train.textdata import read_text_data
+
+PROMPT, ANSWER = 5, 7  # a document: its prompt's tokens, then the target's answer
+
+
+def write_shards(root, documents: int = 40, seed: int = 0) -> None:
+    root.mkdir()
+    (root / shards.META_FILE).write_text(json.dumps({"format": shards.FORMAT}))
+    rng = np.random.default_rng(seed)
+    docs = [(rng.integers(1, 250, size=PROMPT + ANSWER).tolist(), {"prompt_tokens": PROMPT})
+            for _ in range(documents)]
+    shards.write_shard(root, 0, docs, vocab_size=300)
+
+
+def tiny_target(vocab: int = 50) -> Transformer:
+    torch.manual_seed(0)
+    cfg = ModelConfig(family="llama", model_type="llama", vocab_size=vocab, hidden_size=32, n_layers=2, n_heads=4,
+                      n_kv_heads=2, head_dim=8, intermediate_size=64, max_position_embeddings=64)
+    return Transformer(cfg).eval()
+
+
+def test_answer_flags_mark_what_the_target_wrote(tmp_path):
+    """Text a user gave counts whole; a shard document's separator and prompt do not, its
+    answer does; the flags line up with the token stream."""
+    from conftest import build_tokenizer
+
+    tok = build_tokenizer(tmp_path / "tok")
+    write_shards(tmp_path / "shards")
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.py").write_text("def f(x):\n    return x + 1\n" * 4)
+    tokens = tokenize(read_text_data([str(tmp_path / "text"), str(tmp_path / "shards")]), tok, 8)
+    flags, stream = tokens.train_answers, tokens.train
+    assert flags is not None and flags.shape == stream.shape and flags.dtype == bool
+    separators = np.flatnonzero(stream == tok.eos_token_id)  # the text's, then one per document
+    text, size = int(separators[1]), 1 + PROMPT + ANSWER
+    assert flags[:text].all() and (stream.size - text) % size == 0
+    assert separators[1:].tolist() == list(range(text, stream.size, size))
+    for at in separators[1:]:
+        assert flags[at : at + size].tolist() == [False] * (1 + PROMPT) + [True] * ANSWER
+    # Plain text alone: every token counts, and nothing is masked (the loss as before).
+    assert tokenize(read_text_data([str(tmp_path / "text")]), tok, 8).train_answers is None
+
+
+def test_answer_runs_count_the_answer_tokens_ending_at_each_place():
+    flags = torch.tensor([[True, False, True, True, True, False, True], [False] * 3 + [True] * 4])
+    expect = []
+    for row in flags.tolist():
+        run, runs = 0, []
+        for flag in row:
+            run = run + 1 if flag else 0
+            runs.append(run)
+        expect.append(runs)
+    assert answer_runs(flags).tolist() == expect
+
+
+def test_windows_with_flags_are_the_same_windows():
+    stream = np.arange(100, dtype=np.uint16)
+    flags = stream % 3 == 0
+    plain = sample_batch(stream, 4, 9, seed=1, step=5)
+    both = sample_batch(stream, 4, 9, seed=1, step=5, answers=flags)
+    assert isinstance(both, Windows) and torch.equal(both.tokens, plain)
+    assert torch.equal(both.answers, torch.from_numpy(flags)[plain])
+
+
+def window_flags(length: int, first_answer: int) -> torch.Tensor:
+    """One window's flags: a prompt up to ``first_answer``, then answer tokens."""
+    return (torch.arange(length + 1) >= first_answer)[None]
+
+
+def test_eagle_loss_counts_a_step_where_its_drafts_are_answers():
+    """Step k at place p predicts token p + 1 after drafting tokens p - k + 1 .. p: it
+    counts where all of them are answers (as when decoding), so a change of the target's
+    distribution at place a - 1 (a: the first answer token) moves step 0's loss alone, at
+    place a steps 0 and 1, at a + 1 all three; at a prompt place none."""
+    target = tiny_target()
+    head = EagleHead(target, torch.arange(0, 50, 2))
+    length, a, steps = 12, 5, 3
+    tokens = torch.randint(0, 50, (1, length))
+    features = torch.randn(1, length, 32)
+    t_logits = torch.randn(1, length, 50)
+    runs = answer_runs(window_flags(length, a))
+
+    def ces(logits):
+        with torch.no_grad():
+            return eagle_loss(head, target, tokens, logits, features, steps, 0.5, 1.0, runs=runs)[1]
+
+    base = ces(t_logits)
+    for place, moved in ((a - 3, set()), (a - 1, {0}), (a, {0, 1}), (a + 1, {0, 1, 2})):
+        changed = t_logits.clone()
+        changed[0, place] = torch.randn(50) * 3
+        new = ces(changed)
+        assert {k for k in range(steps) if new[f"ce{k}"] != base[f"ce{k}"]} == moved, place
+    # Every place an answer: the loss of every place, as without flags.
+    every = answer_runs(torch.ones(1, length + 1, dtype=torch.bool))
+    with torch.no_grad():
+        got = eagle_loss(head, target, tokens, t_logits, features, steps, 0.5, 1.0, runs=every)[0]
+        want = eagle_loss(head, target, tokens, t_logits, features, steps, 0.5, 1.0)[0]
+    torch.testing.assert_close(got, want)
+
+
+def test_medusa_loss_counts_a_head_where_its_drafts_are_answers():
+    """Head i at place t predicts token t + i + 2 after the target's t + 1 and the heads'
+    t + 2 .. t + i + 1: it counts where all of them are answers; the target's distribution
+    at place q is head i's at t = q - i - 1."""
+    target = tiny_target()
+    heads = MedusaHeads(3, 32)
+    length, a = 12, 5
+    labels = torch.randint(0, 50, (1, length))
+    hidden = torch.randn(1, length, 32)
+    t_logits = torch.randn(1, length, 50)
+    runs = answer_runs(window_flags(length, a))
+
+    def losses(logits):
+        with torch.no_grad():
+            return [head_loss(heads, target, i, logits, labels, 1.0, 0.2, runs)(hidden).item() for i in range(3)]
+
+    base = losses(t_logits)
+    for place, moved in ((a - 1, set()), (a, {0}), (a + 1, {0, 1}), (a + 2, {0, 1, 2})):
+        changed = t_logits.clone()
+        changed[0, place] = torch.randn(50) * 3
+        assert {i for i, (x, y) in enumerate(zip(losses(changed), base)) if x != y} == moved, place
+
+
+def test_held_out_agreement_counts_the_places_the_loss_counts():
+    """No answer in the held-out text: nothing to count; every token an answer: what the
+    unmasked agreement counts (windows inside the stream); a prompt in each window: its
+    own figure."""
+    target = tiny_target()
+    head = EagleHead(target, None)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0, 0.3)
+    states = TargetStates(target)
+    stream = np.random.default_rng(0).integers(0, 50, size=200).astype(np.uint16)
+    every, none = np.ones(200, dtype=bool), np.zeros(200, dtype=bool)
+    plain = eagle_agreement(head, states, stream, 16, 160, 3)
+    assert eagle_agreement(head, states, stream, 16, 160, 3, every) == pytest.approx(plain)
+    assert eagle_agreement(head, states, stream, 16, 160, 3, none) == [0.0] * 3
+    heads = MedusaHeads(2, 32)
+    plain = head_agreement(heads, states, stream, 16, 160)
+    assert head_agreement(heads, states, stream, 16, 160, every) == pytest.approx(plain)
+    assert head_agreement(heads, states, stream, 16, 160, none) == [0.0] * 2
+
+
+def test_train_heads_on_shards_trains_on_answers_by_default(tmp_path, capsys):
+    from conftest import build_tokenizer, save_llama
+
+    tok = build_tokenizer(tmp_path / "target")
+    save_llama(tmp_path / "target", len(tok), layers=2, hidden=64, seed=0, eos=tok.eos_token_id)
+    write_shards(tmp_path / "shards", documents=80)
+
+    def train(kind, *extra):
+        out = tmp_path / f"{kind}{len(extra)}"
+        code = main(["train", "heads", "--kind", kind, "--target", str(tmp_path / "target"), "--data",
+                     str(tmp_path / "shards"), "--out", str(out), "--steps", "2", "--seq-len", "24", "--batch-size",
+                     "2", "--eval-tokens", "96", "--threads", "1", "--no-progress", *extra])
+        return code, out
+
+    for kind in ("eagle", "medusa"):
+        code, out = train(kind)
+        assert code == 0
+        assert json.loads((out / "train_report.json").read_text())["loss_on"] == "answers"
+        assert "--loss-on answers" in (out / "README.md").read_text()
+        code, every = train(kind, "--loss-on", "all")
+        assert code == 0 and json.loads((every / "train_report.json").read_text())["loss_on"] == "all"
+        assert "--loss-on answers" not in (every / "README.md").read_text()
+        # The same windows and seed: only the places the loss counted tell the two runs apart.
+        assert (out / "model.safetensors").read_bytes() != (every / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    code, _ = train("prophet", "--loss-on", "all")
+    err = capsys.readouterr().err
+    assert code == 2 and "--loss-on is for --kind medusa or eagle" in err and "Traceback" not in err
