@@ -59,6 +59,8 @@ def test_answer_flags_mark_what_the_target_wrote(tmp_path):
     assert separators[1:].tolist() == list(range(text, stream.size, size))
     for at in separators[1:]:
         assert flags[at : at + size].tolist() == [False] * (1 + PROMPT) + [True] * ANSWER
+    # A draft vocabulary ranks the tokens a drafter drafts: the answers.
+    assert tokens.drafted(True).tolist() == stream[flags].tolist() and tokens.drafted(False) is stream
     # Plain text alone: every token counts, and nothing is masked (the loss as before).
     assert tokenize(read_text_data([str(tmp_path / "text")]), tok, 8).train_answers is None
 
@@ -192,3 +194,71 @@ def test_train_heads_on_shards_trains_on_answers_by_default(tmp_path, capsys):
     code, _ = train("prophet", "--loss-on", "all")
     err = capsys.readouterr().err
     assert code == 2 and "--loss-on is for --kind medusa or eagle" in err and "Traceback" not in err
+
+
+def tiny_hf_draft():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("rows", [None, torch.arange(0, 50, 2)], ids=["whole-vocabulary", "draft-vocabulary"])
+def test_a_drafts_hard_label_loss_counts_answer_tokens_alone(rows):
+    """``train draft --kl-weight 0``: the cross-entropy of the next tokens that are answers
+    (and in the draft vocabulary), as if the others were not there."""
+    from quickdraft.train.trainer import make_label_loss
+
+    model, loss_fn = tiny_hf_draft(), make_label_loss(rows)
+    windows = torch.randint(0, 50, (2, 13))
+    flags = window_flags(12, 5).expand(2, -1).clone()
+    with torch.no_grad():
+        assert loss_fn(model, Windows(windows, torch.ones_like(flags)))[0] == loss_fn(model, windows)[0]
+        got = loss_fn(model, Windows(windows, flags))[0]
+        logits = model(input_ids=windows[:, :-1]).logits
+        keep = torch.ones(50, dtype=torch.bool) if rows is None else torch.isin(torch.arange(50), rows)
+        if rows is not None:
+            logits = logits[..., rows]
+        labels = windows[:, 1:] if rows is None else torch.bucketize(windows[:, 1:], rows)
+        use = flags[:, 1:] & keep[windows[:, 1:]]
+        want = torch.nn.functional.cross_entropy(logits[use], labels[use])
+    torch.testing.assert_close(got, want)
+    with torch.no_grad():  # a window of prompts alone: nothing to learn, and no NaN in the weights
+        assert loss_fn(model, Windows(windows, torch.zeros_like(flags)))[0] == 0
+
+
+def test_a_drafts_distillation_counts_the_places_before_answers():
+    from quickdraft.train.trainer import distill_objective
+
+    t_logits, logits = torch.randn(1, 12, 50), torch.randn(1, 12, 50)
+    labels = torch.randint(0, 50, (1, 12))
+    mask = window_flags(12, 5)[:, 1:]  # place p counts where token p + 1 is an answer: p >= 4
+    base = distill_objective(t_logits, logits, labels, 1.0, 0.1, mask)[0]
+    for place, moves in ((3, False), (4, True)):
+        changed = t_logits.clone()
+        changed[0, place] = torch.randn(50) * 3
+        assert (distill_objective(changed, logits, labels, 1.0, 0.1, mask)[0] != base) == moves
+    every = torch.ones(1, 12, dtype=torch.bool)
+    torch.testing.assert_close(distill_objective(t_logits, logits, labels, 1.0, 0.1, every)[0],
+                               distill_objective(t_logits, logits, labels, 1.0, 0.1)[0])
+
+
+def test_train_draft_on_shards_trains_on_answers_by_default(tmp_path):
+    from conftest import build_tokenizer, save_llama
+
+    tok = build_tokenizer(tmp_path / "target")
+    save_llama(tmp_path / "target", len(tok), layers=2, hidden=64, seed=0, eos=tok.eos_token_id)
+    write_shards(tmp_path / "shards", documents=80)
+    weights = {}
+    for loss_on in ("answers", "all"):
+        out = tmp_path / loss_on
+        assert main(["train", "draft", "--target", str(tmp_path / "target"), "--data", str(tmp_path / "shards"),
+                     "--out", str(out), "--config", "tiny", "--steps", "2", "--seq-len", "24", "--batch-size", "2",
+                     "--kl-weight", "0", "--eval-tokens", "64", "--probe-every", "0", "--threads", "1",
+                     "--no-progress", *(["--loss-on", "all"] if loss_on == "all" else [])]) == 0
+        assert json.loads((out / "train_report.json").read_text())["loss_on"] == loss_on
+        assert ("--loss-on answers" in (out / "README.md").read_text()) == (loss_on == "answers")
+        weights[loss_on] = (out / "model.safetensors").read_bytes()
+    assert weights["answers"] != weights["all"]

@@ -465,6 +465,7 @@ def write_distill_card(out: Path, r: dict) -> None:
            "target frozen in fp32. " if r["kl_weight"] else
            "hard-label cross-entropy on the data's own next tokens (no target pass; on text the target "
            "generated itself, `quickdraft train data`), the head scoring only the draft vocabulary. ")
+        + (f"Its loss {answers_only(r).removeprefix(', ')}. " if answers_only(r) else "")
         + "It uses the target's tokenizer (files copied verbatim). "
         + ("Initialised from `" + r["init"] + "`." if r["init"] else
            f"Initialised from the target's own weights ({r['from_target']}); its embedding / LM-head "
@@ -741,8 +742,9 @@ def write_eagle_card(out: Path, r: dict) -> None:
     tr, st = r["train"], r["stage"]
     status = (f"**Stopped by Ctrl-C at step {tr['steps_done']} of {st['steps']}** (resume with the same "
               "command and `--resume`)." if tr["interrupted"] else f"{tr['steps_done']} of {st['steps']} steps done.")
-    vocab = (f"a reduced LM head over the {r['draft_vocab']:,} most frequent tokens of the training text "
-             f"({r['draft_vocab_covers']:.1%} of it; the target's own LM head rows, frozen, stored here; "
+    text = "the target's answers in the training text" if r.get("loss_on") == "answers" else "the training text"
+    vocab = (f"a reduced LM head over the {r['draft_vocab']:,} most frequent tokens of {text} "
+             f"({r['draft_vocab_covers']:.1%} of them; the target's own LM head rows, frozen, stored here; "
              "`draft_vocab.json` ranks them, so `--draft-vocab N` drafts with the N most frequent)"
              if r["draft_vocab"] else "the target's own LM head (shared, not stored here)")
     layer = r.get("layer")
@@ -753,7 +755,7 @@ def write_eagle_card(out: Path, r: dict) -> None:
         what = (f"fc([its own token embedding; {states}{' and' if len(fused) > 1 else ','} mapped to "
                 f"{layer['hidden_size']} wide]) + one decoder layer {layer['hidden_size']} wide ({layer['n_heads']} "
                 f"heads, MLP {layer['intermediate_size']}), read by its own final norm and LM head rows over the "
-                f"{r['draft_vocab']:,} most frequent tokens of the training text ({r['draft_vocab_covers']:.1%} of it; "
+                f"{r['draft_vocab']:,} most frequent tokens of {text} ({r['draft_vocab_covers']:.1%} of them; "
                 "`draft_vocab.json` ranks them). It predicts the target's next token and drafts by feeding its own "
                 "outputs back")
         loss = f"loss = sum over steps k of 0.8^k x {r['kl_weight']} x soft CE against the target"

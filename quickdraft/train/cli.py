@@ -111,8 +111,17 @@ def _configure_distill(p: argparse.ArgumentParser, steps: int = 1000, lr: float 
     return p
 
 
+def _loss_on(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--loss-on", choices=["answers", "all"], default=None,
+                   help=f"{what}. answers (default): in self-distillation shards (`quickdraft train data`), only "
+                        "what the target wrote, not the prompts it answered (chat template, instruction, code to "
+                        "complete), which a drafter never drafts (EAGLE's and Medusa's recipes); other text "
+                        "counts whole. all: every token")
+
+
 def _configure_draft(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _configure_distill(p)
+    _loss_on(p, "the tokens the loss counts (the held-out figures count every token)")
     start = p.add_mutually_exclusive_group()
     start.add_argument("--init", default=None,
                        help="start from this draft: embedded name or directory, with the target's tokenizer")
@@ -171,11 +180,7 @@ def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--blind-share", type=float, default=0.0, metavar="P",
                    help="eagle: the share of windows read with zero features, as a chain drafts in the first "
                         "round, before the prefill has made the prompt's features (default 0)")
-    p.add_argument("--loss-on", choices=["answers", "all"], default=None,
-                   help="medusa, eagle: the tokens the loss and the held-out agreement count. answers (default): "
-                        "in self-distillation shards (`quickdraft train data`), only what the target wrote, not "
-                        "the prompts it answered (chat template, instruction, code to complete), as EAGLE and "
-                        "Medusa train; other text counts whole. all: every token")
+    _loss_on(p, "medusa, eagle: the tokens the loss and the held-out agreement count")
     p.add_argument("--reg-weight", type=non_negative_float, default=0.5,
                    help="eagle: weight of the SmoothL1 feature regression (default 0.5)")
     p.add_argument("--init", type=Path, default=None, metavar="DIR",

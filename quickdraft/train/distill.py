@@ -85,6 +85,12 @@ class TokenData:
     train_answers: np.ndarray | None = None
     heldout_answers: np.ndarray | None = None
 
+    def drafted(self, answers: bool) -> np.ndarray:
+        """The train tokens a drafter learns to draft: the answers alone (``answers``, where
+        the data has prompts) or all of them. Its draft vocabulary ranks these: ranked over
+        prompts too, a chat template's tokens crowd out the answers' words."""
+        return self.train[self.train_answers] if answers and self.train_answers is not None else self.train
+
 
 def tokenize(data: TextData, tok, seq_len: int) -> TokenData:
     """Encode both splits (``EOS doc EOS doc ...``; documents given as ids join as they

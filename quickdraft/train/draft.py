@@ -240,6 +240,7 @@ def run_train_draft(args, command: str, log=print) -> int:
     arch = None if args.init else draft_arch(args.config, teacher, vocab_keep)
     data = read_text_data(args.data)
     tokens = tokenize(data, tok, seq_len)
+    loss_on = getattr(args, "loss_on", None) or "answers"  # (--loss-on; where the data has prompts)
     student = build_student(args, teacher, target_dir, tok, arch)
     device = resolve_device(args.device)
     # Moving the teacher moves a shared embedding too: the draft holds the same Parameter.
@@ -255,7 +256,7 @@ def run_train_draft(args, command: str, log=print) -> int:
         "from_target": bool(getattr(args, "from_target", False)),
         "seq_len": seq_len, "batch_size": args.batch_size, "lr": args.lr,
         "warmup": args.warmup, "seed": args.seed, "kl_weight": args.kl_weight,
-        "ce_weight": args.ce_weight}, args.resume)
+        "ce_weight": args.ce_weight, "loss_on": loss_on}, args.resume)
     split = tokens.manifest["split"]
     auto = arch is not None and args.config == "auto"
     named = args.config if args.config == "auto" or args.config in DRAFT_SIZES else "JSON"
@@ -272,7 +273,7 @@ def run_train_draft(args, command: str, log=print) -> int:
     if warning:
         log(warning)
 
-    counts = np.bincount(tokens.train.astype(np.int64), minlength=vocab_size)[:vocab_size]
+    counts = np.bincount(tokens.drafted(loss_on == "answers").astype(np.int64), minlength=vocab_size)[:vocab_size]
 
     # --from-target (or an --init draft that shares them): the embedding is the target's own
     # tensor, left out of the draft's files
@@ -293,7 +294,7 @@ def run_train_draft(args, command: str, log=print) -> int:
     task = DistillTask("draft", teacher, student, loss, save,
                        draft_probe(teacher, tokens.heldout))
     summary = train(task, tokens, stage, seq_len, args.seed, work, resume=args.resume,
-                    progress=not args.no_progress, threads=args.threads)
+                    progress=not args.no_progress, threads=args.threads, answers=loss_on == "answers")
     # Saved, scored on held-out text and timed as a CPU run would be: the card's figures
     # (and the decode cost ratio) mean the same whichever device trained the draft.
     teacher.cpu()
@@ -309,6 +310,7 @@ def run_train_draft(args, command: str, log=print) -> int:
               "params": count_params(student), "stored_params": own_params, "init": str(args.init) if args.init else None,
               "seq_len": seq_len, "seed": args.seed, "stage": asdict(stage),
               "kl_weight": args.kl_weight, "ce_weight": args.ce_weight,
+              "loss_on": loss_on if tokens.train_answers is not None else "all",
               "from_target": getattr(student.config, "quickdraft_init", None) if args.from_target else None,
               "train": summary, "data": {k: v for k, v in tokens.manifest.items()
                                          if k != "file_list"},

@@ -252,6 +252,7 @@ def _student(args, target, tokens, log):
         layer = {name: getattr(draft.config, name) for name in LAYER_FIELDS}
         init = {"path": str(args.from_draft), "draft": True,
                 "sha256": hashlib.sha256((draft_dir / "model.safetensors").read_bytes()).hexdigest()}
+    drafted = tokens.drafted(args.loss_on == "answers")  # what its draft vocabulary ranks
     layers = feature_layers_arg(args.feature_layers, start)
     try:
         check_feature_layers(layers, target.config.n_layers,
@@ -260,16 +261,16 @@ def _student(args, target, tokens, log):
         raise TrainInputError(f"--feature-layers {args.feature_layers}: {exc}") from None
     if start is None:
         size = default_vocab_size(target.config.vocab_size) if args.draft_vocab is None else args.draft_vocab
-        ids, covers = frequent_tokens(tokens.train, target.config.vocab_size, size)
+        ids, covers = frequent_tokens(drafted, target.config.vocab_size, size)
     else:
         ids = start.vocab_ids
         if start.own_width and args.draft_vocab:
             raise TrainInputError(f"--draft-vocab: {args.init}'s LM head rows are its own, learned for its "
                                   "tokens; it cannot widen them (drop --draft-vocab, or start anew)")
         if ids is not None and args.draft_vocab:  # widen: the rows are the target's, nothing learned is lost
-            ids = torch.unique(torch.cat([ids, frequent_tokens(tokens.train, target.config.vocab_size,
+            ids = torch.unique(torch.cat([ids, frequent_tokens(drafted, target.config.vocab_size,
                                                                args.draft_vocab)[0]]))
-        covers = vocab_cover(tokens.train, ids)
+        covers = vocab_cover(drafted, ids)
         log(f"[train heads] starting from {args.init}")
     if ids is not None:
         log(f"[train heads] draft vocabulary: {ids.numel():,} tokens ({covers:.1%} of the training text)")
@@ -348,8 +349,8 @@ def run_train_heads(args, command: str, log=print) -> int:
     out.mkdir(parents=True, exist_ok=True)
     task.save(out)
     if args.kind == "eagle" and student.vocab_ids is not None:  # ranks its rows: --draft-vocab N keeps the first N
-        write_draft_vocab(out, np.bincount(tokens.train, minlength=target.config.vocab_size), student.draft_vocab,
-                          student.vocab_ids.cpu().numpy())
+        counts = np.bincount(tokens.drafted(args.loss_on == "answers"), minlength=target.config.vocab_size)
+        write_draft_vocab(out, counts, student.draft_vocab, student.vocab_ids.cpu().numpy())
     card.copy_run_log(work, out)
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": args.kind, "command": command, "target": target_name, "target_dir": str(target_dir),

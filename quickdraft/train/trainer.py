@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.hf_cache import forward_with_cache
-from .data import eval_windows, sample_batch
+from .data import batch_parts, eval_windows, masked_mean, sample_batch
 from .presets import Arch, Preset, Stage
 
 # ---------------------------------------------------------------------------- models
@@ -198,53 +198,73 @@ def make_label_loss(rows: torch.Tensor | None = None) -> Callable:
     the target generated (``quickdraft train data``) it is distillation at the cost of
     plain training. With ``rows`` (a draft vocabulary, :mod:`..models.draft_vocab`) the
     head scores only those tokens and next tokens outside them are skipped: drafting never
-    proposes them, and the head costs a fraction of the full vocabulary's."""
+    proposes them, and the head costs a fraction of the full vocabulary's. Given
+    :class:`~.data.Windows`, next tokens that are not answers are skipped too."""
     remap = None
     if rows is not None:
         rows = rows.long()
 
     def loss_fn(model, batch):
         nonlocal remap
-        inp, labels = batch[:, :-1], batch[:, 1:]
+        windows, answers = batch_parts(batch)
+        inp, labels = windows[:, :-1], windows[:, 1:]
+        if answers is not None:
+            labels = labels.masked_fill(~answers[:, 1:], -100)
         if rows is None:
-            logits = model(input_ids=inp).logits
-            return F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1)), {}
+            return mean_ce(model(input_ids=inp).logits, labels), {}
         head = model.get_output_embeddings().weight
         if remap is None:
             remap = torch.full((head.shape[0],), -100, dtype=torch.long)
             remap[rows] = torch.arange(rows.numel())
         hidden = model.base_model(input_ids=inp).last_hidden_state
         logits = F.linear(hidden, head[rows.to(head.device)])
-        y = remap.to(labels.device)[labels]
-        loss = F.cross_entropy(logits.reshape(-1, rows.numel()), y.reshape(-1), ignore_index=-100)
-        return loss, {"in_vocab": (y >= 0).float().mean().item()}
+        y = remap.to(labels.device)[labels.clamp(min=0)].masked_fill(labels < 0, -100)
+        return mean_ce(logits, y), {"in_vocab": ((y >= 0).sum() / (labels >= 0).sum().clamp(min=1)).item()}
 
     return loss_fn
 
 
+def mean_ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of ``logits`` ``[..., V]`` over the ``labels`` that are not -100; 0 (no
+    gradient, where PyTorch's mean gives NaN) when every one is: a window of prompts alone."""
+    total = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), ignore_index=-100,
+                            reduction="sum")
+    return total / (labels >= 0).sum().clamp(min=1)
+
+
 def make_distill_loss(teacher, kl_weight: float, ce_weight: float) -> Callable:
-    """loss = kl_weight * KL(teacher || draft) + ce_weight * CE, temperature 1."""
+    """loss = kl_weight * KL(teacher || draft) + ce_weight * CE, temperature 1; given
+    :class:`~.data.Windows`, at the places whose next token is an answer."""
     teacher.eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
 
     def loss_fn(model, batch):
-        inp, labels = batch[:, :-1], batch[:, 1:]
+        windows, answers = batch_parts(batch)
+        inp, labels = windows[:, :-1], windows[:, 1:]
         with torch.no_grad():
             t_logits = teacher(input_ids=inp).logits
-        return distill_objective(t_logits, model(input_ids=inp).logits, labels, kl_weight, ce_weight)
+        return distill_objective(t_logits, model(input_ids=inp).logits, labels, kl_weight, ce_weight,
+                                 None if answers is None else answers[:, 1:])
 
     return loss_fn
 
 
 def distill_objective(t_logits: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor,
-                      kl_weight: float, ce_weight: float) -> tuple[torch.Tensor, dict]:
-    """kl_weight * KL(teacher || student) + ce_weight * CE of logits ``[B, T, V]``."""
+                      kl_weight: float, ce_weight: float, mask: torch.Tensor | None = None
+                      ) -> tuple[torch.Tensor, dict]:
+    """kl_weight * KL(teacher || student) + ce_weight * CE of logits ``[B, T, V]``, at the
+    places ``mask`` ``[B, T]`` sets (None: all)."""
     t_logp = F.log_softmax(t_logits.float(), dim=-1)
     logp = F.log_softmax(logits, dim=-1)
     V = logits.size(-1)
-    kl = (t_logp.exp() * (t_logp - logp)).sum(-1).mean()
-    ce = F.nll_loss(logp.reshape(-1, V), labels.reshape(-1))
+    if mask is None:
+        kl = (t_logp.exp() * (t_logp - logp)).sum(-1).mean()
+        ce = F.nll_loss(logp.reshape(-1, V), labels.reshape(-1))
+    else:
+        kl = masked_mean((t_logp.exp() * (t_logp - logp)).sum(-1), mask)
+        ce = masked_mean(F.nll_loss(logp.reshape(-1, V), labels.reshape(-1), reduction="none").view(labels.shape),
+                         mask)
     return kl_weight * kl + ce_weight * ce, {"kl": kl.item(), "ce": ce.item()}
 
 
