@@ -123,6 +123,8 @@ run)
     # 2. The drafters, side by side on the GPU, each stopped by SIGINT at LIMIT (a usable
     #    model is saved; the optimizer checkpoints are dropped below: too large to come back).
     #    EAGLE: from the shipped drafter where it travelled (above), on the new data as well.
+    #    Its loss counts the target's answers alone (`--loss-on answers`, the default since
+    #    session 50; 43% of the shipped sets' held-out stream is prompts and separators).
     [[ $STAGES == *,eagle,* ]] && timeout -s INT --kill-after=30 "$LIMIT" "$PY" -m quickdraft train heads \
         --kind eagle --target "$GGUF" --data "${EAGLE_DATA[@]}" --out "$RES/smollm2-135m-eagle" \
         --steps "$STEPS" --seq-len 512 --batch-size "${TRAIN_ROWS:-16}" "${EAGLE_ARGS[@]}" --reg-weight 0.5 \

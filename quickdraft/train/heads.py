@@ -273,7 +273,8 @@ def _student(args, target, tokens, log):
         covers = vocab_cover(drafted, ids)
         log(f"[train heads] starting from {args.init}")
     if ids is not None:
-        log(f"[train heads] draft vocabulary: {ids.numel():,} tokens ({covers:.1%} of the training text)")
+        text = "of the answers" if drafted is not tokens.train else "of the training text"
+        log(f"[train heads] draft vocabulary: {ids.numel():,} tokens ({covers:.1%} {text})")
     try:
         head = EagleHead(target, ids, layer, layers)
         if draft is not None:
