@@ -112,10 +112,10 @@ def test_interrupted_then_resumed_equals_uninterrupted(setup, tmp_path, monkeypa
     assert train_draft(setup, tmp_path / "a") == 0
     real = trainer.sample_batch
 
-    def ctrl_c_at_step_4(stream, batch_size, seq_len, seed, step):
+    def ctrl_c_at_step_4(stream, batch_size, seq_len, seed, step, answers=None):
         if step == 3:  # a real SIGINT through the real handler, during the 4th step
             os.kill(os.getpid(), signal.SIGINT)
-        return real(stream, batch_size, seq_len, seed, step)
+        return real(stream, batch_size, seq_len, seed, step, answers)
 
     monkeypatch.setattr(trainer, "sample_batch", ctrl_c_at_step_4)
     assert train_draft(setup, tmp_path / "b") == 130
