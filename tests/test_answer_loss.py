@@ -91,6 +91,13 @@ def window_flags(length: int, first_answer: int) -> torch.Tensor:
     return (torch.arange(length + 1) >= first_answer)[None]
 
 
+def moved_by(losses, t_logits: torch.Tensor, place: int) -> set[int]:
+    """Which of ``losses(t_logits)`` change when the target's distribution at ``place`` does."""
+    changed = t_logits.clone()
+    changed[0, place] = torch.randn(t_logits.shape[-1]) * 3
+    return {i for i, (x, y) in enumerate(zip(losses(changed), losses(t_logits))) if x != y}
+
+
 def test_eagle_loss_counts_a_step_where_its_drafts_are_answers():
     """Step k at place p predicts token p + 1 after drafting tokens p - k + 1 .. p: it
     counts where all of them are answers (as when decoding), so a change of the target's
@@ -106,14 +113,11 @@ def test_eagle_loss_counts_a_step_where_its_drafts_are_answers():
 
     def ces(logits):
         with torch.no_grad():
-            return eagle_loss(head, target, tokens, logits, features, steps, 0.5, 1.0, runs=runs)[1]
+            logs = eagle_loss(head, target, tokens, logits, features, steps, 0.5, 1.0, runs=runs)[1]
+        return [logs[f"ce{k}"] for k in range(steps)]
 
-    base = ces(t_logits)
     for place, moved in ((a - 3, set()), (a - 1, {0}), (a, {0, 1}), (a + 1, {0, 1, 2})):
-        changed = t_logits.clone()
-        changed[0, place] = torch.randn(50) * 3
-        new = ces(changed)
-        assert {k for k in range(steps) if new[f"ce{k}"] != base[f"ce{k}"]} == moved, place
+        assert moved_by(ces, t_logits, place) == moved, place
     # Every place an answer: the loss of every place, as without flags.
     every = answer_runs(torch.ones(1, length + 1, dtype=torch.bool))
     with torch.no_grad():
@@ -138,11 +142,8 @@ def test_medusa_loss_counts_a_head_where_its_drafts_are_answers():
         with torch.no_grad():
             return [head_loss(heads, target, i, logits, labels, 1.0, 0.2, runs)(hidden).item() for i in range(3)]
 
-    base = losses(t_logits)
     for place, moved in ((a - 1, set()), (a, {0}), (a + 1, {0, 1}), (a + 2, {0, 1, 2})):
-        changed = t_logits.clone()
-        changed[0, place] = torch.randn(50) * 3
-        assert {i for i, (x, y) in enumerate(zip(losses(changed), base)) if x != y} == moved, place
+        assert moved_by(losses, t_logits, place) == moved, place
 
 
 def test_held_out_agreement_counts_the_places_the_loss_counts():

@@ -777,7 +777,8 @@ def write_eagle_card(out: Path, r: dict) -> None:
         f"target with a training-time test of {r['ttt_steps']} unrolled steps, {loss}. {status}",
         "",
         "`config.json` records the target's name and fingerprint; `quickdraft generate --method eagle --heads "
-        "THIS_DIR` uses it (a dynamic token tree verified by the target: output identical to the target's) and "
+        "THIS_DIR` uses it (a chain of its drafts on the CPU, EAGLE-2's dynamic token tree on a GPU, verified by "
+        "the target: output identical to the target's) and "
         "refuses it for another target.",
         "",
         *init_line(r),
