@@ -9,10 +9,11 @@
 #   (any timing parts can follow in the same call: they need no model files)
 # Device call 2 (carry [".whl", ".gguf-b"]):  scripts/gpu_smollm2.sh run .gguf-b
 #   joins the halves (checked against the sha256 recorded at split), then the stages in
-#   STAGES (default data,eagle,draft,exit): DATA_PROCS writers of the target write chat and
-#   code data on the GPU (`train data`, DATA_SECONDS), then the EAGLE drafter, the separate
-#   draft and the layer-8 exit head train on it side by side (TRAIN_LIMIT each). A later
-#   call (`run .gguf-b` again, the GGUF already joined) can run other stages.
+#   STAGES (default data,eagle,draft,exit; eagle-all: EAGLE with --loss-on all beside it):
+#   DATA_PROCS writers of the target write chat and code data on the GPU (`train data`,
+#   DATA_SECONDS), then the EAGLE drafter, the separate draft and the layer-8 exit head
+#   train on it side by side (TRAIN_LIMIT each). A later call (`run .gguf-b` again, the
+#   GGUF already joined) can run other stages.
 #   Dry run on a CPU: DEVICE=cpu PY=.venv/bin/python NO_WHEELS=1 with tiny DATA_ROWS,
 #   SHARD_JOBS, TRAIN_ROWS, *STEPS and EVAL_TOKENS.
 # Results: $RES (default /tmp/qd-smol-results), tarred into $OUT when $OUT is set
@@ -130,6 +131,14 @@ run)
         --steps "$STEPS" --seq-len 512 --batch-size "${TRAIN_ROWS:-16}" "${EAGLE_ARGS[@]}" --reg-weight 0.5 \
         --ckpt-every 250 --log-every 25 --eval-tokens "${EVAL_TOKENS:-65536}" \
         --device "$DEVICE" --no-progress > "$RES/eagle-train.log" 2>&1 &
+    #    STAGES with eagle-all: the same run with the loss on every token beside it (the two
+    #    arms session 50 could not tell apart on a CPU; docs/smollm2/heldout_agreement.py and
+    #    drafter_ab.py compare them).
+    [[ $STAGES == *,eagle-all,* ]] && timeout -s INT --kill-after=30 "$LIMIT" "$PY" -m quickdraft train heads \
+        --kind eagle --target "$GGUF" --data "${EAGLE_DATA[@]}" --out "$RES/smollm2-135m-eagle-all" \
+        --steps "$STEPS" --seq-len 512 --batch-size "${TRAIN_ROWS:-16}" "${EAGLE_ARGS[@]}" --reg-weight 0.5 \
+        --loss-on all --ckpt-every 250 --log-every 25 --eval-tokens "${EVAL_TOKENS:-65536}" \
+        --device "$DEVICE" --no-progress > "$RES/eagle-all-train.log" 2>&1 &
     #    The separate draft: two of the target's layers, hard labels of the target's own text
     #    (the shipped one saw 150 steps of 4 x 256 tokens on a CPU).
     [[ $STAGES == *,draft,* ]] && timeout -s INT --kill-after=30 "$LIMIT" "$PY" -m quickdraft train draft \
@@ -142,7 +151,7 @@ run)
         --steps "${EXIT_STEPS:-2000}" --seq-len 512 --batch-size "${TRAIN_ROWS:-16}" --lr 2e-3 --warmup 40 --ckpt-every 250 \
         --log-every 25 --probe-every 0 --eval-tokens "${EVAL_TOKENS:-16384}" --device "$DEVICE" --no-progress > "$RES/exit-train.log" 2>&1 &
     wait
-    for part in eagle draft exit; do
+    for part in eagle eagle-all draft exit; do
         [ -f "$RES/$part-train.log" ] && { echo "== $part"; tail -n 4 "$RES/$part-train.log"; } | tee -a "$RES/parts.txt"
     done
     rm -rf "$RES"/*-work/checkpoints
