@@ -570,7 +570,8 @@ def write_exit_head_card(out: Path, r: dict) -> None:
         f"predicts the next token with {parts}a tuned-lens translator (h + A h + b) and its own final norm in "
         "front of the target's LM head (shared, not stored here). "
         f"**{r['params']:,} parameters**, stored as bf16 safetensors; distilled with loss = {r['kl_weight']} x "
-        f"KL(target || head) at temperature 1 + {r['ce_weight']} x CE, the target frozen in fp32. {status}",
+        f"KL(target || head) at temperature 1 + {r['ce_weight']} x CE, the target frozen in fp32"
+        f"{answers_only(r)}. {status}",
         "",
         "`config.json` records the exit layer and the target's name and fingerprint; "
         "`quickdraft generate --method early-exit --draft THIS_DIR` uses it and refuses it for another target."

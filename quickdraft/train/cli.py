@@ -143,6 +143,7 @@ def _configure_draft(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _configure_exit_head(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _configure_distill(p, steps=300, lr=1e-3)
+    _loss_on(p, "the tokens the loss counts (the held-out figures count every token)")
     p.add_argument("--exit-layer", type=positive_int, required=True,
                    help="the head reads the target's residual stream after this many layers (1..layers-1)")
     p.add_argument("--extra-block", action="store_true",

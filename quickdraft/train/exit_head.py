@@ -29,6 +29,7 @@ from ..models.loading import load_native, resolve_model_dir
 from ..models.registry import read_meta
 from ..pair import load_tokenizer
 from . import card
+from .data import batch_parts
 from .distill import DistillTask, check_settings, resolve_device, tokenize, train
 from .draft import default_work_dir
 from .presets import Stage
@@ -88,11 +89,15 @@ class _Logits(nn.Module):
 
 
 def make_exit_loss(target_pass: TargetPass, kl_weight: float, ce_weight: float):
-    def loss_fn(head: ExitHead, batch: torch.Tensor):
-        inp, labels = batch[:, :-1], batch[:, 1:]
+    """The trainer's ``loss_fn``; given :class:`~.data.Windows`, at the places whose next
+    token is an answer (what the head drafts)."""
+    def loss_fn(head: ExitHead, batch):
+        windows, answers = batch_parts(batch)
+        inp, labels = windows[:, :-1], windows[:, 1:]
         t_logits, hidden, positions = target_pass(inp)
         logits = head_logits(head, target_pass.target, hidden, positions)
-        return distill_objective(t_logits, logits, labels, kl_weight, ce_weight)
+        return distill_objective(t_logits, logits, labels, kl_weight, ce_weight,
+                                 None if answers is None else answers[:, 1:])
 
     return loss_fn
 
@@ -134,6 +139,7 @@ def run_train_exit_head(args, command: str, log=print) -> int:
         raise TrainInputError(f"--draft-vocab {args.draft_vocab} is more than the target's vocabulary "
                               f"({vocab_size}); pass at most that, or 0 for all")
     tokens = tokenize(read_text_data(args.data), tok, args.seq_len)
+    loss_on = getattr(args, "loss_on", None) or "answers"  # (--loss-on; where the data has prompts)
     torch.manual_seed(args.seed)
     head = ExitHead(target.config, args.exit_layer, trained=True, extra_block=args.extra_block).init_from(target).to(device)
     stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
@@ -143,7 +149,7 @@ def run_train_exit_head(args, command: str, log=print) -> int:
         "kind": "exit-head", "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
         "exit_layer": args.exit_layer, "extra_block": args.extra_block, "seq_len": args.seq_len,
         "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup, "seed": args.seed,
-        "kl_weight": args.kl_weight, "ce_weight": args.ce_weight}, args.resume)
+        "kl_weight": args.kl_weight, "ce_weight": args.ce_weight, "loss_on": loss_on}, args.resume)
     split = tokens.manifest["split"]
     target_name = read_meta(target_dir).get("name") or target_dir.name
     log(f"[train exit-head] target {target_dir} ({count_params(target):,} params, {n_layers} layers); head after "
@@ -154,12 +160,12 @@ def run_train_exit_head(args, command: str, log=print) -> int:
     task = DistillTask("exit-head", target, head, make_exit_loss(target_pass, args.kl_weight, args.ce_weight),
                        lambda d: save_exit_head(head, target, target_name, d), exit_probe(target, tokens.heldout))
     summary = train(task, tokens, stage, args.seq_len, args.seed, work, resume=args.resume,
-                    progress=not args.no_progress, threads=args.threads)
+                    progress=not args.no_progress, threads=args.threads, answers=loss_on == "answers")
     out.mkdir(parents=True, exist_ok=True)
     task.save(out)
     # The tokens its draft steps score (FR-Spec, as train draft does): the LM head is a
     # large share of an early-exit step (a fifth of SmolLM2's).
-    vocab = write_draft_vocab(out, np.bincount(tokens.train, minlength=vocab_size),
+    vocab = write_draft_vocab(out, np.bincount(tokens.drafted(loss_on == "answers"), minlength=vocab_size),
                               default_vocab_size(vocab_size) if args.draft_vocab is None else args.draft_vocab)
     card.copy_run_log(work, out)
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
@@ -168,6 +174,7 @@ def run_train_exit_head(args, command: str, log=print) -> int:
               "exit_layer": args.exit_layer, "n_layers": n_layers, "extra_block": args.extra_block,
               "seq_len": args.seq_len, "seed": args.seed, "stage": asdict(stage),
               "kl_weight": args.kl_weight, "ce_weight": args.ce_weight, "train": summary,
+              "loss_on": loss_on if tokens.train_answers is not None else "all",
               "draft_vocab": {"size": vocab["size"], "covers": vocab["size_covers"]},
               "data": {k: v for k, v in tokens.manifest.items() if k != "file_list"},
               "hardware": {**machine_info(), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}}
