@@ -246,7 +246,9 @@ def test_a_drafts_distillation_counts_the_places_before_answers():
                                distill_objective(t_logits, logits, labels, 1.0, 0.1)[0])
 
 
-def test_train_draft_on_shards_trains_on_answers_by_default(tmp_path):
+@pytest.mark.parametrize("command, extra", [("draft", ["--config", "tiny", "--kl-weight", "0"]),
+                                            ("exit-head", ["--exit-layer", "1"])])
+def test_train_draft_and_exit_head_on_shards_train_on_answers_by_default(tmp_path, command, extra):
     from conftest import build_tokenizer, save_llama
 
     tok = build_tokenizer(tmp_path / "target")
@@ -255,29 +257,10 @@ def test_train_draft_on_shards_trains_on_answers_by_default(tmp_path):
     weights = {}
     for loss_on in ("answers", "all"):
         out = tmp_path / loss_on
-        assert main(["train", "draft", "--target", str(tmp_path / "target"), "--data", str(tmp_path / "shards"),
-                     "--out", str(out), "--config", "tiny", "--steps", "2", "--seq-len", "24", "--batch-size", "2",
-                     "--kl-weight", "0", "--eval-tokens", "64", "--probe-every", "0", "--threads", "1",
-                     "--no-progress", *(["--loss-on", "all"] if loss_on == "all" else [])]) == 0
-        assert json.loads((out / "train_report.json").read_text())["loss_on"] == loss_on
-        assert ("--loss-on answers" in (out / "README.md").read_text()) == (loss_on == "answers")
-        weights[loss_on] = (out / "model.safetensors").read_bytes()
-    assert weights["answers"] != weights["all"]
-
-
-def test_train_exit_head_on_shards_trains_on_answers_by_default(tmp_path):
-    from conftest import build_tokenizer, save_llama
-
-    tok = build_tokenizer(tmp_path / "target")
-    save_llama(tmp_path / "target", len(tok), layers=2, hidden=64, seed=0, eos=tok.eos_token_id)
-    write_shards(tmp_path / "shards", documents=80)
-    weights = {}
-    for loss_on in ("answers", "all"):
-        out = tmp_path / loss_on
-        assert main(["train", "exit-head", "--target", str(tmp_path / "target"), "--data", str(tmp_path / "shards"),
-                     "--out", str(out), "--exit-layer", "1", "--steps", "2", "--seq-len", "24", "--batch-size", "2",
+        assert main(["train", command, "--target", str(tmp_path / "target"), "--data", str(tmp_path / "shards"),
+                     "--out", str(out), *extra, "--steps", "2", "--seq-len", "24", "--batch-size", "2",
                      "--eval-tokens", "64", "--probe-every", "0", "--threads", "1", "--no-progress",
-                     "--loss-on", loss_on]) == 0
+                     *(["--loss-on", "all"] if loss_on == "all" else [])]) == 0
         assert json.loads((out / "train_report.json").read_text())["loss_on"] == loss_on
         assert ("--loss-on answers" in (out / "README.md").read_text()) == (loss_on == "answers")
         weights[loss_on] = (out / "model.safetensors").read_bytes()
