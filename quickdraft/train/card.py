@@ -570,7 +570,7 @@ def write_exit_head_card(out: Path, r: dict) -> None:
         f"predicts the next token with {parts}a tuned-lens translator (h + A h + b) and its own final norm in "
         "front of the target's LM head (shared, not stored here). "
         f"**{r['params']:,} parameters**, stored as bf16 safetensors; distilled with loss = {r['kl_weight']} x "
-        f"KL(target || head) at temperature 1 + {r['ce_weight']} x CE, the target frozen in fp32"
+        f"KL(target || head) at temperature 1 + {r['ce_weight']} x CE, the target frozen{teacher_passes(r)}"
         f"{answers_only(r)}. {status}",
         "",
         "`config.json` records the exit layer and the target's name and fingerprint; "
@@ -664,7 +664,7 @@ def write_heads_card(out: Path, r: dict) -> None:
         f"{r['num_heads']} Medusa heads for the target `{r['target']}` ({r['target_params']:,} parameters): each "
         "is one residual block (x + SiLU(W x)) on the target's final hidden state, read by the target's own final "
         "norm and LM head (shared, not stored here); head i predicts the token i + 2 places ahead. "
-        f"**{r['params']:,} parameters**, stored as bf16 safetensors (trained in fp32); distilled from the frozen target with loss = sum over "
+        f"**{r['params']:,} parameters**, stored as bf16 safetensors (trained in fp32); distilled from the frozen target{teacher_passes(r)} with loss = sum over "
         f"heads of 0.8^i x ({r['kl_weight']} x KL(target || head) + {r['ce_weight']} x CE){answers_only(r)}. {status}",
         "",
         "`config.json` records the target's name and fingerprint; `quickdraft generate --method medusa --heads "
@@ -703,7 +703,7 @@ def write_prophet_card(out: Path, r: dict) -> None:
         f"decoder of {p['n_layers']} layer(s), width {p['hidden_size']}, with its own token embeddings and tied LM "
         f"head, fed the target's final hidden states of the last {p['n_start']} accepted token(s) ({start}), then "
         f"tokens; it drafts a chain, its cache restarting each round. **{r['params']:,} parameters**, bf16 "
-        f"safetensors (trained in fp32); trained on the frozen target over windows of {p['n_start'] + p['gamma'] + 1} tokens "
+        f"safetensors (trained in fp32); trained on the frozen target{teacher_passes(r)} over windows of {p['n_start'] + p['gamma'] + 1} tokens "
         f"(gamma {p['gamma']}) with loss at every position = {r['kl_weight']} x KL(target || prophet) + "
         f"{r['ce_weight']} x CE. Started from the target's embeddings, final norm and last layer. {status}",
         "",
@@ -728,6 +728,14 @@ def write_prophet_card(out: Path, r: dict) -> None:
         lines += ["(not measured: training was stopped)", ""]
     lines += training_and_data_sections(r, out)
     (out / "README.md").write_text("\n".join(lines))
+
+
+def teacher_passes(r: dict) -> str:
+    """What a card says of the weights the target's passes ran on (``--teacher``)."""
+    if r.get("teacher") == "quantized":
+        return (" (its passes on its file's own quantized weights, as generation runs them on a CPU: "
+                "`--teacher auto`)")
+    return " in fp32"
 
 
 def answers_only(r: dict) -> str:
@@ -775,7 +783,7 @@ def write_eagle_card(out: Path, r: dict) -> None:
         "",
         f"An EAGLE-style feature drafter for the target `{r['target']}` ({r['target_params']:,} parameters): "
         f"{what}. **{r['params']:,} parameters**, bf16 safetensors (trained in fp32); distilled from the frozen "
-        f"target with a training-time test of {r['ttt_steps']} unrolled steps, {loss}. {status}",
+        f"target{teacher_passes(r)} with a training-time test of {r['ttt_steps']} unrolled steps, {loss}. {status}",
         "",
         "`config.json` records the target's name and fingerprint; `quickdraft generate --method eagle --heads "
         "THIS_DIR` uses it (a chain of its drafts on the CPU, EAGLE-2's dynamic token tree on a GPU, verified by "

@@ -119,6 +119,14 @@ def _loss_on(p: argparse.ArgumentParser, what: str) -> None:
                         "counts whole. all: every token")
 
 
+def _teacher(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--teacher", choices=["auto", "float32"], default="auto",
+                   help="the weights the target's passes (the logits and states it learns from) run on. auto "
+                        "(default): as generation runs the target here, so on a CPU with quickdraft's kernels a "
+                        "GGUF file's own int4/int8 weights (the logits verification accepts, about 2x faster "
+                        "than float32), else float32. float32: the dequantized float32 weights")
+
+
 def _configure_draft(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _configure_distill(p)
     _loss_on(p, "the tokens the loss counts (the held-out figures count every token)")
@@ -144,6 +152,7 @@ def _configure_draft(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def _configure_exit_head(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     _configure_distill(p, steps=300, lr=1e-3)
     _loss_on(p, "the tokens the loss counts (the held-out figures count every token)")
+    _teacher(p)
     p.add_argument("--exit-layer", type=positive_int, required=True,
                    help="the head reads the target's residual stream after this many layers (1..layers-1)")
     p.add_argument("--extra-block", action="store_true",
@@ -182,6 +191,7 @@ def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="eagle: the share of windows read with zero features, as a chain drafts in the first "
                         "round, before the prefill has made the prompt's features (default 0)")
     _loss_on(p, "medusa, eagle: the tokens the loss and the held-out agreement count")
+    _teacher(p)
     p.add_argument("--reg-weight", type=non_negative_float, default=0.5,
                    help="eagle: weight of the SmoothL1 feature regression (default 0.5)")
     p.add_argument("--init", type=Path, default=None, metavar="DIR",

@@ -153,11 +153,15 @@ def resolve_device(name: str) -> torch.device:
         raise TrainInputError(str(exc)) from None
 
 
+# What runs recorded before a setting existed did: a --resume of them compares with it.
+SETTINGS_BEFORE = {"loss_on": "all", "teacher": "float32"}
+
+
 def check_settings(work_dir: Path, settings: dict, resume: bool) -> None:
     """Record the settings batches and weights depend on; ``resume`` must not change them."""
     path = Path(work_dir) / "run.json"
     if resume and path.exists():
-        old = json.loads(path.read_text())
+        old = {**SETTINGS_BEFORE, **json.loads(path.read_text())}
         changed = [f"{k}: {old.get(k)} -> {v}" for k, v in settings.items() if old.get(k) != v]
         if changed:
             raise TrainInputError(

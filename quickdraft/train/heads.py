@@ -46,7 +46,7 @@ from . import card
 from .data import answer_runs, batch_parts, masked_mean, window_runs
 from .distill import DistillTask, check_settings, resolve_device, tokenize, train
 from .draft import default_work_dir
-from .exit_head import check_out_dir, load_native_teacher
+from .exit_head import check_out_dir, load_native_teacher, load_teacher_passes, log_teacher
 from .presets import Stage
 from .probe import acceptance_probe, as_lm, probe_prompts, snapshot
 from .textdata import TrainInputError, read_text_data
@@ -77,10 +77,13 @@ def multi_head_backward(trunk: torch.Tensor, head_losses: Sequence[Callable[[tor
 class TargetStates:
     """One pass of the frozen target over windows ``[B, T]``: its logits and hidden states
     ``[B, T, L * H]``: the outputs of ``layers`` side by side (default: the final state,
-    before the norm), the KV cache kept between same-shape calls."""
+    before the norm), the KV cache kept between same-shape calls. ``passes``: the model that
+    runs it (:func:`~.exit_head.load_teacher_passes`; default ``target``, whose embedding,
+    norm and LM head the student reads)."""
 
-    def __init__(self, target, layers: Sequence[int] = ()) -> None:
+    def __init__(self, target, layers: Sequence[int] = (), passes=None) -> None:
         self.target, self.cache = target, None
+        self.passes = target if passes is None else passes
         self.device = next(target.parameters()).device
         # The final state alone is the pass's own output: no states to ask for.
         self.layers = () if tuple(layers) == (target.config.n_layers,) else tuple(layers)
@@ -93,9 +96,9 @@ class TargetStates:
     def __call__(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         bsz, length = tokens.shape
         if self.cache is None or self.cache.k.shape[1] != bsz or self.cache.max_len < length:
-            self.cache = self.target.new_cache(bsz, length)
+            self.cache = self.passes.new_cache(bsz, length)
         positions = torch.arange(length, device=tokens.device)[None].expand(bsz, -1)
-        out = self.target(tokens, positions, self.cache, output_hidden_states=self.layers)
+        out = self.passes(tokens, positions, self.cache, output_hidden_states=self.layers)
         if not self.layers:
             return out.logits, out.hidden
         return out.logits, torch.cat([out.hidden_states[i] for i in self.layers], dim=-1)
@@ -225,10 +228,11 @@ def heldout_answers(args, tokens) -> np.ndarray | None:
     return tokens.heldout_answers if args.loss_on == "answers" else None
 
 
-def _student(args, target, tokens, log):
-    """The kind's student, its loss, save, load and held-out check, and its settings."""
+def _student(args, target, passes, tokens, log):
+    """The kind's student, its loss, save, load and held-out check, and its settings
+    (``passes``: the model whose passes teach, :func:`~.exit_head.load_teacher_passes`)."""
     if args.kind == "medusa":
-        states = TargetStates(target)
+        states = TargetStates(target, passes=passes)
         start, init = read_init(args.init, target, load_medusa) if args.init is not None else (None, None)
         heads = MedusaHeads(args.num_heads if start is None else start.num_heads, target.config.hidden_size)
         if start is not None:
@@ -293,7 +297,7 @@ def _student(args, target, tokens, log):
             log(f"[train heads] reading target layers {','.join(map(str, head.feature_layers))} (from "
                 f"{','.join(map(str, start.feature_layers))}): the new layers' share of the map starts at zero")
         head.load_state_dict(state)
-    states = TargetStates(target, head.feature_layers)
+    states = TargetStates(target, head.feature_layers, passes)
     return (head, make_eagle_loss(states, args.ttt_steps, args.reg_weight, args.kl_weight, args.blind_share), save_eagle,
             load_eagle,
             lambda h: eagle_agreement(h, states, tokens.heldout, args.seq_len, args.eval_tokens, args.ttt_steps,
@@ -315,8 +319,10 @@ def run_train_heads(args, command: str, log=print) -> int:
         raise TrainInputError(f"--seq-len {args.seq_len} is longer than the target's context "
                               f"({target.config.max_position_embeddings}); pass at most that")
     tokens = tokenize(read_text_data(args.data), tok, args.seq_len)
+    passes, teacher = load_teacher_passes(target, target_dir, args.teacher)
+    log_teacher(teacher, log, "train heads")
     torch.manual_seed(args.seed)
-    student, loss_fn, save, load, agreement, settings = _student(args, target, tokens, log)
+    student, loss_fn, save, load, agreement, settings = _student(args, target, passes, tokens, log)
     student.to(device)
     stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,
                   ckpt_every=args.ckpt_every, log_every=args.log_every, probe_every=args.probe_every)
@@ -324,7 +330,7 @@ def run_train_heads(args, command: str, log=print) -> int:
     check_settings(work, {
         "kind": args.kind, "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
         "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr, "warmup": args.warmup,
-        "seed": args.seed, "loss_on": args.loss_on, **settings}, args.resume)
+        "seed": args.seed, "loss_on": args.loss_on, "teacher": teacher, **settings}, args.resume)
     split = tokens.manifest["split"]
     target_name = read_meta(target_dir).get("name") or target_dir.name
     what = (f"{args.num_heads} Medusa heads" if args.kind == "medusa" else
@@ -332,8 +338,8 @@ def run_train_heads(args, command: str, log=print) -> int:
     log(f"[train heads] target {target_dir} ({count_params(target):,} params); {what}, "
         f"{count_params(student):,} params; {split['train_tokens']:,} train / {split['heldout_tokens']:,} held-out "
         f"tokens; {args.steps} steps of {args.batch_size} x {args.seq_len}")
-    probe = (medusa_probe(target, tokens.heldout) if args.kind == "medusa" else
-             eagle_probe(target, tokens.heldout, args.ttt_steps))
+    probe = (medusa_probe(passes, tokens.heldout) if args.kind == "medusa" else
+             eagle_probe(passes, tokens.heldout, args.ttt_steps))
     before = None
     if settings["init"]:  # scored before training on: the card compares start and result on one set of windows
         saved = work / "init_heldout_agreement.json"
@@ -356,7 +362,7 @@ def run_train_heads(args, command: str, log=print) -> int:
     (out / "data_manifest.json").write_text(json.dumps(tokens.manifest, indent=1) + "\n")
     report = {"kind": args.kind, "command": command, "target": target_name, "target_dir": str(target_dir),
               "target_params": count_params(target), "params": count_params(student), **settings,
-              "loss_on": args.loss_on if tokens.train_answers is not None else "all",
+              "loss_on": args.loss_on if tokens.train_answers is not None else "all", "teacher": teacher,
               "seq_len": args.seq_len, "seed": args.seed, "stage": asdict(stage), "train": summary,
               "data": {k: v for k, v in tokens.manifest.items() if k != "file_list"},
               "hardware": {**machine_info(),

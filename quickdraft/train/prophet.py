@@ -30,7 +30,7 @@ from ..models.registry import read_meta
 from . import card
 from .distill import DistillTask, check_settings, resolve_device, tokenize, train
 from .draft import default_work_dir
-from .exit_head import check_out_dir, load_native_teacher
+from .exit_head import check_out_dir, load_native_teacher, load_teacher_passes, log_teacher
 from .heads import TargetStates, multi_head_backward
 from .presets import Stage
 from .probe import acceptance_probe, as_lm, probe_prompts, snapshot
@@ -132,6 +132,8 @@ def run_train_prophet(args, command: str, log=print) -> int:
                               f"({target.config.max_position_embeddings}); pass at most that")
     window_index(args.seq_len, args.n_start, args.gamma)  # a one-line error before any work
     tokens = tokenize(read_text_data(args.data), tok, args.seq_len)
+    passes, teacher = load_teacher_passes(target, target_dir, args.teacher)
+    log_teacher(teacher, log, "train heads")
     tc = target.config
     width = args.width or tc.hidden_size
     try:
@@ -151,7 +153,8 @@ def run_train_prophet(args, command: str, log=print) -> int:
     check_settings(work, {
         "kind": args.kind, "target_path": str(target_dir.resolve()), "data_sha256": tokens.manifest["sha256"],
         "prophet": asdict(config), "seq_len": args.seq_len, "batch_size": args.batch_size, "lr": args.lr,
-        "warmup": args.warmup, "seed": args.seed, "kl_weight": args.kl_weight, "ce_weight": args.ce_weight},
+        "warmup": args.warmup, "seed": args.seed, "kl_weight": args.kl_weight, "ce_weight": args.ce_weight,
+        "teacher": teacher},
         args.resume)
     split = tokens.manifest["split"]
     target_name = read_meta(target_dir).get("name") or target_dir.name
@@ -159,9 +162,9 @@ def run_train_prophet(args, command: str, log=print) -> int:
         f"layer(s), width {width}, {count_params(prophet):,} params, {config.n_start} start state(s), gamma "
         f"{config.gamma}; {split['train_tokens']:,} train / {split['heldout_tokens']:,} held-out tokens; "
         f"{args.steps} steps of {args.batch_size} x {args.seq_len}")
-    states = TargetStates(target)
+    states = TargetStates(target, passes=passes)
     task = DistillTask("prophet", target, prophet, make_prophet_loss(states, args.kl_weight, args.ce_weight),
-                       lambda d: save_prophet(prophet, target, target_name, d), prophet_probe(target, tokens.heldout))
+                       lambda d: save_prophet(prophet, target, target_name, d), prophet_probe(passes, tokens.heldout))
     summary = train(task, tokens, stage, args.seq_len, args.seed, work, resume=args.resume,
                     progress=not args.no_progress, threads=args.threads)
     out.mkdir(parents=True, exist_ok=True)
@@ -174,7 +177,7 @@ def run_train_prophet(args, command: str, log=print) -> int:
     report = {"kind": args.kind, "command": command, "target": target_name, "target_dir": str(target_dir),
               "target_params": count_params(target), "params": count_params(prophet), "prophet": asdict(config),
               "seq_len": args.seq_len, "seed": args.seed, "stage": asdict(stage), "kl_weight": args.kl_weight,
-              "ce_weight": args.ce_weight, "train": summary,
+              "ce_weight": args.ce_weight, "teacher": teacher, "train": summary,
               "draft_vocab": {"size": vocab["size"], "covers": vocab["size_covers"]},
               "data": {k: v for k, v in tokens.manifest.items() if k != "file_list"},
               "hardware": {**machine_info(),
