@@ -140,7 +140,8 @@ def plot_acceptance(run_dir: Path, png_path: Path, title: str) -> bool:
     for tag in positions:
         right.plot(*zip(*curves[tag]), lw=1, label=f"position {tag[21:]}")
     right.set(xlabel="step", ylabel="accepted when drafted", title="acceptance per draft position", ylim=(0, 1))
-    right.legend(fontsize=8)
+    if positions:  # a probe that drafted nothing has no position to label
+        right.legend(fontsize=8)
     for ax in (left, right):
         ax.grid(alpha=0.3)
     fig.suptitle(title)
@@ -704,8 +705,8 @@ def write_prophet_card(out: Path, r: dict) -> None:
         f"head, fed the target's final hidden states of the last {p['n_start']} accepted token(s) ({start}), then "
         f"tokens; it drafts a chain, its cache restarting each round. **{r['params']:,} parameters**, bf16 "
         f"safetensors (trained in fp32); trained on the frozen target{teacher_passes(r)} over windows of {p['n_start'] + p['gamma'] + 1} tokens "
-        f"(gamma {p['gamma']}) with loss at every position = {r['kl_weight']} x KL(target || prophet) + "
-        f"{r['ce_weight']} x CE. Started from the target's embeddings, final norm and last layer. {status}",
+        f"(gamma {p['gamma']}) with loss per position = {r['kl_weight']} x KL(target || prophet) + "
+        f"{r['ce_weight']} x CE{answers_only(r)}. Started from the target's embeddings, final norm and last layer. {status}",
         "",
         "`config.json` records the target's name and fingerprint; `quickdraft generate --method prophet --heads "
         "THIS_DIR` uses it (verified as a chain, exactly like a draft model's: output identical to the target's "
@@ -720,7 +721,7 @@ def write_prophet_card(out: Path, r: dict) -> None:
     agreement = r.get("heldout_agreement")
     if agreement:
         lines += ["Teacher-forced top-1 agreement of the draft at each depth with the target's own greedy token "
-                  "(drafting as it runs, over its draft vocabulary):",
+                  f"(drafting as it runs, over its draft vocabulary{', on its answers' if r.get('loss_on') == 'answers' else ''}):",
                   "", "| depth | top-1 agreement |", "|---:|---:|"]
         lines += [f"| {i + 1} | {a:.2%} |" for i, a in enumerate(agreement)]
         lines.append("")

@@ -190,7 +190,7 @@ def _configure_heads(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--blind-share", type=float, default=0.0, metavar="P",
                    help="eagle: the share of windows read with zero features, as a chain drafts in the first "
                         "round, before the prefill has made the prompt's features (default 0)")
-    _loss_on(p, "medusa, eagle: the tokens the loss and the held-out agreement count")
+    _loss_on(p, "the tokens the loss and the held-out agreement count")
     _teacher(p)
     p.add_argument("--reg-weight", type=non_negative_float, default=0.5,
                    help="eagle: weight of the SmoothL1 feature regression (default 0.5)")
@@ -366,11 +366,8 @@ def run_train_exit_head(args) -> int:
 
 
 def run_train_heads(args) -> int:
-    # Options only an EAGLE drafter has: another kind would drop them without a word.
-    if args.kind == "prophet" and args.loss_on is not None:
-        raise TrainInputError("--loss-on is for --kind medusa or eagle; a prophet trains on every token "
-                              "(drop --loss-on)")
     args.loss_on = args.loss_on or "answers"
+    # Options only an EAGLE drafter has: another kind would drop them without a word.
     eagle_only = [flag for flag, given in (("--from-draft", args.from_draft is not None),
                                            ("--feature-layers", args.feature_layers is not None)) if given]
     if eagle_only and args.kind != "eagle":
