@@ -33,9 +33,11 @@ def main() -> None:
     parser.add_argument("heads", nargs="+", help="EAGLE drafter directories for SmolLM2")
     parser.add_argument("--tokens", type=int, default=32768, help="held-out tokens scored (default 32768)")
     parser.add_argument("--steps", type=int, default=3, help="unrolled steps (default 3)")
+    parser.add_argument("--data", nargs="+", default=[f"data/selfdistill/{name}" for name in SETS],
+                        help="self-distillation sets whose held-out documents are scored (default: the shipped six)")
     args = parser.parse_args()
     target, _, tok = load_native_teacher("smollm2-135m")
-    tokens = tokenize(read_text_data([f"data/selfdistill/{name}" for name in SETS]), tok, 512)
+    tokens = tokenize(read_text_data(args.data), tok, 512)
     share = float(tokens.heldout_answers[: args.tokens].mean())
     print(f"held-out: {tokens.heldout.size:,} tokens, {args.tokens:,} scored, {share:.1%} of them answers")
     for path in args.heads:
