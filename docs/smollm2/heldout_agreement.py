@@ -7,7 +7,8 @@ The held-out documents of the shipped self-distillation sets (held out by prompt
 trained prompt is among them; `train/textdata.py`), scored teacher-forced as `train heads`
 scores them: top-1 agreement of each unrolled step with the target's greedy token, over
 every place, then over the places `--loss-on answers` counts (the token predicted and the
-drafts before it are the target's answer, not its prompt). Take the CPU lock first.
+drafts before it are the target's answer, not its prompt), against the target as generation
+runs it (`--teacher auto`, train heads' default). Take the CPU lock first.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from quickdraft.models.eagle import load_eagle
 from quickdraft.train.distill import tokenize
 from quickdraft.train.eagle import eagle_agreement
-from quickdraft.train.exit_head import load_native_teacher
+from quickdraft.train.exit_head import load_native_teacher, load_teacher_passes
 from quickdraft.train.heads import TargetStates
 from quickdraft.train.textdata import read_text_data
 
@@ -36,13 +37,14 @@ def main() -> None:
     parser.add_argument("--data", nargs="+", default=[f"data/selfdistill/{name}" for name in SETS],
                         help="self-distillation sets whose held-out documents are scored (default: the shipped six)")
     args = parser.parse_args()
-    target, _, tok = load_native_teacher("smollm2-135m")
+    target, target_dir, tok = load_native_teacher("smollm2-135m")
+    passes, _ = load_teacher_passes(target, target_dir)  # the target as generation runs it (train heads' default)
     tokens = tokenize(read_text_data(args.data), tok, 512)
     share = float(tokens.heldout_answers[: args.tokens].mean())
     print(f"held-out: {tokens.heldout.size:,} tokens, {args.tokens:,} scored, {share:.1%} of them answers")
     for path in args.heads:
         head = load_eagle(path, target).float()
-        states = TargetStates(target, head.feature_layers)
+        states = TargetStates(target, head.feature_layers, passes)
         with torch.no_grad():
             every = eagle_agreement(head, states, tokens.heldout, 512, args.tokens, args.steps)
             answers = eagle_agreement(head, states, tokens.heldout, 512, args.tokens, args.steps,
