@@ -48,7 +48,7 @@ def load_native_teacher(target: str | Path):
     return model.eval().requires_grad_(False), target_dir, load_tokenizer(target_dir)
 
 
-def load_teacher_passes(target, target_dir: Path, how: str = "auto"):
+def load_teacher_passes(target, target_dir: Path, how: str = "auto", log=None, command: str = "train"):
     """The model whose forward passes teach (logits, states): ``(model, "quantized" |
     "float32")``. ``auto``: where generation runs the target on its file's own int4/int8
     weights (``--quantize auto``: a GGUF file on a CPU with our kernels), that model, so the
@@ -56,22 +56,21 @@ def load_teacher_passes(target, target_dir: Path, how: str = "auto"):
     the cost of a float32 pass (SmolLM2, 8 x 512 tokens: 3.4 s against 7.5 s); elsewhere,
     and with ``float32``, ``target`` itself (the dequantized weights). Quantized weights
     cannot carry gradients: the student keeps reading ``target``'s embedding, norm and LM
-    head."""
-    if how == "auto" and next(target.parameters()).device.type == "cpu":
+    head. ``log`` (with ``command``'s tag) is told when the passes run quantized."""
+    from ..models import gguf
+
+    # Only a GGUF file has quantized weights for auto to keep: other targets load once.
+    if how == "auto" and next(target.parameters()).device.type == "cpu" and gguf.is_gguf(target_dir):
         from ..models.lm import load_model
         from ..models.quant_linear import WeightOnlyLinear
 
         model = load_model(target_dir, backend="native").model  # generation's placement and kernels
         if any(isinstance(m, WeightOnlyLinear) for m in model.modules()):
+            if log is not None:
+                log(f"[{command}] the target's passes run on its file's own quantized weights, as generation "
+                    "runs them on this machine (--teacher float32: its dequantized float32 weights)")
             return model.eval().requires_grad_(False), "quantized"
     return target, "float32"
-
-
-def log_teacher(teacher: str, log, command: str) -> None:
-    """Say where the teacher's passes run when they are not the float32 weights."""
-    if teacher == "quantized":
-        log(f"[{command}] the target's passes run on its file's own quantized weights, as generation runs "
-            "them on this machine (--teacher float32: its dequantized float32 weights)")
 
 
 class TargetPass:
@@ -168,8 +167,7 @@ def run_train_exit_head(args, command: str, log=print) -> int:
                               f"({vocab_size}); pass at most that, or 0 for all")
     tokens = tokenize(read_text_data(args.data), tok, args.seq_len)
     loss_on = getattr(args, "loss_on", None) or "answers"  # (--loss-on; where the data has prompts)
-    passes, teacher = load_teacher_passes(target, target_dir, args.teacher)
-    log_teacher(teacher, log, "train exit-head")
+    passes, teacher = load_teacher_passes(target, target_dir, args.teacher, log, "train exit-head")
     torch.manual_seed(args.seed)
     head = ExitHead(target.config, args.exit_layer, trained=True, extra_block=args.extra_block).init_from(target).to(device)
     stage = Stage(steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup=args.warmup,

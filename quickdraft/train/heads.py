@@ -46,7 +46,7 @@ from . import card
 from .data import answer_runs, batch_parts, masked_mean, window_runs
 from .distill import DistillTask, check_settings, resolve_device, tokenize, train
 from .draft import default_work_dir
-from .exit_head import check_out_dir, load_native_teacher, load_teacher_passes, log_teacher
+from .exit_head import check_out_dir, load_native_teacher, load_teacher_passes
 from .presets import Stage
 from .probe import acceptance_probe, as_lm, probe_prompts, snapshot
 from .textdata import TrainInputError, read_text_data
@@ -319,8 +319,7 @@ def run_train_heads(args, command: str, log=print) -> int:
         raise TrainInputError(f"--seq-len {args.seq_len} is longer than the target's context "
                               f"({target.config.max_position_embeddings}); pass at most that")
     tokens = tokenize(read_text_data(args.data), tok, args.seq_len)
-    passes, teacher = load_teacher_passes(target, target_dir, args.teacher)
-    log_teacher(teacher, log, "train heads")
+    passes, teacher = load_teacher_passes(target, target_dir, args.teacher, log, "train heads")
     torch.manual_seed(args.seed)
     student, loss_fn, save, load, agreement, settings = _student(args, target, passes, tokens, log)
     student.to(device)

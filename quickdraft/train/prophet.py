@@ -34,7 +34,7 @@ from . import card
 from .data import answer_runs, batch_parts, window_runs
 from .distill import DistillTask, check_settings, resolve_device, tokenize, train
 from .draft import default_work_dir
-from .exit_head import check_out_dir, load_native_teacher, load_teacher_passes, log_teacher
+from .exit_head import check_out_dir, load_native_teacher, load_teacher_passes
 from .heads import TargetStates, multi_head_backward
 from .presets import Stage
 from .probe import acceptance_probe, as_lm, probe_prompts, snapshot
@@ -155,8 +155,7 @@ def run_train_prophet(args, command: str, log=print) -> int:
                               f"({target.config.max_position_embeddings}); pass at most that")
     window_index(args.seq_len, args.n_start, args.gamma)  # a one-line error before any work
     tokens = tokenize(read_text_data(args.data), tok, args.seq_len)
-    passes, teacher = load_teacher_passes(target, target_dir, args.teacher)
-    log_teacher(teacher, log, "train heads")
+    passes, teacher = load_teacher_passes(target, target_dir, args.teacher, log, "train heads")
     tc = target.config
     width = args.width or tc.hidden_size
     try:
