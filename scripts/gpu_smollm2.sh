@@ -72,7 +72,7 @@ run)
     # 1. Self-distillation data on the GPU (bf16): chat through the template, self-instruct,
     #    code continuations. DATA_PROCS writers, each its own seed (DATA_SEED0 + 1, + 2, ...: greedy
     #    writers of a seed already committed write the same documents again; committed: 0-3,
-    #    11, 12 in data/selfdistill/smollm2-135m-gpu-1, -2, and 41 in -si41) and folder, share the GPU: one
+    #    11, 12 in data/selfdistill/smollm2-135m-gpu-1, -2, 41 and 42 in -si41, -si42) and folder, share the GPU: one
     #    writer leaves it mostly idle (batch 256 of a
     #    135M model). The shipped shards hold only ~35k chat tokens. Greedy by default
     #    (DATA_TEMPERATURE): greedy answers are what moved SmolLM2's chat acceptance most
@@ -102,8 +102,8 @@ run)
     # shipped: seeds 0, 1, and session 49's GPU greedy sets (seeds 11, 12)
     SELF=("${GPU_DATA[@]}" data/selfdistill/smollm2-135m data/selfdistill/smollm2-135m-s1
           data/selfdistill/smollm2-135m-gpu-1 data/selfdistill/smollm2-135m-gpu-2)
-    # and where they travelled: session 51's CPU greedy self-instruct set (seed 41)
-    for d in data/selfdistill/smollm2-135m-si41 data/selfdistill/smollm2-135m-greedy2 data/selfdistill/smollm2-135m-greedy; do
+    # and where they travelled: sessions 51-52's CPU greedy self-instruct sets (seeds 41, 42)
+    for d in data/selfdistill/smollm2-135m-si41 data/selfdistill/smollm2-135m-si42 data/selfdistill/smollm2-135m-greedy2 data/selfdistill/smollm2-135m-greedy; do
         compgen -G "$d/shard-*.npy" > /dev/null && SELF+=("$d")  # greedy answers (sessions 38-39): what moved chat most; gpu_tree.sh
     done                             # --code --eagle-init carries the first set
     # EAGLE from the shipped drafter where it travelled (gpu_tree.sh --code --eagle-init),
